@@ -1,0 +1,103 @@
+# graft: a lazy-tensor graph compiler and runtime.
+#   make demo    run the main demo        make test   sanitized tests + valgrind + TSan
+#   make lib     build/libgraft.{a,so}    make bench  benchmarks
+#   make install PREFIX=/usr/local (with a pkg-config file)
+CC      ?= gcc
+PREFIX  ?= /usr/local
+CFLAGS  ?= -O2 -g
+WARN    := -Wall -Wextra -Werror=implicit-function-declaration
+BASE    := -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc/core -fPIC -pthread
+LIBS    := -lm -lpthread
+
+SRC     := $(sort $(wildcard src/core/*.c src/graph/*.c src/backends/ref/*.c src/api/*.c))
+HDR     := $(wildcard include/*.h src/*/*.h src/backends/*/*.h src/core/ops.def)
+TESTS   := $(sort $(wildcard tests/test_*.c))
+
+# One build tree per flavour: release (build/), sanitizers (build/asan), threads (build/tsan).
+SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+TSAN    := -fsanitize=thread
+
+.PHONY: all lib demo test bench install deps clean check-asan check-valgrind check-tsan
+
+all: lib
+
+deps:
+	@sh scripts/install-deps.sh
+
+lib: build/libgraft.a build/libgraft.so
+
+build/%.o: %.c $(HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) -c $< -o $@
+
+build/asan/%.o: %.c $(HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE) $(WARN) -O1 -g $(SAN) -c $< -o $@
+
+build/tsan/%.o: %.c $(HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE) $(WARN) -O1 -g $(TSAN) -c $< -o $@
+
+OBJ      := $(SRC:%.c=build/%.o)
+ASAN_OBJ := $(SRC:%.c=build/asan/%.o)
+TSAN_OBJ := $(SRC:%.c=build/tsan/%.o)
+
+build/libgraft.a: $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+build/libgraft.so: $(OBJ)
+	$(CC) -shared -o $@ $^ $(LIBS)
+
+build/asan/libgraft.a: $(ASAN_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+build/tsan/libgraft.a: $(TSAN_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+# Tests link against the sanitized library; every tests/test_*.c is one program.
+build/asan/tests/%: tests/%.c build/asan/libgraft.a tests/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE) $(WARN) -O1 -g $(SAN) $< build/asan/libgraft.a -o $@ $(LIBS)
+
+build/examples/%: examples/%.c build/libgraft.a
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) $< build/libgraft.a -o $@ $(LIBS)
+
+build/tsan/tests/test_threads: tests/test_threads.c build/tsan/libgraft.a
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE) $(WARN) -O1 -g $(TSAN) $< build/tsan/libgraft.a -o $@ $(LIBS)
+
+check-asan: $(TESTS:tests/%.c=build/asan/tests/%)
+	@set -e; for t in $^; do echo "== $$t"; ASAN_OPTIONS=detect_leaks=1 ./$$t; done
+
+check-valgrind: build/examples/mlp
+	valgrind --leak-check=full --errors-for-leak-kinds=definite,indirect --error-exitcode=1 -q ./build/examples/mlp > /dev/null
+
+check-tsan: build/tsan/tests/test_threads
+	TSAN_OPTIONS=halt_on_error=1 ./build/tsan/tests/test_threads
+
+test: deps
+	@$(MAKE) --no-print-directory check-asan check-tsan check-valgrind
+	@echo "all test suites passed"
+
+demo: deps build/examples/mlp
+	./build/examples/mlp
+
+bench: deps build/bench/bench_core
+	./build/bench/bench_core
+
+build/bench/%: bench/%.c build/libgraft.a
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE) $(WARN) -O2 -g $< build/libgraft.a -o $@ $(LIBS)
+
+install: lib
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 build/libgraft.a build/libgraft.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 include/graft.h $(DESTDIR)$(PREFIX)/include/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' graft.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/graft.pc
+
+clean:
+	rm -rf build

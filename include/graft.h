@@ -1,0 +1,285 @@
+/* graft: a lazy-tensor graph compiler and runtime.
+ *
+ * Ops on graft tensors look eager but only record IR; work happens at a sync point
+ * (graft_step, graft_sync, or a read such as graft_to_host / graft_item).
+ *
+ * Conventions:
+ *  - Every function returning graft_tensor* returns a NEW reference (release it with
+ *    graft_release, or let an enclosing scope do it). On error it returns NULL and sets a
+ *    thread-local error (graft_last_status / graft_last_error).
+ *  - A NULL tensor argument makes an op return NULL and keeps the first error, so a chain of
+ *    ops is checked once at its end.
+ *  - Binary ops broadcast numpy-style and require equal dtypes (no implicit promotion).
+ *  - Axes may be negative (counted from the end).
+ */
+#ifndef GRAFT_H
+#define GRAFT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GRAFT_MAX_DIMS 8
+#define GRAFT_MAX_DEVICES 4 /* virtual CPU devices cpu:0..cpu:3 */
+#define GRAFT_VERSION "0.1.0"
+
+typedef struct graft_tensor graft_tensor;
+
+typedef enum {
+  GRAFT_F32, GRAFT_F64, GRAFT_F16, GRAFT_BF16,
+  GRAFT_I32, GRAFT_I64, GRAFT_U8, GRAFT_BOOL,
+  GRAFT_NDTYPES
+} graft_dtype;
+
+typedef enum {
+  GRAFT_OK = 0,
+  GRAFT_ERR_NULL,      /* a NULL tensor or pointer argument */
+  GRAFT_ERR_RELEASED,  /* a tensor handle that was already released */
+  GRAFT_ERR_SHAPE,     /* incompatible or invalid shapes */
+  GRAFT_ERR_DTYPE,     /* dtype not accepted or mismatched */
+  GRAFT_ERR_DEVICE,    /* operands on different devices, or no such device */
+  GRAFT_ERR_AXIS,      /* axis out of range or repeated */
+  GRAFT_ERR_OOM,       /* allocation failed or memory limit reached */
+  GRAFT_ERR_ARG,       /* any other invalid argument */
+  GRAFT_ERR_COMPILE,   /* a backend failed to compile a graph */
+  GRAFT_ERR_INTERNAL
+} graft_status;
+
+/* ---- errors ---- */
+/** Status of the last failed call on this thread (GRAFT_OK after graft_clear_error). */
+graft_status graft_last_status(void);
+/** Message of the last failed call on this thread; "" when none. */
+const char *graft_last_error(void);
+/** Clears this thread's error. */
+void graft_clear_error(void);
+
+/* ---- dtypes ---- */
+/** Bytes per element of a dtype (0 for an invalid dtype). */
+size_t graft_dtype_size(graft_dtype dt);
+/** Short name of a dtype ("f32", "i64", ...); "?" for an invalid one. */
+const char *graft_dtype_name(graft_dtype dt);
+
+/* ---- lifetime ---- */
+/** Adds a reference; returns t (NULL if t is invalid). */
+graft_tensor *graft_retain(graft_tensor *t);
+/** Drops a reference; NULL is ignored; a released handle sets GRAFT_ERR_RELEASED. */
+void graft_release(graft_tensor *t);
+/** Opens a scope on this thread: tensors returned inside it are owned by the scope. */
+void graft_scope_begin(void);
+/** Closes the innermost scope, releasing every tensor it owns except the kept ones. */
+void graft_scope_end(void);
+/** Moves t out of the innermost scope to the caller (or the outer scope); returns t. */
+graft_tensor *graft_keep(graft_tensor *t);
+/** Frees every cache and pool; live tensors are released. Optional at exit. */
+void graft_shutdown(void);
+
+/* ---- creation ---- */
+/** A tensor holding a copy of host data (device data; a graph parameter). device is 0..3. */
+graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const int64_t *shape,
+                              int device);
+/** A 0-d tensor holding a user scalar: a parameter, so changing the value never recompiles. */
+graft_tensor *graft_scalar(double value, graft_dtype dt);
+/** A constant filled with value (part of the graph, hashed by value). */
+graft_tensor *graft_full(double value, graft_dtype dt, int ndim, const int64_t *shape);
+/** graft_full with 0. */
+graft_tensor *graft_zeros(graft_dtype dt, int ndim, const int64_t *shape);
+/** graft_full with 1. */
+graft_tensor *graft_ones(graft_dtype dt, int ndim, const int64_t *shape);
+/** Values 0,1,2,... along axis, broadcast along the other axes. */
+graft_tensor *graft_iota(graft_dtype dt, int ndim, const int64_t *shape, int axis);
+/** Seeds the generator used by graft_rand_* and graft_dropout (reproducible streams). */
+void graft_manual_seed(uint64_t seed);
+/** Uniform [0,1) samples from a counter-based generator; the seed is a parameter. */
+graft_tensor *graft_rand_uniform(graft_dtype dt, int ndim, const int64_t *shape);
+/** Standard normal samples (Box-Muller over the counter-based generator). */
+graft_tensor *graft_rand_normal(graft_dtype dt, int ndim, const int64_t *shape);
+/** Copies t to another device (syncs t first). */
+graft_tensor *graft_to_device(graft_tensor *t, int device);
+
+/* ---- queries (never sync) ---- */
+/** Number of dims, or -1 for an invalid handle. */
+int graft_ndim(const graft_tensor *t);
+/** Copies the shape into out[GRAFT_MAX_DIMS]; returns ndim or -1. */
+int graft_shape(const graft_tensor *t, int64_t *out);
+/** Size of one dim (negative axes allowed); -1 on error. */
+int64_t graft_dim(const graft_tensor *t, int axis);
+/** Element count, or -1. */
+int64_t graft_numel(const graft_tensor *t);
+/** The tensor's dtype (GRAFT_NDTYPES for an invalid handle). */
+graft_dtype graft_get_dtype(const graft_tensor *t);
+/** The tensor's device, or -1. */
+int graft_device(const graft_tensor *t);
+/** True while t holds pending IR rather than device data. */
+bool graft_is_pending(const graft_tensor *t);
+
+/* ---- sync ---- */
+/** Marks a step: materializes every live tensor that holds pending IR, in one graph per device. */
+graft_status graft_step(void);
+/** Materializes the given tensors (one graph per device). */
+graft_status graft_sync(graft_tensor *const *ts, int n);
+/** Syncs t and copies its data to dst, which must hold exactly numel*dtype_size bytes. */
+graft_status graft_to_host(graft_tensor *t, void *dst, size_t bytes);
+/** Syncs a one-element tensor and returns its value as a double. */
+graft_status graft_item(graft_tensor *t, double *out);
+
+/* ---- elementwise (broadcasting, equal dtypes) ---- */
+graft_tensor *graft_neg(graft_tensor *a);        /**< -a */
+graft_tensor *graft_abs(graft_tensor *a);        /**< |a| */
+graft_tensor *graft_exp(graft_tensor *a);        /**< e^a (float dtypes) */
+graft_tensor *graft_log(graft_tensor *a);        /**< natural log (float dtypes) */
+graft_tensor *graft_sqrt(graft_tensor *a);       /**< square root (float dtypes) */
+graft_tensor *graft_rsqrt(graft_tensor *a);      /**< 1/sqrt(a) (float dtypes) */
+graft_tensor *graft_tanh(graft_tensor *a);       /**< tanh (float dtypes) */
+graft_tensor *graft_erf(graft_tensor *a);        /**< error function (float dtypes) */
+graft_tensor *graft_sigmoid(graft_tensor *a);    /**< 1/(1+e^-a) (float dtypes) */
+graft_tensor *graft_sin(graft_tensor *a);        /**< sine (float dtypes) */
+graft_tensor *graft_cos(graft_tensor *a);        /**< cosine (float dtypes) */
+graft_tensor *graft_floor(graft_tensor *a);      /**< round down (float dtypes) */
+graft_tensor *graft_ceil(graft_tensor *a);       /**< round up (float dtypes) */
+graft_tensor *graft_round(graft_tensor *a);      /**< round half to even (float dtypes) */
+graft_tensor *graft_sign(graft_tensor *a);       /**< -1, 0 or 1 */
+graft_tensor *graft_reciprocal(graft_tensor *a); /**< 1/a (float dtypes) */
+graft_tensor *graft_log1p(graft_tensor *a);      /**< log(1+a) (float dtypes) */
+graft_tensor *graft_expm1(graft_tensor *a);      /**< e^a-1 (float dtypes) */
+graft_tensor *graft_logical_not(graft_tensor *a);/**< !a (bool) or ~a (integers) */
+
+graft_tensor *graft_add(graft_tensor *a, graft_tensor *b);     /**< a+b */
+graft_tensor *graft_sub(graft_tensor *a, graft_tensor *b);     /**< a-b */
+graft_tensor *graft_mul(graft_tensor *a, graft_tensor *b);     /**< a*b */
+graft_tensor *graft_div(graft_tensor *a, graft_tensor *b);     /**< a/b (integers truncate; /0 is an error value 0) */
+graft_tensor *graft_pow(graft_tensor *a, graft_tensor *b);     /**< a^b (float dtypes) */
+graft_tensor *graft_maximum(graft_tensor *a, graft_tensor *b); /**< elementwise max (NaN propagates) */
+graft_tensor *graft_minimum(graft_tensor *a, graft_tensor *b); /**< elementwise min (NaN propagates) */
+graft_tensor *graft_rem(graft_tensor *a, graft_tensor *b);     /**< C fmod / % (sign of a) */
+graft_tensor *graft_logical_and(graft_tensor *a, graft_tensor *b); /**< bool and, or integer & */
+graft_tensor *graft_logical_or(graft_tensor *a, graft_tensor *b);  /**< bool or, or integer | */
+graft_tensor *graft_logical_xor(graft_tensor *a, graft_tensor *b); /**< bool xor, or integer ^ */
+graft_tensor *graft_eq(graft_tensor *a, graft_tensor *b); /**< a==b, bool result */
+graft_tensor *graft_ne(graft_tensor *a, graft_tensor *b); /**< a!=b, bool result */
+graft_tensor *graft_lt(graft_tensor *a, graft_tensor *b); /**< a<b, bool result */
+graft_tensor *graft_le(graft_tensor *a, graft_tensor *b); /**< a<=b, bool result */
+graft_tensor *graft_gt(graft_tensor *a, graft_tensor *b); /**< a>b, bool result */
+graft_tensor *graft_ge(graft_tensor *a, graft_tensor *b); /**< a>=b, bool result */
+
+/** a + s where s is a user scalar parameter of a's dtype (changing s never recompiles). */
+graft_tensor *graft_add_scalar(graft_tensor *a, double s);
+/** a * s, s a parameter. */
+graft_tensor *graft_mul_scalar(graft_tensor *a, double s);
+/** a / s, s a parameter. */
+graft_tensor *graft_div_scalar(graft_tensor *a, double s);
+/** a ^ s, s a parameter. */
+graft_tensor *graft_pow_scalar(graft_tensor *a, double s);
+/** cond ? a : b, broadcasting all three; cond must be bool. */
+graft_tensor *graft_where(graft_tensor *cond, graft_tensor *a, graft_tensor *b);
+/** Converts to another dtype (float->int truncates toward zero; ->bool is !=0). */
+graft_tensor *graft_convert(graft_tensor *a, graft_dtype dt);
+
+/* ---- movement (index arithmetic; no data is copied until a sync) ---- */
+/** Broadcasts numpy-style to shape. */
+graft_tensor *graft_broadcast_to(graft_tensor *a, int ndim, const int64_t *shape);
+/** Same elements in a new shape; one dim may be -1. */
+graft_tensor *graft_reshape(graft_tensor *a, int ndim, const int64_t *shape);
+/** Permutes dims: out.shape[i] = a.shape[perm[i]]. */
+graft_tensor *graft_transpose(graft_tensor *a, const int *perm);
+/** Swaps the last two dims. */
+graft_tensor *graft_t(graft_tensor *a);
+/** Elements start[i] <= j < limit[i] with step stride[i] > 0 (stride may be NULL for 1s). */
+graft_tensor *graft_slice(graft_tensor *a, const int64_t *start, const int64_t *limit,
+                          const int64_t *stride);
+/** Joins n tensors of equal dtype along axis. */
+graft_tensor *graft_concat(graft_tensor *const *ts, int n, int axis);
+/** Pads each dim with lo[i] before and hi[i] after (>= 0), filled with value. */
+graft_tensor *graft_pad(graft_tensor *a, const int64_t *lo, const int64_t *hi, double value);
+
+/* ---- reductions (axes == NULL with naxes == 0 reduces every axis) ---- */
+graft_tensor *graft_sum(graft_tensor *a, const int *axes, int naxes, bool keepdim);  /**< sum */
+graft_tensor *graft_max(graft_tensor *a, const int *axes, int naxes, bool keepdim);  /**< max */
+graft_tensor *graft_min(graft_tensor *a, const int *axes, int naxes, bool keepdim);  /**< min */
+graft_tensor *graft_prod(graft_tensor *a, const int *axes, int naxes, bool keepdim); /**< product */
+graft_tensor *graft_mean(graft_tensor *a, const int *axes, int naxes, bool keepdim); /**< mean (float) */
+/** Index (i64) of the first maximum along axis. */
+graft_tensor *graft_argmax(graft_tensor *a, int axis, bool keepdim);
+
+/* ---- contraction ---- */
+/** Matrix product of [..., M, K] and [..., K, N]; batch dims broadcast; 1-D operands as numpy. */
+graft_tensor *graft_matmul(graft_tensor *a, graft_tensor *b);
+/** 2-D convolution: x [N,C,H,W], w [O,C/groups,KH,KW]; stride/padding/dilation are {h,w}. */
+graft_tensor *graft_conv2d(graft_tensor *x, graft_tensor *w, const int *stride, const int *padding,
+                           const int *dilation, int groups);
+
+/* ---- indexing ---- */
+/** out[...i...] = a[...index[...i...]...] along axis (torch.gather); index is i32/i64. */
+graft_tensor *graft_gather(graft_tensor *a, int axis, graft_tensor *index);
+/** a copy of a with src added at index along axis (torch.scatter_add). */
+graft_tensor *graft_scatter_add(graft_tensor *a, int axis, graft_tensor *index, graft_tensor *src);
+
+/* ---- pooling over the last two dims of [N,C,H,W] ---- */
+/** Max pooling; padding cells never win. */
+graft_tensor *graft_max_pool2d(graft_tensor *x, const int *kernel, const int *stride,
+                               const int *padding);
+/** Average pooling; padding counts in the divisor (count_include_pad). */
+graft_tensor *graft_avg_pool2d(graft_tensor *x, const int *kernel, const int *stride,
+                               const int *padding);
+
+/* ---- composites (decomposed into primitives) ---- */
+graft_tensor *graft_relu(graft_tensor *x);                  /**< max(x, 0) */
+graft_tensor *graft_gelu(graft_tensor *x, bool tanh_approx); /**< GELU, erf or tanh form */
+graft_tensor *graft_softmax(graft_tensor *x, int axis);     /**< numerically stable softmax */
+graft_tensor *graft_log_softmax(graft_tensor *x, int axis); /**< numerically stable log-softmax */
+/** Normalizes over the last dim; weight/bias [D] may be NULL... only when both are NULL. */
+graft_tensor *graft_layer_norm(graft_tensor *x, graft_tensor *weight, graft_tensor *bias, double eps);
+/** Batch norm over dim 1 of [N,C,...]: batch statistics when training, else running ones. */
+graft_tensor *graft_batch_norm(graft_tensor *x, graft_tensor *weight, graft_tensor *bias,
+                               graft_tensor *running_mean, graft_tensor *running_var,
+                               bool training, double eps);
+/** x @ w^T + b, with w [out,in] and b [out] or NULL. */
+graft_tensor *graft_linear(graft_tensor *x, graft_tensor *w, graft_tensor *b);
+/** Mean cross-entropy of logits [N,C] against class indices [N] (i32/i64). */
+graft_tensor *graft_cross_entropy(graft_tensor *logits, graft_tensor *target);
+/** Zeroes each element with probability p and scales the rest by 1/(1-p) when training. */
+graft_tensor *graft_dropout(graft_tensor *x, double p, bool training);
+/** Rows of weight [V,D] picked by index (any shape, i32/i64): shape index.shape + [D]. */
+graft_tensor *graft_embedding(graft_tensor *weight, graft_tensor *index);
+
+/* ---- configuration ---- */
+/** Pending IR nodes past which the next op syncs every live tensor (default 100000). */
+void graft_set_max_pending_nodes(int64_t n);
+/** Cap on bytes of device data (0 = none); allocations past it fail with GRAFT_ERR_OOM. */
+void graft_set_memory_limit(size_t bytes);
+
+/* ---- metrics ---- */
+typedef struct {
+  uint64_t graphs_compiled;  /* cache misses that built an executable */
+  uint64_t cache_hits;       /* syncs served by the in-memory cache */
+  uint64_t executions;       /* graphs executed */
+  uint64_t auto_syncs;       /* syncs forced by the pending-node limit */
+  uint64_t nodes_traced;     /* IR nodes recorded */
+  uint64_t last_graph_nodes; /* size of the last executed graph */
+  uint64_t max_graph_nodes;  /* largest executed graph */
+  uint64_t live_tensors;     /* tensor handles alive now */
+  uint64_t pending_nodes;    /* IR nodes not yet materialized */
+  uint64_t bytes_in_use;     /* device data bytes now */
+  uint64_t bytes_peak;       /* high-water mark of bytes_in_use */
+  uint64_t transfers_to_device, bytes_to_device;
+  uint64_t transfers_to_host, bytes_to_host;
+  double compile_ms;         /* total time building executables */
+  double execute_ms;         /* total time running graphs */
+} graft_metrics;
+
+/** Fills m with the current counters. */
+void graft_metrics_get(graft_metrics *m);
+/** Resets counters (not the gauges: live tensors, pending nodes, bytes in use). */
+void graft_metrics_reset(void);
+/** A text report of every counter and recent compile reasons; free() it. */
+char *graft_metrics_report(void);
+/** Why the last graph was compiled ("" before any compile); valid until the next compile. */
+const char *graft_last_compile_reason(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

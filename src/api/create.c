@@ -1,0 +1,336 @@
+/* C API: creation, queries, sync, configuration and shutdown. */
+#include "api.h"
+#include "../graph/graph.h"
+#include <stdlib.h>
+#include <string.h>
+
+size_t graft_dtype_size(graft_dtype dt) {
+  static const size_t sz[GRAFT_NDTYPES] = {4, 8, 2, 2, 4, 8, 1, 1};
+  return dtype_valid(dt) ? sz[dt] : 0;
+}
+
+const char *graft_dtype_name(graft_dtype dt) {
+  static const char *nm[GRAFT_NDTYPES] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool"};
+  return dtype_valid(dt) ? nm[dt] : "?";
+}
+
+graft_tensor *api_node(ir_node *n) {
+  if (!n) return NULL;
+  metrics.m.nodes_traced++;
+  graft_tensor *t = tensor_wrap(n);
+  if (t && ir_pending_count() > tensor_max_pending()) {
+    metrics.m.auto_syncs++;
+    if (api_step_locked() != GRAFT_OK) {
+      /* The graph could not run; t stays valid for the caller to release, but report it. */
+      return t;
+    }
+  }
+  return t;
+}
+
+ir_node *api_in(const graft_tensor *t, const char *fn) {
+  graft_tensor *c = tensor_check(t, fn);
+  return c ? c->node : NULL;
+}
+
+int api_axis(const char *fn, int axis, int ndim) {
+  int a = axis < 0 ? axis + ndim : axis;
+  if (a < 0 || a >= ndim) {
+    err_set(GRAFT_ERR_AXIS, "%s: axis %d out of range for %d dims", fn, axis, ndim);
+    return -1;
+  }
+  return a;
+}
+
+ir_node *api_scalar_node(double value, graft_dtype dt, int device) {
+  exec_buffer *b = buffer_new(graft_dtype_size(dt), device, 0, "scalar");
+  if (!b) return NULL;
+  dtype_store(b->ptr, dt, 0, value);
+  metrics.m.transfers_to_device++;
+  metrics.m.bytes_to_device += b->bytes;
+  ir_node *n = ir_make_data(b, dt, 0, NULL, device);
+  buffer_release(b);
+  return n;
+}
+
+static int check_dtype(const char *fn, graft_dtype dt) {
+  if (dtype_valid(dt)) return 0;
+  err_set(GRAFT_ERR_DTYPE, "%s: invalid dtype %d", fn, (int)dt);
+  return -1;
+}
+
+static int check_device(const char *fn, int device) {
+  if (device >= 0 && device < GRAFT_MAX_DEVICES) return 0;
+  err_set(GRAFT_ERR_DEVICE, "%s: no device cpu:%d (devices are cpu:0..cpu:%d)", fn, device,
+          GRAFT_MAX_DEVICES - 1);
+  return -1;
+}
+
+graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const int64_t *shape,
+                              int device) {
+  const char *fn = "graft_from_host";
+  if (check_dtype(fn, dt) || check_device(fn, device)) return NULL;
+  if (ndim < 0 || ndim > GRAFT_MAX_DIMS)
+    return err_set(GRAFT_ERR_SHAPE, "%s: ndim %d out of range [0, %d]", fn, ndim, GRAFT_MAX_DIMS);
+  if (ndim && !shape) return err_set(GRAFT_ERR_NULL, "%s: shape is NULL", fn);
+  int64_t numel = ir_numel(ndim, shape);
+  if (numel < 0) return err_set(GRAFT_ERR_SHAPE, "%s: invalid shape (negative or too large)", fn);
+  if (numel && !data) return err_set(GRAFT_ERR_NULL, "%s: data is NULL", fn);
+  graft_lock();
+  size_t bytes = (size_t)numel * graft_dtype_size(dt);
+  exec_buffer *b = buffer_new(bytes, device, 0, fn);
+  graft_tensor *t = NULL;
+  if (b) {
+    if (bytes) memcpy(b->ptr, data, bytes);
+    metrics.m.transfers_to_device++;
+    metrics.m.bytes_to_device += bytes;
+    t = tensor_wrap(ir_make_data(b, dt, ndim, shape, device));
+    buffer_release(b);
+  }
+  graft_unlock();
+  return t;
+}
+
+graft_tensor *graft_scalar(double value, graft_dtype dt) {
+  if (check_dtype("graft_scalar", dt)) return NULL;
+  graft_lock();
+  graft_tensor *t = tensor_wrap(api_scalar_node(value, dt, 0));
+  graft_unlock();
+  return t;
+}
+
+graft_tensor *graft_full(double value, graft_dtype dt, int ndim, const int64_t *shape) {
+  if (check_dtype("graft_full", dt)) return NULL;
+  ir_attrs at = {.f = value};
+  graft_lock();
+  graft_tensor *t = api_node(ir_make(IR_CONSTANT, 0, NULL, &at, dt, ndim, shape));
+  graft_unlock();
+  return t;
+}
+
+graft_tensor *graft_zeros(graft_dtype dt, int ndim, const int64_t *shape) {
+  return graft_full(0, dt, ndim, shape);
+}
+
+graft_tensor *graft_ones(graft_dtype dt, int ndim, const int64_t *shape) {
+  return graft_full(1, dt, ndim, shape);
+}
+
+graft_tensor *graft_iota(graft_dtype dt, int ndim, const int64_t *shape, int axis) {
+  if (check_dtype("graft_iota", dt)) return NULL;
+  if (ndim < 1 || ndim > GRAFT_MAX_DIMS)
+    return err_set(GRAFT_ERR_SHAPE, "graft_iota: ndim %d out of range [1, %d]", ndim, GRAFT_MAX_DIMS);
+  int ax = api_axis("graft_iota", axis, ndim);
+  if (ax < 0) return NULL;
+  ir_attrs at = {.a = {ax}};
+  graft_lock();
+  graft_tensor *t = api_node(ir_make(IR_IOTA, 0, NULL, &at, dt, ndim, shape));
+  graft_unlock();
+  return t;
+}
+
+static uint64_t rng_state = 0x853c49e6748fea9bull, rng_counter;
+
+void graft_manual_seed(uint64_t seed) {
+  graft_lock();
+  rng_state = seed;
+  rng_counter = 0;
+  graft_unlock();
+}
+
+/* Each draw gets a fresh seed as a parameter, so a loop that draws every step compiles once. */
+static graft_tensor *rand_draw(const char *fn, int dist, graft_dtype dt, int ndim,
+                               const int64_t *shape) {
+  if (check_dtype(fn, dt)) return NULL;
+  graft_lock();
+  uint64_t z = rng_state + 0x9e3779b97f4a7c15ull * ++rng_counter;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  ir_node *seed = api_scalar_node(0, GRAFT_I64, 0);
+  graft_tensor *t = NULL;
+  if (seed) {
+    *(int64_t *)seed->data->ptr = (int64_t)z;
+    ir_attrs at = {.a = {dist}};
+    t = api_node(ir_make(IR_RNG, 1, &seed, &at, dt, ndim, shape));
+    ir_release(seed);
+  }
+  graft_unlock();
+  return t;
+}
+
+graft_tensor *graft_rand_uniform(graft_dtype dt, int ndim, const int64_t *shape) {
+  return rand_draw("graft_rand_uniform", 0, dt, ndim, shape);
+}
+
+graft_tensor *graft_rand_normal(graft_dtype dt, int ndim, const int64_t *shape) {
+  return rand_draw("graft_rand_normal", 1, dt, ndim, shape);
+}
+
+graft_tensor *graft_to_device(graft_tensor *t, int device) {
+  const char *fn = "graft_to_device";
+  graft_lock();
+  graft_tensor *r = NULL;
+  ir_node *n = api_in(t, fn);
+  if (n && !check_device(fn, device) && exec_sync_locked(&t, 1) == GRAFT_OK) {
+    n = t->node;
+    exec_buffer *b = buffer_new(n->data->bytes, device, 0, fn);
+    if (b) {
+      if (b->bytes) memcpy(b->ptr, n->data->ptr, b->bytes);
+      metrics.m.transfers_to_device++;
+      metrics.m.bytes_to_device += b->bytes;
+      r = tensor_wrap(ir_make_data(b, n->dtype, n->ndim, n->shape, device));
+      buffer_release(b);
+    }
+  }
+  graft_unlock();
+  return r;
+}
+
+/* ---- queries ---- */
+#define QUERY(expr, bad)                   \
+  graft_lock();                            \
+  ir_node *n = api_in(t, __func__);        \
+  __typeof__(bad) r = n ? (expr) : (bad);  \
+  graft_unlock();                          \
+  return r;
+
+int graft_ndim(const graft_tensor *t) { QUERY(n->ndim, -1) }
+int64_t graft_numel(const graft_tensor *t) { QUERY(n->numel, (int64_t)-1) }
+graft_dtype graft_get_dtype(const graft_tensor *t) { QUERY(n->dtype, GRAFT_NDTYPES) }
+int graft_device(const graft_tensor *t) { QUERY(n->device, -1) }
+bool graft_is_pending(const graft_tensor *t) { QUERY(n->op != IR_DATA, false) }
+
+int graft_shape(const graft_tensor *t, int64_t *out) {
+  if (!out) return err_set(GRAFT_ERR_NULL, "graft_shape: out is NULL"), -1;
+  graft_lock();
+  ir_node *n = api_in(t, __func__);
+  if (n) memcpy(out, n->shape, sizeof(int64_t) * (size_t)n->ndim);
+  int r = n ? n->ndim : -1;
+  graft_unlock();
+  return r;
+}
+
+int64_t graft_dim(const graft_tensor *t, int axis) {
+  graft_lock();
+  ir_node *n = api_in(t, __func__);
+  int ax = n ? api_axis(__func__, axis, n->ndim) : -1;
+  int64_t r = ax >= 0 ? n->shape[ax] : -1;
+  graft_unlock();
+  return r;
+}
+
+/* ---- sync ---- */
+typedef struct {
+  graft_tensor **ts;
+  int n, cap, oom;
+} pending_list;
+
+static void collect_pending(graft_tensor *t, void *ctx) {
+  pending_list *l = ctx;
+  if (t->node->op == IR_DATA || l->oom) return;
+  if (l->n == l->cap) {
+    int cap = l->cap ? l->cap * 2 : 64;
+    graft_tensor **p = realloc(l->ts, sizeof *p * (size_t)cap);
+    if (!p) {
+      l->oom = 1;
+      return;
+    }
+    l->ts = p;
+    l->cap = cap;
+  }
+  l->ts[l->n++] = t;
+}
+
+graft_status api_step_locked(void) {
+  pending_list l = {0};
+  tensor_foreach_live(collect_pending, &l);
+  graft_status st;
+  if (l.oom) {
+    err_set(GRAFT_ERR_OOM, "graft_step: out of memory listing live tensors");
+    st = GRAFT_ERR_OOM;
+  } else {
+    st = exec_sync_locked(l.ts, l.n);
+  }
+  free(l.ts);
+  return st;
+}
+
+graft_status graft_step(void) {
+  graft_lock();
+  graft_status st = api_step_locked();
+  graft_unlock();
+  return st;
+}
+
+graft_status graft_sync(graft_tensor *const *ts, int n) {
+  graft_lock();
+  graft_status st = exec_sync_locked(ts, n);
+  graft_unlock();
+  return st;
+}
+
+/* Syncs t (lock held) and returns its data leaf, or NULL with the error set. */
+static ir_node *sync_one(graft_tensor *t, const char *fn) {
+  if (!api_in(t, fn)) return NULL;
+  if (exec_sync_locked(&t, 1) != GRAFT_OK) return NULL;
+  return t->node;
+}
+
+graft_status graft_to_host(graft_tensor *t, void *dst, size_t bytes) {
+  const char *fn = "graft_to_host";
+  graft_lock();
+  ir_node *n = sync_one(t, fn);
+  graft_status st = n ? GRAFT_OK : graft_last_status();
+  if (n) {
+    size_t need = (size_t)n->numel * graft_dtype_size(n->dtype);
+    char shp[128];
+    if (bytes != need) {
+      err_set(GRAFT_ERR_ARG, "%s: destination holds %zu bytes, tensor %s%s needs %zu", fn,
+              bytes, graft_dtype_name(n->dtype), ir_shape_str(n->ndim, n->shape, shp, sizeof shp),
+              need);
+      st = GRAFT_ERR_ARG;
+    } else if (need && !dst) {
+      err_set(GRAFT_ERR_NULL, "%s: destination is NULL", fn);
+      st = GRAFT_ERR_NULL;
+    } else {
+      if (need) memcpy(dst, n->data->ptr, need);
+      metrics.m.transfers_to_host++;
+      metrics.m.bytes_to_host += need;
+    }
+  }
+  graft_unlock();
+  return st;
+}
+
+graft_status graft_item(graft_tensor *t, double *out) {
+  const char *fn = "graft_item";
+  graft_lock();
+  ir_node *n = sync_one(t, fn);
+  graft_status st = n ? GRAFT_OK : graft_last_status();
+  if (n && n->numel != 1) {
+    char shp[128];
+    err_set(GRAFT_ERR_SHAPE, "%s: tensor %s has %lld elements, not 1", fn,
+            ir_shape_str(n->ndim, n->shape, shp, sizeof shp), (long long)n->numel);
+    st = GRAFT_ERR_SHAPE;
+  } else if (n && !out) {
+    err_set(GRAFT_ERR_NULL, "%s: out is NULL", fn);
+    st = GRAFT_ERR_NULL;
+  } else if (n) {
+    *out = dtype_load(n->data->ptr, n->dtype, 0);
+    metrics.m.transfers_to_host++;
+    metrics.m.bytes_to_host += graft_dtype_size(n->dtype);
+  }
+  graft_unlock();
+  return st;
+}
+
+void graft_set_memory_limit(size_t bytes) { buffer_set_limit(bytes); }
+
+void graft_shutdown(void) {
+  graft_lock();
+  tensor_free_all();
+  cache_clear();
+  exec_shutdown();
+  graft_unlock();
+}

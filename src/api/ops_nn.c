@@ -1,0 +1,166 @@
+/* C API: contraction (matmul, conv2d), indexing (gather, scatter_add) and pooling. */
+#include "api.h"
+#include <string.h>
+
+/* Reshape helper (lock held): a new reference. */
+static ir_node *reshape_node(ir_node *n, int ndim, const int64_t *shape) {
+  return ir_make(IR_RESHAPE, 1, &n, NULL, n->dtype, ndim, shape);
+}
+
+graft_tensor *graft_matmul(graft_tensor *a, graft_tensor *b) {
+  const char *fn = "graft_matmul";
+  graft_lock();
+  ir_node *na = api_in(a, fn), *nb = na ? api_in(b, fn) : NULL;
+  graft_tensor *t = NULL;
+  ir_node *ra = NULL, *rb = NULL, *fa = NULL, *fb = NULL, *d = NULL;
+  char sa[128], sb[128];
+  if (!nb) goto out;
+  if (na->ndim == 0 || nb->ndim == 0) {
+    err_set(GRAFT_ERR_SHAPE, "%s: operands must have at least 1 dim, got %s and %s", fn,
+            ir_shape_str(na->ndim, na->shape, sa, sizeof sa),
+            ir_shape_str(nb->ndim, nb->shape, sb, sizeof sb));
+    goto out;
+  }
+  /* numpy: a 1-D left operand is a row, a 1-D right operand a column; both dropped after. */
+  ra = na->ndim == 1 ? reshape_node(na, 2, (int64_t[]){1, na->shape[0]}) : (ir_retain(na), na);
+  rb = nb->ndim == 1 ? reshape_node(nb, 2, (int64_t[]){nb->shape[0], 1}) : (ir_retain(nb), nb);
+  if (!ra || !rb) goto out;
+  int64_t M = ra->shape[ra->ndim - 2], K = ra->shape[ra->ndim - 1];
+  int64_t K2 = rb->shape[rb->ndim - 2], N = rb->shape[rb->ndim - 1];
+  if (K != K2) {
+    err_set(GRAFT_ERR_SHAPE, "%s: inner dims differ: %s @ %s", fn,
+            ir_shape_str(na->ndim, na->shape, sa, sizeof sa),
+            ir_shape_str(nb->ndim, nb->shape, sb, sizeof sb));
+    goto out;
+  }
+  ir_node ba = {.ndim = ra->ndim - 2}, bb = {.ndim = rb->ndim - 2};
+  memcpy(ba.shape, ra->shape, sizeof(int64_t) * (size_t)ba.ndim);
+  memcpy(bb.shape, rb->shape, sizeof(int64_t) * (size_t)bb.ndim);
+  int nd;
+  int64_t shape[GRAFT_MAX_DIMS + 2];
+  if (api_broadcast_shape(fn, &ba, &bb, &nd, shape)) goto out;
+  if (nd + 2 > GRAFT_MAX_DIMS) {
+    err_set(GRAFT_ERR_SHAPE, "%s: result has more than %d dims", fn, GRAFT_MAX_DIMS);
+    goto out;
+  }
+  shape[nd] = M, shape[nd + 1] = K;
+  fa = api_broadcast(ra, nd + 2, shape);
+  shape[nd] = K, shape[nd + 1] = N;
+  fb = api_broadcast(rb, nd + 2, shape);
+  if (!fa || !fb) goto out;
+  d = ir_make(IR_DOT, 2, (ir_node *[]){fa, fb}, NULL, fa->dtype, 0, NULL);
+  if (d && (na->ndim == 1 || nb->ndim == 1)) {
+    int64_t os[GRAFT_MAX_DIMS];
+    int on = 0;
+    for (int i = 0; i < nd; i++) os[on++] = d->shape[i];
+    if (na->ndim != 1) os[on++] = M;
+    if (nb->ndim != 1) os[on++] = N;
+    ir_node *r = reshape_node(d, on, os);
+    ir_release(d);
+    d = r;
+  }
+  t = api_node(d);
+out:
+  if (ra) ir_release(ra);
+  if (rb) ir_release(rb);
+  if (fa) ir_release(fa);
+  if (fb) ir_release(fb);
+  graft_unlock();
+  return t;
+}
+
+graft_tensor *graft_conv2d(graft_tensor *x, graft_tensor *w, const int *stride, const int *padding,
+                           const int *dilation, int groups) {
+  const char *fn = "graft_conv2d";
+  graft_lock();
+  ir_node *in[2] = {api_in(x, fn), NULL};
+  in[1] = in[0] ? api_in(w, fn) : NULL;
+  graft_tensor *t = NULL;
+  if (in[1]) {
+    ir_attrs at = {0};
+    for (int d = 0; d < 2; d++) {
+      at.a[d] = stride ? stride[d] : 1;
+      at.a[2 + d] = at.a[4 + d] = padding ? padding[d] : 0;
+      at.a[6 + d] = dilation ? dilation[d] : 1;
+      at.a[8 + d] = 1;
+    }
+    at.a[10] = groups;
+    t = api_node(ir_make(IR_CONV2D, 2, in, &at, in[0]->dtype, 0, NULL));
+  }
+  graft_unlock();
+  return t;
+}
+
+graft_tensor *graft_gather(graft_tensor *a, int axis, graft_tensor *index) {
+  const char *fn = "graft_gather";
+  graft_lock();
+  ir_node *in[2] = {api_in(a, fn), NULL};
+  in[1] = in[0] ? api_in(index, fn) : NULL;
+  int ax = in[1] ? api_axis(fn, axis, in[0]->ndim) : -1;
+  ir_attrs at = {.a = {ax}};
+  graft_tensor *t = ax >= 0 ? api_node(ir_make(IR_GATHER, 2, in, &at, in[0]->dtype, 0, NULL)) : NULL;
+  graft_unlock();
+  return t;
+}
+
+graft_tensor *graft_scatter_add(graft_tensor *a, int axis, graft_tensor *index, graft_tensor *src) {
+  const char *fn = "graft_scatter_add";
+  graft_lock();
+  ir_node *in[3] = {api_in(a, fn), NULL, NULL};
+  in[1] = in[0] ? api_in(index, fn) : NULL;
+  in[2] = in[1] ? api_in(src, fn) : NULL;
+  int ax = in[2] ? api_axis(fn, axis, in[0]->ndim) : -1;
+  ir_attrs at = {.a = {ax}};
+  graft_tensor *t =
+      ax >= 0 ? api_node(ir_make(IR_SCATTER_ADD, 3, in, &at, in[0]->dtype, 0, NULL)) : NULL;
+  graft_unlock();
+  return t;
+}
+
+/* Pooling over the last two dims as a reduce_window (lock held). */
+static ir_node *pool_node(const char *fn, int kind, ir_node *n, const int *kernel,
+                          const int *stride, const int *padding) {
+  if (n->ndim < 2)
+    return err_set(GRAFT_ERR_SHAPE, "%s: needs at least 2 dims ([N,C,H,W]), got %d", fn, n->ndim);
+  if (!kernel) return err_set(GRAFT_ERR_NULL, "%s: kernel is NULL", fn);
+  ir_attrs at = {.a = {kind}};
+  for (int i = 0; i < n->ndim; i++) {
+    int d = i - (n->ndim - 2);
+    at.a[8 + i] = d >= 0 ? kernel[d] : 1;
+    at.a[16 + i] = d >= 0 ? (stride ? stride[d] : kernel[d]) : 1;
+    at.a[24 + i] = at.a[32 + i] = d >= 0 && padding ? padding[d] : 0;
+  }
+  return ir_make(IR_REDUCE_WINDOW, 1, &n, &at, n->dtype, 0, NULL);
+}
+
+graft_tensor *graft_max_pool2d(graft_tensor *x, const int *kernel, const int *stride,
+                               const int *padding) {
+  const char *fn = "graft_max_pool2d";
+  graft_lock();
+  ir_node *n = api_in(x, fn);
+  graft_tensor *t = n ? api_node(pool_node(fn, 0, n, kernel, stride, padding)) : NULL;
+  graft_unlock();
+  return t;
+}
+
+graft_tensor *graft_avg_pool2d(graft_tensor *x, const int *kernel, const int *stride,
+                               const int *padding) {
+  const char *fn = "graft_avg_pool2d";
+  graft_lock();
+  ir_node *n = api_in(x, fn);
+  graft_tensor *t = NULL;
+  if (n && !dtype_is_float(n->dtype)) {
+    err_set(GRAFT_ERR_DTYPE, "%s: needs a floating dtype, got %s", fn, graft_dtype_name(n->dtype));
+  } else if (n) {
+    ir_node *s = pool_node(fn, 1, n, kernel, stride, padding);
+    ir_attrs at = {.f = s ? 1.0 / ((double)kernel[0] * kernel[1]) : 0};
+    ir_node *c = s ? ir_make(IR_CONSTANT, 0, NULL, &at, n->dtype, 0, NULL) : NULL;
+    ir_node *cb = c ? api_broadcast(c, s->ndim, s->shape) : NULL;
+    if (cb) t = api_node(ir_make(IR_MUL, 2, (ir_node *[]){s, cb}, NULL, n->dtype, 0, NULL));
+    if (s) ir_release(s);
+    if (c) ir_release(c);
+    if (cb) ir_release(cb);
+  }
+  graft_unlock();
+  return t;
+}

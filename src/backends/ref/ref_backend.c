@@ -1,0 +1,70 @@
+/* The reference backend: interprets a program one instruction at a time with the plain
+ * kernels in ref_kernels. It supports every op; it is the oracle and the fallback. */
+#include "ref.h"
+#include "error.h"
+#include <stdlib.h>
+
+static bool ref_supports(const exec_instr *ins) { return ref_kernels[ins->op] != NULL || ins->op == IR_DATA; }
+
+/* Nothing to compile: the program is the executable. */
+static void *ref_compile(const exec_program *p) { return (void *)p; }
+
+static int ref_execute(void *exe, const exec_program *p, exec_buffer *const *params,
+                       exec_buffer **outs) {
+  (void)exe;
+  exec_buffer **slot = calloc((size_t)p->ninstr + 1, sizeof *slot);
+  ref_arg *args = NULL;
+  int maxin = 1;
+  for (int i = 0; i < p->ninstr; i++)
+    if (p->instr[i].nin > maxin) maxin = p->instr[i].nin;
+  args = malloc(sizeof *args * (size_t)maxin);
+  if (!slot || !args) {
+    free(slot);
+    free(args);
+    err_set(GRAFT_ERR_OOM, "out of memory running a graph");
+    return -1;
+  }
+  for (int k = 0; k < p->nparams; k++) {
+    slot[p->param_slot[k]] = params[k];
+    buffer_retain(params[k]);
+  }
+  int rc = 0;
+  for (int i = 0; i < p->ninstr && !rc; i++) {
+    const exec_instr *ins = &p->instr[i];
+    if (ins->op == IR_DATA) continue;
+    for (int k = 0; k < ins->nin; k++) {
+      const exec_instr *src = &p->instr[ins->in[k]];
+      args[k] = (ref_arg){slot[ins->in[k]]->ptr, src->dtype, src->ndim, src->shape, src->numel};
+    }
+    slot[i] = buffer_new((size_t)ins->numel * graft_dtype_size(ins->dtype), p->device, 0,
+                         ir_ops[ins->op].name);
+    if (!slot[i] || ref_kernels[ins->op](ins, args, slot[i]->ptr)) {
+      rc = -1;
+      break;
+    }
+    /* Free operands at their last use: peak memory follows liveness, not graph size. */
+    for (int k = 0; k < ins->nin; k++) {
+      int s = ins->in[k];
+      if (p->instr[s].last_use == i && !p->instr[s].is_output && slot[s]) {
+        buffer_release(slot[s]);
+        slot[s] = NULL;
+      }
+    }
+  }
+  for (int k = 0; k < p->noutputs && !rc; k++) {
+    outs[k] = slot[p->output_slot[k]];
+    buffer_retain(outs[k]);
+  }
+  for (int i = 0; i < p->ninstr; i++) buffer_release(slot[i]);
+  free(slot);
+  free(args);
+  return rc;
+}
+
+const backend ref_backend = {
+    .name = "ref",
+    .supports = ref_supports,
+    .compile = ref_compile,
+    .execute = ref_execute,
+    .free_exe = NULL,
+};

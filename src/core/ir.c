@@ -1,0 +1,457 @@
+/* IR node construction: validation and shape inference per op, hashing, lifetime.
+ * All calls happen under the global graft lock, so counts and refcounts are plain ints. */
+#include "ir.h"
+#include "buffer.h"
+#include "error.h"
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t ir_pending; /* live nodes that are not data leaves */
+
+int64_t ir_pending_count(void) { return ir_pending; }
+
+int64_t ir_numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] < 0) return -1;
+    if (shape[i] && n > (INT64_C(1) << 56) / shape[i]) return -1; /* bytes fit in size_t */
+    n *= shape[i];
+  }
+  return n;
+}
+
+const char *ir_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
+  size_t k = 0;
+  k += (size_t)snprintf(buf + k, n - k, "[");
+  for (int i = 0; i < ndim && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, i ? "," : "", shape[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
+#define SHP(nd, s) ir_shape_str((nd), (s), (char[128]){0}, 128)
+
+static uint64_t ir_local_hash(const ir_node *n) {
+  uint64_t h = ir_mix(0x6772616674ull, (uint64_t)n->op);
+  h = ir_mix(h, (uint64_t)n->dtype);
+  h = ir_mix(h, (uint64_t)n->ndim);
+  h = ir_mix(h, (uint64_t)n->device);
+  for (int i = 0; i < n->ndim; i++) h = ir_mix(h, (uint64_t)n->shape[i]);
+  if (n->op != IR_DATA) {
+    for (int i = 0; i < IR_MAX_ATTRS; i++) h = ir_mix(h, (uint64_t)n->attr.a[i]);
+    uint64_t fb;
+    memcpy(&fb, &n->attr.f, sizeof fb);
+    h = ir_mix(h, fb);
+  }
+  return h;
+}
+
+static ir_node *ir_alloc(int nin) {
+  ir_node *n = calloc(1, sizeof *n + (size_t)nin * sizeof(ir_node *));
+  if (!n) return err_set(GRAFT_ERR_OOM, "out of memory allocating an IR node");
+  n->refcnt = 1;
+  n->nin = nin;
+  n->slot = -1;
+  return n;
+}
+
+static void ir_finish(ir_node *n) {
+  n->numel = ir_numel(n->ndim, n->shape);
+  n->lhash = ir_local_hash(n);
+  uint64_t h = n->lhash;
+  for (int i = 0; i < n->nin; i++) h = ir_mix(h, n->in[i]->hash);
+  n->hash = h;
+  if (n->op != IR_DATA) ir_pending++;
+}
+
+ir_node *ir_make_data(exec_buffer *buf, graft_dtype dt, int ndim, const int64_t *shape,
+                      int device) {
+  ir_node *n = ir_alloc(0);
+  if (!n) return NULL;
+  n->op = IR_DATA;
+  n->dtype = dt;
+  n->ndim = ndim;
+  memcpy(n->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  n->device = device;
+  buffer_retain(buf);
+  n->data = buf;
+  ir_finish(n);
+  return n;
+}
+
+void ir_retain(ir_node *n) { n->refcnt++; }
+
+void ir_release(ir_node *n) {
+  /* Iterative: a chain of 100k pending nodes must not recurse 100k deep. */
+  ir_node *small[64], **stack = small;
+  size_t top = 0, cap = 64;
+  stack[top++] = n;
+  while (top) {
+    ir_node *m = stack[--top];
+    if (--m->refcnt > 0) continue;
+    for (int i = 0; i < m->nin; i++) {
+      if (top == cap) {
+        ir_node **bigger = malloc(sizeof *bigger * cap * 2);
+        if (!bigger) abort(); /* cannot leave a half-freed graph */
+        memcpy(bigger, stack, sizeof *stack * top);
+        if (stack != small) free(stack);
+        stack = bigger;
+        cap *= 2;
+      }
+      stack[top++] = m->in[i];
+    }
+    if (m->op != IR_DATA) ir_pending--;
+    buffer_release(m->data);
+    free(m);
+  }
+  if (stack != small) free(stack);
+}
+
+static int ir_dtype_ok(int classes, graft_dtype dt) {
+  if (dtype_is_float(dt)) return classes & IR_D_FLOAT;
+  if (dtype_is_int(dt)) return classes & IR_D_INT;
+  return classes & IR_D_BOOL;
+}
+
+static const char *ir_class_str(int classes) {
+  switch (classes) {
+  case IR_D_FLOAT: return "a floating dtype";
+  case IR_D_NUM: return "a numeric (non-bool) dtype";
+  case IR_D_INTBOOL: return "an integer or bool dtype";
+  default: return "a valid dtype";
+  }
+}
+
+static int ir_check_shape_arg(const char *nm, int ndim, const int64_t *shape) {
+  if (ndim < 0 || ndim > GRAFT_MAX_DIMS) {
+    err_set(GRAFT_ERR_SHAPE, "%s: ndim %d out of range [0, %d]", nm, ndim, GRAFT_MAX_DIMS);
+    return -1;
+  }
+  if (ndim && !shape) {
+    err_set(GRAFT_ERR_NULL, "%s: shape is NULL", nm);
+    return -1;
+  }
+  if (ir_numel(ndim, shape) < 0) {
+    err_set(GRAFT_ERR_SHAPE, "%s: invalid shape %s (negative or too many elements)", nm,
+            SHP(ndim, shape));
+    return -1;
+  }
+  return 0;
+}
+
+/* Shape inference for the ops whose shape follows from operands and attributes.
+ * Fills n->dtype, n->ndim, n->shape; returns -1 with the error set. */
+static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *shape) {
+  const char *nm = ir_ops[n->op].name;
+  ir_node *a = n->nin ? n->in[0] : NULL;
+  const int64_t *at = n->attr.a;
+  switch (n->op) {
+  case IR_DATA:
+    return err_set(GRAFT_ERR_INTERNAL, "data leaves are made by ir_make_data"), -1;
+  case IR_CONSTANT: case IR_IOTA: case IR_RNG: case IR_BROADCAST: case IR_RESHAPE:
+    if (ir_check_shape_arg(nm, ndim, shape)) return -1;
+    n->ndim = ndim;
+    memcpy(n->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    n->dtype = a && n->op != IR_RNG ? a->dtype : out_dtype;
+    if (!dtype_valid(n->dtype))
+      return err_set(GRAFT_ERR_DTYPE, "%s: invalid dtype %d", nm, (int)n->dtype), -1;
+    if (n->op == IR_IOTA && (at[0] < 0 || at[0] >= (ndim ? ndim : 1) || ndim == 0))
+      return err_set(GRAFT_ERR_AXIS, "iota: axis %" PRId64 " out of range for %s", at[0],
+                     SHP(ndim, shape)), -1;
+    if (n->op == IR_IOTA && !ir_dtype_ok(IR_D_NUM, n->dtype))
+      return err_set(GRAFT_ERR_DTYPE, "iota: needs a numeric dtype, got %s",
+                     graft_dtype_name(n->dtype)), -1;
+    if (n->op == IR_RNG) {
+      if (a->dtype != GRAFT_I64 || a->ndim != 0)
+        return err_set(GRAFT_ERR_ARG, "rng: seed must be a 0-d i64"), -1;
+      if (!dtype_is_float(n->dtype))
+        return err_set(GRAFT_ERR_DTYPE, "rng: needs a floating dtype, got %s",
+                       graft_dtype_name(n->dtype)), -1;
+      if (at[0] != 0 && at[0] != 1)
+        return err_set(GRAFT_ERR_ARG, "rng: unknown distribution %" PRId64, at[0]), -1;
+    }
+    if (n->op == IR_BROADCAST) {
+      if (a->ndim > ndim)
+        return err_set(GRAFT_ERR_SHAPE, "broadcast: cannot broadcast %s to %s (more dims)",
+                       SHP(a->ndim, a->shape), SHP(ndim, shape)), -1;
+      for (int i = 0; i < a->ndim; i++) {
+        int64_t d = a->shape[a->ndim - 1 - i], o = shape[ndim - 1 - i];
+        if (d != 1 && d != o)
+          return err_set(GRAFT_ERR_SHAPE, "broadcast: cannot broadcast %s to %s",
+                         SHP(a->ndim, a->shape), SHP(ndim, shape)), -1;
+      }
+    }
+    if (n->op == IR_RESHAPE && ir_numel(ndim, shape) != a->numel)
+      return err_set(GRAFT_ERR_SHAPE, "reshape: cannot reshape %s (%" PRId64
+                     " elements) to %s", SHP(a->ndim, a->shape), a->numel,
+                     SHP(ndim, shape)), -1;
+    return 0;
+  default: break;
+  }
+
+  n->dtype = a->dtype;
+  n->ndim = a->ndim;
+  memcpy(n->shape, a->shape, sizeof n->shape);
+  switch (ir_ops[n->op].kind) {
+  case IR_K_UNARY:
+    if (n->op == IR_CONVERT) {
+      if (!dtype_valid(out_dtype))
+        return err_set(GRAFT_ERR_DTYPE, "convert: invalid target dtype %d", (int)out_dtype), -1;
+      n->dtype = out_dtype;
+    }
+    return 0;
+  case IR_K_BINARY: case IR_K_COMPARE: case IR_K_SELECT: {
+    int first = n->op == IR_SELECT ? 1 : 0;
+    if (n->op == IR_SELECT) {
+      if (a->dtype != GRAFT_BOOL)
+        return err_set(GRAFT_ERR_DTYPE, "select: predicate must be bool, got %s",
+                       graft_dtype_name(a->dtype)), -1;
+      n->dtype = n->in[1]->dtype;
+    }
+    for (int i = first + 1; i < n->nin; i++)
+      if (n->in[i]->dtype != n->in[first]->dtype)
+        return err_set(GRAFT_ERR_DTYPE, "%s: dtypes differ (%s vs %s)", nm,
+                       graft_dtype_name(n->in[first]->dtype),
+                       graft_dtype_name(n->in[i]->dtype)), -1;
+    for (int i = 1; i < n->nin; i++)
+      if (n->in[i]->ndim != a->ndim ||
+          memcmp(n->in[i]->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim))
+        return err_set(GRAFT_ERR_SHAPE, "%s: shapes differ (%s vs %s)", nm,
+                       SHP(a->ndim, a->shape), SHP(n->in[i]->ndim, n->in[i]->shape)), -1;
+    if (ir_ops[n->op].kind == IR_K_COMPARE) n->dtype = GRAFT_BOOL;
+    return 0;
+  }
+  default: break;
+  }
+
+  switch (n->op) {
+  case IR_TRANSPOSE: {
+    int seen = 0;
+    for (int i = 0; i < a->ndim; i++) {
+      if (at[i] < 0 || at[i] >= a->ndim || (seen >> at[i] & 1))
+        return err_set(GRAFT_ERR_AXIS, "transpose: invalid permutation for %s",
+                       SHP(a->ndim, a->shape)), -1;
+      seen |= 1 << at[i];
+      n->shape[i] = a->shape[at[i]];
+    }
+    return 0;
+  }
+  case IR_SLICE:
+    for (int i = 0; i < a->ndim; i++) {
+      int64_t s = at[i], l = at[8 + i], st = at[16 + i];
+      if (st < 1 || s < 0 || l < s || l > a->shape[i])
+        return err_set(GRAFT_ERR_SHAPE, "slice: dim %d of %s: start %" PRId64 " limit %" PRId64
+                       " stride %" PRId64 " invalid", i, SHP(a->ndim, a->shape), s, l, st), -1;
+      n->shape[i] = (l - s + st - 1) / st;
+    }
+    return 0;
+  case IR_CONCAT: {
+    int64_t ax = at[0];
+    if (ax < 0 || ax >= a->ndim)
+      return err_set(GRAFT_ERR_AXIS, "concat: axis %" PRId64 " out of range for %s", ax,
+                     SHP(a->ndim, a->shape)), -1;
+    int64_t total = 0;
+    for (int k = 0; k < n->nin; k++) {
+      ir_node *b = n->in[k];
+      if (b->dtype != a->dtype)
+        return err_set(GRAFT_ERR_DTYPE, "concat: dtypes differ (%s vs %s)",
+                       graft_dtype_name(a->dtype), graft_dtype_name(b->dtype)), -1;
+      int ok = b->ndim == a->ndim;
+      for (int i = 0; ok && i < a->ndim; i++) ok = i == ax || b->shape[i] == a->shape[i];
+      if (!ok)
+        return err_set(GRAFT_ERR_SHAPE, "concat: shapes %s and %s differ off axis %" PRId64,
+                       SHP(a->ndim, a->shape), SHP(b->ndim, b->shape), ax), -1;
+      total += b->shape[ax];
+    }
+    n->shape[ax] = total;
+    return 0;
+  }
+  case IR_PAD:
+    for (int i = 0; i < a->ndim; i++) {
+      if (at[i] < 0 || at[8 + i] < 0)
+        return err_set(GRAFT_ERR_SHAPE, "pad: negative padding on dim %d", i), -1;
+      n->shape[i] = a->shape[i] + at[i] + at[8 + i];
+    }
+    return 0;
+  case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD: {
+    if (at[0] < 0 || at[0] >= (INT64_C(1) << a->ndim))
+      return err_set(GRAFT_ERR_AXIS, "%s: axes mask out of range for %s", nm,
+                     SHP(a->ndim, a->shape)), -1;
+    int k = 0;
+    for (int i = 0; i < a->ndim; i++) {
+      if (!(at[0] >> i & 1)) n->shape[k++] = a->shape[i];
+      else if (at[1]) n->shape[k++] = 1;
+    }
+    n->ndim = k;
+    return 0;
+  }
+  case IR_ARGMAX: {
+    if (at[0] < 0 || at[0] >= a->ndim)
+      return err_set(GRAFT_ERR_AXIS, "argmax: axis %" PRId64 " out of range for %s", at[0],
+                     SHP(a->ndim, a->shape)), -1;
+    if (a->shape[at[0]] == 0)
+      return err_set(GRAFT_ERR_SHAPE, "argmax: empty axis in %s", SHP(a->ndim, a->shape)), -1;
+    int k = 0;
+    for (int i = 0; i < a->ndim; i++) {
+      if (i != at[0]) n->shape[k++] = a->shape[i];
+      else if (at[1]) n->shape[k++] = 1;
+    }
+    n->ndim = k;
+    n->dtype = GRAFT_I64;
+    return 0;
+  }
+  case IR_DOT: {
+    ir_node *b = n->in[1];
+    if (b->dtype != a->dtype)
+      return err_set(GRAFT_ERR_DTYPE, "dot: dtypes differ (%s vs %s)",
+                     graft_dtype_name(a->dtype), graft_dtype_name(b->dtype)), -1;
+    int ok = a->ndim >= 2 && a->ndim == b->ndim && a->shape[a->ndim - 1] == b->shape[b->ndim - 2];
+    for (int i = 0; ok && i < a->ndim - 2; i++) ok = a->shape[i] == b->shape[i];
+    if (!ok)
+      return err_set(GRAFT_ERR_SHAPE, "dot: shapes %s and %s do not contract",
+                     SHP(a->ndim, a->shape), SHP(b->ndim, b->shape)), -1;
+    n->shape[a->ndim - 1] = b->shape[b->ndim - 1];
+    return 0;
+  }
+  case IR_CONV2D: {
+    ir_node *w = n->in[1];
+    if (w->dtype != a->dtype)
+      return err_set(GRAFT_ERR_DTYPE, "conv2d: dtypes differ (%s vs %s)",
+                     graft_dtype_name(a->dtype), graft_dtype_name(w->dtype)), -1;
+    int64_t g = at[10];
+    if (a->ndim != 4 || w->ndim != 4 || g < 1 || a->shape[1] % g || w->shape[0] % g ||
+        w->shape[1] * g != a->shape[1])
+      return err_set(GRAFT_ERR_SHAPE, "conv2d: input %s and weight %s do not match (groups %"
+                     PRId64 ")", SHP(a->ndim, a->shape), SHP(w->ndim, w->shape), g), -1;
+    n->shape[1] = w->shape[0];
+    for (int d = 0; d < 2; d++) {
+      int64_t st = at[d], lo = at[2 + d], hi = at[4 + d], dil = at[6 + d], ld = at[8 + d];
+      if (st < 1 || dil < 1 || ld < 1 || lo < 0 || hi < 0)
+        return err_set(GRAFT_ERR_ARG, "conv2d: stride, dilation must be >= 1, padding >= 0"), -1;
+      int64_t in = a->shape[2 + d] ? (a->shape[2 + d] - 1) * ld + 1 : 0;
+      int64_t span = in + lo + hi - dil * (w->shape[2 + d] - 1) - 1;
+      if (span < 0)
+        return err_set(GRAFT_ERR_SHAPE, "conv2d: kernel %s larger than padded input %s",
+                       SHP(w->ndim, w->shape), SHP(a->ndim, a->shape)), -1;
+      n->shape[2 + d] = span / st + 1;
+    }
+    return 0;
+  }
+  case IR_GATHER: case IR_SCATTER_ADD: {
+    ir_node *ix = n->in[1];
+    int64_t ax = at[0];
+    if (ix->dtype != GRAFT_I32 && ix->dtype != GRAFT_I64)
+      return err_set(GRAFT_ERR_DTYPE, "%s: index must be i32 or i64, got %s", nm,
+                     graft_dtype_name(ix->dtype)), -1;
+    if (ax < 0 || ax >= a->ndim)
+      return err_set(GRAFT_ERR_AXIS, "%s: axis %" PRId64 " out of range for %s", nm, ax,
+                     SHP(a->ndim, a->shape)), -1;
+    int ok = ix->ndim == a->ndim;
+    for (int i = 0; ok && i < a->ndim; i++) ok = i == ax || ix->shape[i] <= a->shape[i];
+    if (n->op == IR_SCATTER_ADD) {
+      ir_node *src = n->in[2];
+      if (src->dtype != a->dtype)
+        return err_set(GRAFT_ERR_DTYPE, "scatter_add: dtypes differ (%s vs %s)",
+                       graft_dtype_name(a->dtype), graft_dtype_name(src->dtype)), -1;
+      ok = ok && src->ndim == ix->ndim &&
+           !memcmp(src->shape, ix->shape, sizeof(int64_t) * (size_t)ix->ndim);
+    }
+    if (!ok)
+      return err_set(GRAFT_ERR_SHAPE, "%s: index %s does not fit input %s on axis %" PRId64, nm,
+                     SHP(ix->ndim, ix->shape), SHP(a->ndim, a->shape), ax), -1;
+    if (n->op == IR_GATHER) {
+      n->ndim = ix->ndim;
+      memcpy(n->shape, ix->shape, sizeof n->shape);
+    }
+    return 0;
+  }
+  case IR_REDUCE_WINDOW:
+    if (at[0] != 0 && at[0] != 1)
+      return err_set(GRAFT_ERR_ARG, "reduce_window: unknown kind %" PRId64, at[0]), -1;
+    for (int i = 0; i < a->ndim; i++) {
+      int64_t w = at[8 + i], st = at[16 + i], lo = at[24 + i], hi = at[32 + i];
+      if (w < 1 || st < 1 || lo < 0 || hi < 0 || a->shape[i] + lo + hi < w)
+        return err_set(GRAFT_ERR_SHAPE, "reduce_window: window %" PRId64 " stride %" PRId64
+                       " padding %" PRId64 "/%" PRId64 " invalid for dim %d of %s", w, st, lo,
+                       hi, i, SHP(a->ndim, a->shape)), -1;
+      n->shape[i] = (a->shape[i] + lo + hi - w) / st + 1;
+    }
+    return 0;
+  default:
+    return err_set(GRAFT_ERR_INTERNAL, "%s: no shape rule", nm), -1;
+  }
+}
+
+ir_node *ir_make(ir_op op, int nin, ir_node *const *in, const ir_attrs *attr,
+                 graft_dtype out_dtype, int ndim, const int64_t *shape) {
+  if ((unsigned)op >= IR_OP_COUNT) return err_set(GRAFT_ERR_INTERNAL, "unknown op %d", (int)op);
+  const ir_opinfo *oi = &ir_ops[op];
+  if ((oi->arity >= 0 && nin != oi->arity) || (oi->arity < 0 && nin < 1))
+    return err_set(GRAFT_ERR_ARG, "%s: takes %d operands, got %d", oi->name, oi->arity, nin);
+  for (int i = 0; i < nin; i++) {
+    if (!in[i]) return err_set(GRAFT_ERR_NULL, "%s: operand %d is NULL", oi->name, i);
+    if (in[i]->device != in[0]->device)
+      return err_set(GRAFT_ERR_DEVICE, "%s: operands on different devices (cpu:%d vs cpu:%d)",
+                     oi->name, in[0]->device, in[i]->device);
+  }
+  /* The op's dtype class applies to its value operand (select: the branches). */
+  if (nin) {
+    graft_dtype dt = in[op == IR_SELECT ? 1 : 0]->dtype;
+    if (!ir_dtype_ok(oi->dtypes, dt))
+      return err_set(GRAFT_ERR_DTYPE, "%s: needs %s, got %s", oi->name, ir_class_str(oi->dtypes),
+                     graft_dtype_name(dt));
+  }
+  ir_node *n = ir_alloc(nin);
+  if (!n) return NULL;
+  n->op = op;
+  if (attr) n->attr = *attr;
+  for (int i = 0; i < nin; i++) n->in[i] = in[i];
+  n->device = nin ? in[0]->device : 0;
+  if (ir_infer(n, out_dtype, ndim, shape)) {
+    free(n);
+    return NULL;
+  }
+  if (ir_numel(n->ndim, n->shape) < 0) {
+    free(n);
+    return err_set(GRAFT_ERR_SHAPE, "%s: result shape too large", oi->name);
+  }
+  for (int i = 0; i < nin; i++) ir_retain(in[i]);
+  ir_finish(n);
+  return n;
+}
+
+void ir_attr_str(const ir_node *n, char *buf, size_t size) {
+  const int64_t *a = n->attr.a;
+  int nd = n->nin ? n->in[0]->ndim : n->ndim;
+  size_t k = 0;
+  buf[0] = 0;
+#define PUT(...) (k += (size_t)snprintf(buf + k, k < size ? size - k : 0, __VA_ARGS__))
+#define LIST(label, off, cnt)                                                   \
+  do {                                                                          \
+    PUT("%s=[", label);                                                         \
+    for (int i_ = 0; i_ < (cnt); i_++) PUT("%s%" PRId64, i_ ? "," : "", a[(off) + i_]); \
+    PUT("] ");                                                                  \
+  } while (0)
+  switch (n->op) {
+  case IR_CONSTANT: PUT("value=%.9g", n->attr.f); break;
+  case IR_IOTA: case IR_CONCAT: case IR_GATHER: case IR_SCATTER_ADD: PUT("axis=%" PRId64, a[0]); break;
+  case IR_RNG: PUT("dist=%s", a[0] ? "normal" : "uniform"); break;
+  case IR_TRANSPOSE: LIST("perm", 0, nd); break;
+  case IR_SLICE: LIST("start", 0, nd); LIST("limit", 8, nd); LIST("stride", 16, nd); break;
+  case IR_PAD: LIST("lo", 0, nd); LIST("hi", 8, nd); PUT("value=%.9g", n->attr.f); break;
+  case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD:
+    PUT("axes_mask=0x%" PRIx64 " keepdim=%" PRId64, a[0], a[1]); break;
+  case IR_ARGMAX: PUT("axis=%" PRId64 " keepdim=%" PRId64, a[0], a[1]); break;
+  case IR_CONV2D:
+    LIST("stride", 0, 2); LIST("pad_lo", 2, 2); LIST("pad_hi", 4, 2); LIST("dilation", 6, 2);
+    LIST("lhs_dilation", 8, 2); PUT("groups=%" PRId64, a[10]); break;
+  case IR_REDUCE_WINDOW:
+    PUT("kind=%s ", a[0] ? "sum" : "max"); LIST("window", 8, nd); LIST("stride", 16, nd);
+    LIST("pad_lo", 24, nd); LIST("pad_hi", 32, nd); break;
+  default: break;
+  }
+#undef PUT
+#undef LIST
+}

@@ -1,0 +1,16 @@
+/* Counters and timers behind graft_metrics_*; updated under the global lock. */
+#ifndef GRAFT_METRICS_H
+#define GRAFT_METRICS_H
+#include "graft.h"
+
+typedef struct {
+  graft_metrics m;        /* counters (gauges are filled in on read) */
+  double overhead_ms;     /* sync time outside compile and execute: capture, hash, lookup, bind */
+  uint64_t syncs;         /* sync calls that had pending work */
+} metrics_state;
+
+extern metrics_state metrics;
+/* Remembers a compile reason for the report (keeps the most recent few). */
+void metrics_add_reason(const char *reason);
+double metrics_now_ms(void);
+#endif

@@ -1,0 +1,125 @@
+/* The executor: capture the pending IR of the synced tensors, find or build the executable,
+ * bind data leaves as parameters, run, and cut the synced tensors' IR to data leaves. */
+#include "graph.h"
+#include "../core/error.h"
+#include "../core/metrics.h"
+#include <stdlib.h>
+#include <string.h>
+
+static graph_capture cap;
+
+/* One graph per device: roots holds the pending nodes of one device. */
+static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n) {
+  double t0 = metrics_now_ms();
+  if (capture_run(&cap, roots, n)) return graft_last_status();
+  cache_entry *e = cache_lookup(cap.hash);
+  double tc = 0;
+  if (e) {
+    metrics.m.cache_hits++;
+  } else {
+    double c0 = metrics_now_ms();
+    char reason[512];
+    cache_reason(&cap, reason, sizeof reason);
+    exec_program *p = capture_lower(&cap);
+    if (!p) return graft_last_status();
+    const backend *be = &ref_backend;
+    void *exe = be->compile(p);
+    if (!exe) {
+      program_free(p);
+      return graft_last_status();
+    }
+    e = cache_insert(p, be, exe);
+    if (!e) {
+      if (be->free_exe) be->free_exe(exe);
+      program_free(p);
+      return graft_last_status();
+    }
+    metrics_add_reason(reason);
+    dump_graph(&cap, p, reason);
+    metrics.m.graphs_compiled++;
+    tc = metrics_now_ms() - c0;
+    metrics.m.compile_ms += tc;
+  }
+  const exec_program *p = e->prog;
+  exec_buffer **bufs = malloc(sizeof *bufs * ((size_t)p->nparams + (size_t)p->noutputs + 1));
+  int *out_index = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
+  if (!bufs || !out_index) {
+    free(bufs);
+    free(out_index);
+    err_set(GRAFT_ERR_OOM, "out of memory binding a graph");
+    return GRAFT_ERR_OOM;
+  }
+  for (int k = 0; k < p->nparams; k++) bufs[k] = cap.params[k]->data;
+  exec_buffer **outs = bufs + p->nparams;
+  for (int k = 0; k < p->noutputs; k++) {
+    outs[k] = NULL;
+    out_index[p->output_slot[k]] = k;
+  }
+  double x0 = metrics_now_ms();
+  int rc = e->be->execute(e->exe, p, bufs, outs);
+  double tx = metrics_now_ms() - x0;
+  metrics.m.execute_ms += tx;
+  graft_status st = GRAFT_OK;
+  if (rc) {
+    st = graft_last_status() ? graft_last_status() : GRAFT_ERR_INTERNAL;
+  } else {
+    metrics.m.executions++;
+    metrics.m.last_graph_nodes = (uint64_t)p->ninstr;
+    if ((uint64_t)p->ninstr > metrics.m.max_graph_nodes) metrics.m.max_graph_nodes = (uint64_t)p->ninstr;
+    for (int r = 0; r < n; r++) {
+      graft_tensor *t = ts[r];
+      ir_node *old = t->node;
+      exec_buffer *b = outs[out_index[cap.out_slot[r]]];
+      ir_node *leaf = ir_make_data(b, old->dtype, old->ndim, old->shape, old->device);
+      if (!leaf) {
+        st = GRAFT_ERR_OOM;
+        continue; /* this tensor stays pending: still correct, just not materialized */
+      }
+      tensor_set_node(t, leaf);
+    }
+    for (int k = 0; k < p->noutputs; k++) buffer_release(outs[k]);
+  }
+  free(bufs);
+  free(out_index);
+  metrics.syncs++;
+  metrics.overhead_ms += metrics_now_ms() - t0 - tc - tx;
+  return st;
+}
+
+graft_status exec_sync_locked(graft_tensor *const *ts, int n) {
+  if (n < 0) {
+    err_set(GRAFT_ERR_ARG, "graft_sync: negative count %d", n);
+    return GRAFT_ERR_ARG;
+  }
+  if (n && !ts) {
+    err_set(GRAFT_ERR_NULL, "graft_sync: tensor array is NULL");
+    return GRAFT_ERR_NULL;
+  }
+  for (int i = 0; i < n; i++)
+    if (!tensor_check(ts[i], "graft_sync")) return graft_last_status();
+  graft_tensor **sel = malloc(sizeof *sel * ((size_t)n + 1));
+  ir_node **roots = malloc(sizeof *roots * ((size_t)n + 1));
+  if (!sel || !roots) {
+    free(sel);
+    free(roots);
+    err_set(GRAFT_ERR_OOM, "graft_sync: out of memory");
+    return GRAFT_ERR_OOM;
+  }
+  graft_status st = GRAFT_OK;
+  for (int dev = 0; dev < GRAFT_MAX_DEVICES && st == GRAFT_OK; dev++) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+      ir_node *node = ts[i]->node;
+      if (node->op == IR_DATA || node->device != dev) continue;
+      /* a tensor listed twice is harmless: both roots name the same slot */
+      sel[m] = ts[i];
+      roots[m++] = node;
+    }
+    if (m) st = exec_device(sel, roots, m);
+  }
+  free(sel);
+  free(roots);
+  return st;
+}
+
+void exec_shutdown(void) { capture_free(&cap); }

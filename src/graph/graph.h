@@ -1,0 +1,45 @@
+/* The graph layer: capture of pending IR, the compile cache, execution, dumps. */
+#ifndef GRAFT_GRAPH_H
+#define GRAFT_GRAPH_H
+#include "../core/program.h"
+#include "../core/tensor.h"
+
+/* A captured graph: nodes in post-order (slot = index), with its hash. Arrays are owned by
+ * the capture and reused between syncs (capture runs under the global lock). */
+typedef struct {
+  ir_node **nodes;
+  int n, cap;
+  ir_node **params; /* DATA leaves in first-visit order */
+  int nparams, pcap;
+  int *out_slot;    /* per root */
+  int nroots, rcap;
+  uint64_t hash, shape_free;
+} graph_capture;
+
+/* Post-order capture of everything reachable from roots (nodes may repeat in roots). */
+int capture_run(graph_capture *g, ir_node *const *roots, int nroots);
+/* Lowers a capture into a program (new allocation). */
+exec_program *capture_lower(const graph_capture *g);
+void capture_free(graph_capture *g);
+
+/* Compile cache: graph hash -> program + backend executable. */
+typedef struct cache_entry {
+  exec_program *prog;
+  const backend *be;
+  void *exe;
+  struct cache_entry *next; /* hash chain */
+} cache_entry;
+cache_entry *cache_lookup(uint64_t hash);
+/* Builds the reason a graph with capture g is compiled, naming the nearest cached graph. */
+void cache_reason(const graph_capture *g, char *buf, size_t n);
+cache_entry *cache_insert(exec_program *prog, const backend *be, void *exe);
+void cache_clear(void);
+
+/* Writes the graph's IR text and Graphviz file into $GRAFT_DUMP_DIR, if set. */
+void dump_graph(const graph_capture *g, const exec_program *p, const char *reason);
+
+/* Materializes the given tensors (lock held). Returns GRAFT_OK or an error status. */
+graft_status exec_sync_locked(graft_tensor *const *ts, int n);
+/* Frees the executor's scratch (graft_shutdown). */
+void exec_shutdown(void);
+#endif
