@@ -268,6 +268,8 @@ typedef struct {
   uint64_t transfers_to_host, bytes_to_host;
   double compile_ms;         /* total time building executables */
   double execute_ms;         /* total time running graphs */
+  uint64_t syncs;            /* syncs that had pending work */
+  double sync_overhead_ms;   /* sync time outside compile and execute: capture, hash, lookup, bind */
 } graft_metrics;
 
 /** Fills m with the current counters. */

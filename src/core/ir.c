@@ -73,7 +73,7 @@ ir_node *ir_make_data(exec_buffer *buf, graft_dtype dt, int ndim, const int64_t 
   n->op = IR_DATA;
   n->dtype = dt;
   n->ndim = ndim;
-  memcpy(n->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  if (ndim) memcpy(n->shape, shape, sizeof(int64_t) * (size_t)ndim);
   n->device = device;
   buffer_retain(buf);
   n->data = buf;
@@ -153,7 +153,7 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
   case IR_CONSTANT: case IR_IOTA: case IR_RNG: case IR_BROADCAST: case IR_RESHAPE:
     if (ir_check_shape_arg(nm, ndim, shape)) return -1;
     n->ndim = ndim;
-    memcpy(n->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    if (ndim) memcpy(n->shape, shape, sizeof(int64_t) * (size_t)ndim);
     n->dtype = a && n->op != IR_RNG ? a->dtype : out_dtype;
     if (!dtype_valid(n->dtype))
       return err_set(GRAFT_ERR_DTYPE, "%s: invalid dtype %d", nm, (int)n->dtype), -1;

@@ -78,8 +78,8 @@ char *graft_metrics_report(void) {
       (unsigned long long)m.pending_nodes, (unsigned long long)m.bytes_in_use,
       (unsigned long long)m.bytes_peak, (unsigned long long)m.transfers_to_device,
       (unsigned long long)m.bytes_to_device, (unsigned long long)m.transfers_to_host,
-      (unsigned long long)m.bytes_to_host, m.compile_ms, m.execute_ms, metrics.overhead_ms,
-      (unsigned long long)metrics.syncs);
+      (unsigned long long)m.bytes_to_host, m.compile_ms, m.execute_ms, m.sync_overhead_ms,
+      (unsigned long long)m.syncs);
   int first = nreasons_total > NREASONS ? nreasons_total - NREASONS : 0;
   if (nreasons_total) k += snprintf(s + k, cap - (size_t)k, "  recent compile reasons:\n");
   for (int i = first; i < nreasons_total && (size_t)k < cap; i++)

@@ -5,8 +5,6 @@
 
 typedef struct {
   graft_metrics m;        /* counters (gauges are filled in on read) */
-  double overhead_ms;     /* sync time outside compile and execute: capture, hash, lookup, bind */
-  uint64_t syncs;         /* sync calls that had pending work */
 } metrics_state;
 
 extern metrics_state metrics;

@@ -81,8 +81,8 @@ static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n)
   }
   free(bufs);
   free(out_index);
-  metrics.syncs++;
-  metrics.overhead_ms += metrics_now_ms() - t0 - tc - tx;
+  metrics.m.syncs++;
+  metrics.m.sync_overhead_ms += metrics_now_ms() - t0 - tc - tx;
   return st;
 }
 

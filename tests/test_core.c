@@ -1,0 +1,354 @@
+/* Engine behaviour: caching and recompiles, parameters vs constants, sync and step, auto-sync,
+ * scopes and handles, metrics, dumps, deep graphs, devices. */
+#define _DEFAULT_SOURCE
+#include "check.h"
+#include "graft.h"
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static graft_metrics M(void) {
+  graft_metrics m;
+  graft_metrics_get(&m);
+  return m;
+}
+
+static graft_tensor *vec(const float *v, int64_t n) {
+  return graft_from_host(v, GRAFT_F32, 1, &n, 0);
+}
+
+/* One training-like step: tanh(x * w + lr), returns host value 0. */
+static float step_fn(graft_tensor *x, graft_tensor *w, double lr) {
+  graft_scope_begin();
+  graft_tensor *y = graft_add_scalar(graft_tanh(graft_add_scalar(graft_mul(x, w), lr)), 0);
+  graft_keep(y);
+  graft_scope_end();
+  graft_step();
+  float out[4];
+  CHECK(graft_to_host(y, out, sizeof out) == GRAFT_OK);
+  graft_release(y);
+  return out[1];
+}
+
+TEST(loop_compiles_once) {
+  graft_metrics_reset();
+  float xv[4] = {1, 2, 3, 4}, wv[4] = {0.5f, 0.25f, -1, 2};
+  graft_tensor *x = vec(xv, 4), *w = vec(wv, 4);
+  for (int i = 0; i < 100; i++) {
+    double lr = 0.01 * i; /* a changing scalar is a parameter: no recompile */
+    float got = step_fn(x, w, lr);
+    CHECK_NEAR(got, tanh(2 * 0.25 + lr), 1e-6);
+  }
+  graft_metrics m = M();
+  CHECK(m.graphs_compiled == 1);
+  CHECK(m.cache_hits == 99);
+  CHECK(m.executions == 100);
+  graft_release(x);
+  graft_release(w);
+}
+
+TEST(shape_change_recompiles_and_dump_names_why) {
+  char dir[] = "/tmp/graft_dump_XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  setenv("GRAFT_DUMP_DIR", dir, 1);
+  graft_metrics_reset();
+  for (int b = 0; b < 2; b++) {
+    int64_t shape[2] = {b ? 64 : 32, 8};
+    graft_tensor *x = graft_ones(GRAFT_F32, 2, shape);
+    float *zeros = calloc(64 * 8, sizeof(float));
+    graft_tensor *d = graft_from_host(zeros, GRAFT_F32, 2, shape, 0);
+    free(zeros);
+    graft_tensor *y = graft_sum(graft_add(x, d), (int[]){1}, 1, false);
+    double v;
+    graft_tensor *first = graft_slice(y, (int64_t[]){0}, (int64_t[]){1}, NULL);
+    CHECK(graft_item(first, &v) == GRAFT_OK);
+    CHECK_NEAR(v, 8, 0);
+    graft_release(first);
+    graft_release(y);
+    graft_release(d);
+    graft_release(x);
+  }
+  CHECK(M().graphs_compiled == 2);
+  const char *why = graft_last_compile_reason();
+  CHECK(strstr(why, "[64,8]") && strstr(why, "[32,8]"));
+  /* The dump folder holds each graph's IR text with its reason, and a Graphviz file. */
+  DIR *dd = opendir(dir);
+  int txt = 0, dot = 0, reason_found = 0;
+  struct dirent *e;
+  while (dd && (e = readdir(dd))) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (strstr(e->d_name, ".txt")) {
+      txt++;
+      FILE *f = fopen(path, "r");
+      char buf[4096] = {0};
+      size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+      (void)n;
+      if (f) fclose(f);
+      if (strstr(buf, "reason:") && strstr(buf, "[64,8]") && strstr(buf, "reduce_sum"))
+        reason_found = 1;
+    }
+    if (strstr(e->d_name, ".dot")) dot++;
+    if (e->d_name[0] != '.') unlink(path);
+  }
+  if (dd) closedir(dd);
+  rmdir(dir);
+  unsetenv("GRAFT_DUMP_DIR");
+  CHECK(txt >= 2 && dot >= 2);
+  CHECK(reason_found);
+}
+
+TEST(constant_value_is_part_of_the_graph) {
+  graft_metrics_reset();
+  for (int i = 0; i < 3; i++) {
+    graft_tensor *c = graft_full(i % 2 ? 2.0 : 1.0, GRAFT_F32, 1, (int64_t[]){3});
+    graft_tensor *y = graft_exp(c);
+    double v;
+    graft_tensor *s = graft_sum(y, NULL, 0, false);
+    CHECK(graft_item(s, &v) == GRAFT_OK);
+    CHECK_NEAR(v, 3 * exp(i % 2 ? 2.0 : 1.0), 1e-6);
+    graft_release(s);
+    graft_release(y);
+    graft_release(c);
+  }
+  /* Two distinct constants: two graphs, the third run hits the cache. */
+  CHECK(M().graphs_compiled == 2);
+  CHECK(M().cache_hits == 1);
+}
+
+TEST(shared_vs_distinct_inputs_bind_correctly) {
+  /* x+x and x+y have the same node hashes; the graph hash must tell them apart. */
+  float a[2] = {1, 2}, b[2] = {10, 20};
+  graft_tensor *x = vec(a, 2), *y = vec(b, 2);
+  float out[2];
+  graft_tensor *s1 = graft_add(x, x);
+  CHECK(graft_to_host(s1, out, sizeof out) == GRAFT_OK);
+  CHECK(out[0] == 2 && out[1] == 4);
+  graft_tensor *s2 = graft_add(x, y);
+  CHECK(graft_to_host(s2, out, sizeof out) == GRAFT_OK);
+  CHECK(out[0] == 11 && out[1] == 22);
+  graft_tensor *s3 = graft_add(y, x);
+  CHECK(graft_to_host(s3, out, sizeof out) == GRAFT_OK);
+  CHECK(out[0] == 11 && out[1] == 22);
+  graft_release(s1);
+  graft_release(s2);
+  graft_release(s3);
+  graft_release(x);
+  graft_release(y);
+}
+
+TEST(step_materializes_every_live_tensor) {
+  graft_metrics_reset();
+  graft_tensor *a = graft_iota(GRAFT_I32, 1, (int64_t[]){5}, 0);
+  graft_tensor *b = graft_mul(a, a);
+  graft_tensor *c = graft_sum(b, NULL, 0, false);
+  CHECK(graft_is_pending(a) && graft_is_pending(b) && graft_is_pending(c));
+  CHECK(graft_step() == GRAFT_OK);
+  CHECK(!graft_is_pending(a) && !graft_is_pending(b) && !graft_is_pending(c));
+  CHECK(M().executions == 1); /* one graph for all three */
+  double v;
+  CHECK(graft_item(c, &v) == GRAFT_OK && v == 30);
+  CHECK(M().executions == 1); /* reading a materialized tensor runs nothing */
+  graft_release(a);
+  graft_release(b);
+  graft_release(c);
+}
+
+TEST(sync_chosen_tensors_only) {
+  graft_tensor *a = graft_iota(GRAFT_F32, 1, (int64_t[]){4}, 0);
+  graft_tensor *b = graft_add_scalar(a, 1);
+  graft_tensor *c = graft_mul_scalar(a, 2);
+  CHECK(graft_sync(&b, 1) == GRAFT_OK);
+  CHECK(!graft_is_pending(b));
+  CHECK(graft_is_pending(c));
+  CHECK(graft_sync((graft_tensor *[]){c, c}, 2) == GRAFT_OK); /* a repeated tensor is fine */
+  float out[4];
+  CHECK(graft_to_host(c, out, sizeof out) == GRAFT_OK && out[3] == 6);
+  graft_release(a);
+  graft_release(b);
+  graft_release(c);
+}
+
+TEST(pending_limit_syncs_automatically) {
+  graft_metrics_reset();
+  graft_set_max_pending_nodes(50);
+  graft_tensor *x = graft_zeros(GRAFT_F32, 1, (int64_t[]){3});
+  for (int i = 0; i < 500; i++) {
+    graft_tensor *y = graft_add_scalar(x, 1);
+    graft_release(x);
+    x = y;
+    graft_metrics m = M();
+    CHECK(m.pending_nodes <= 52);
+  }
+  float out[3];
+  CHECK(graft_to_host(x, out, sizeof out) == GRAFT_OK);
+  CHECK(out[0] == 500 && out[2] == 500);
+  graft_metrics m = M();
+  CHECK(m.auto_syncs >= 9);
+  CHECK(m.max_graph_nodes <= 90); /* ~50 pending nodes plus their data leaves */
+  graft_release(x);
+  graft_set_max_pending_nodes(100000);
+}
+
+TEST(deep_chain_no_recursion) {
+  /* 200k pending nodes: capture and release must not recurse per node. */
+  graft_set_max_pending_nodes(1000000);
+  graft_tensor *x = graft_zeros(GRAFT_F64, 0, NULL);
+  for (int i = 0; i < 200000; i++) {
+    graft_tensor *y = graft_add_scalar(x, 1);
+    graft_release(x);
+    x = y;
+  }
+  double v;
+  CHECK(graft_item(x, &v) == GRAFT_OK && v == 200000);
+  graft_release(x);
+  graft_tensor *z = graft_zeros(GRAFT_F32, 0, NULL);
+  for (int i = 0; i < 200000; i++) {
+    graft_tensor *y = graft_neg(z);
+    graft_release(z);
+    z = y;
+  }
+  graft_release(z); /* released while pending: iterative free */
+  CHECK(M().pending_nodes == 0);
+  graft_set_max_pending_nodes(100000);
+}
+
+TEST(scopes_release_all_but_kept) {
+  int64_t live0 = (int64_t)M().live_tensors;
+  graft_tensor *kept;
+  graft_scope_begin();
+  graft_tensor *a = graft_ones(GRAFT_F32, 1, (int64_t[]){4});
+  graft_scope_begin();
+  graft_tensor *b = graft_add(a, a);
+  kept = graft_keep(graft_mul(b, a)); /* moves to the outer scope */
+  graft_scope_end();
+  CHECK((int64_t)M().live_tensors == live0 + 2); /* a and kept */
+  graft_keep(kept);                              /* and out of the outer one */
+  graft_scope_end();
+  CHECK((int64_t)M().live_tensors == live0 + 1);
+  float out[4];
+  CHECK(graft_to_host(kept, out, sizeof out) == GRAFT_OK && out[2] == 2);
+  graft_release(kept);
+  CHECK((int64_t)M().live_tensors == live0);
+  graft_clear_error();
+  graft_scope_end(); /* no open scope: an error, not a crash */
+  CHECK(graft_last_status() == GRAFT_ERR_ARG);
+  graft_clear_error();
+}
+
+TEST(handles_refcount_and_release) {
+  graft_tensor *a = graft_ones(GRAFT_F32, 1, (int64_t[]){2});
+  CHECK(graft_retain(a) == a);
+  graft_release(a);
+  CHECK(graft_ndim(a) == 1); /* still one reference */
+  graft_release(a);
+  graft_clear_error();
+  CHECK(graft_ndim(a) == -1);
+  CHECK(graft_last_status() == GRAFT_ERR_RELEASED);
+  CHECK(strstr(graft_last_error(), "released") != NULL);
+  graft_clear_error();
+  graft_release(a); /* double release: an error, never a crash */
+  CHECK(graft_last_status() == GRAFT_ERR_RELEASED);
+  graft_clear_error();
+  graft_release(NULL); /* NULL is ignored */
+  CHECK(graft_last_status() == GRAFT_OK);
+}
+
+TEST(memory_metrics_follow_data) {
+  graft_metrics m0 = M();
+  float *buf = calloc(1 << 20, sizeof(float));
+  graft_tensor *a = graft_from_host(buf, GRAFT_F32, 1, (int64_t[]){1 << 20}, 0);
+  free(buf);
+  graft_metrics m1 = M();
+  CHECK(m1.bytes_in_use == m0.bytes_in_use + (4u << 20));
+  CHECK(m1.bytes_peak >= m1.bytes_in_use);
+  CHECK(m1.transfers_to_device == m0.transfers_to_device + 1);
+  CHECK(m1.bytes_to_device == m0.bytes_to_device + (4u << 20));
+  CHECK(m1.live_tensors == m0.live_tensors + 1);
+  graft_release(a);
+  CHECK(M().bytes_in_use == m0.bytes_in_use);
+  char *r = graft_metrics_report();
+  CHECK(r && strstr(r, "graphs compiled") && strstr(r, "bytes in use"));
+  free(r);
+}
+
+TEST(oom_is_an_error_and_state_survives) {
+  graft_set_memory_limit(1 << 20);
+  graft_tensor *big = graft_full(1, GRAFT_F32, 1, (int64_t[]){1 << 20});
+  float *out = malloc(4u << 20);
+  graft_clear_error();
+  CHECK(graft_to_host(big, out, 4u << 20) == GRAFT_ERR_OOM);
+  CHECK(strstr(graft_last_error(), "out of memory") != NULL);
+  CHECK(graft_is_pending(big));
+  graft_set_memory_limit(0);
+  graft_clear_error();
+  CHECK(graft_to_host(big, out, 4u << 20) == GRAFT_OK);
+  CHECK(out[12345] == 1);
+  free(out);
+  graft_release(big);
+}
+
+TEST(devices_are_separate) {
+  float v[2] = {1, 2};
+  graft_tensor *a = graft_from_host(v, GRAFT_F32, 1, (int64_t[]){2}, 0);
+  graft_tensor *b = graft_from_host(v, GRAFT_F32, 1, (int64_t[]){2}, 1);
+  graft_clear_error();
+  CHECK(graft_add(a, b) == NULL);
+  CHECK(graft_last_status() == GRAFT_ERR_DEVICE);
+  graft_clear_error();
+  graft_tensor *b0 = graft_to_device(b, 0);
+  CHECK(graft_device(b0) == 0);
+  graft_tensor *s0 = graft_add(a, b0);
+  graft_tensor *s1 = graft_mul(b, b); /* a graph on device 1 */
+  graft_metrics_reset();
+  CHECK(graft_sync((graft_tensor *[]){s0, s1}, 2) == GRAFT_OK);
+  CHECK(M().executions == 2); /* one graph per device */
+  float out[2];
+  CHECK(graft_to_host(s1, out, sizeof out) == GRAFT_OK && out[1] == 4);
+  CHECK(graft_device(s1) == 1);
+  graft_release(a);
+  graft_release(b);
+  graft_release(b0);
+  graft_release(s0);
+  graft_release(s1);
+}
+
+TEST(failed_sync_leaves_tensors_pending) {
+  float v[3] = {1, 2, 3};
+  int64_t idx[2] = {0, 5};
+  graft_tensor *a = vec(v, 3);
+  graft_tensor *i = graft_from_host(idx, GRAFT_I64, 1, (int64_t[]){2}, 0);
+  graft_tensor *g = graft_gather(a, 0, i);
+  graft_clear_error();
+  CHECK(graft_step() == GRAFT_ERR_ARG);
+  CHECK(strstr(graft_last_error(), "out of range") != NULL);
+  CHECK(graft_is_pending(g));
+  graft_release(g);
+  graft_clear_error();
+  graft_tensor *ok = graft_add(a, a);
+  float out[3];
+  CHECK(graft_to_host(ok, out, sizeof out) == GRAFT_OK && out[2] == 6);
+  graft_release(ok);
+  graft_release(i);
+  graft_release(a);
+}
+
+int main(void) {
+  RUN(loop_compiles_once);
+  RUN(shape_change_recompiles_and_dump_names_why);
+  RUN(constant_value_is_part_of_the_graph);
+  RUN(shared_vs_distinct_inputs_bind_correctly);
+  RUN(step_materializes_every_live_tensor);
+  RUN(sync_chosen_tensors_only);
+  RUN(pending_limit_syncs_automatically);
+  RUN(deep_chain_no_recursion);
+  RUN(scopes_release_all_but_kept);
+  RUN(handles_refcount_and_release);
+  RUN(memory_metrics_follow_data);
+  RUN(oom_is_an_error_and_state_survives);
+  RUN(devices_are_separate);
+  RUN(failed_sync_leaves_tensors_pending);
+  graft_shutdown();
+  return CHECK_DONE();
+}
