@@ -230,7 +230,7 @@ graft_tensor *graft_relu(graft_tensor *x);                  /**< max(x, 0) */
 graft_tensor *graft_gelu(graft_tensor *x, bool tanh_approx); /**< GELU, erf or tanh form */
 graft_tensor *graft_softmax(graft_tensor *x, int axis);     /**< numerically stable softmax */
 graft_tensor *graft_log_softmax(graft_tensor *x, int axis); /**< numerically stable log-softmax */
-/** Normalizes over the last dim; weight/bias [D] may be NULL... only when both are NULL. */
+/** Normalizes over the last dim [D]; weight and bias are [D], both given or both NULL. */
 graft_tensor *graft_layer_norm(graft_tensor *x, graft_tensor *weight, graft_tensor *bias, double eps);
 /** Batch norm over dim 1 of [N,C,...]: batch statistics when training, else running ones. */
 graft_tensor *graft_batch_norm(graft_tensor *x, graft_tensor *weight, graft_tensor *bias,

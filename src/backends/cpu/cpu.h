@@ -1,0 +1,29 @@
+/* The compiling CPU backend: renders a program as one C translation unit, compiles it with the
+ * system compiler ($GRAFT_CC, default "cc"), loads it with dlopen and runs it on a persistent
+ * thread pool; matmul goes to OpenBLAS (loaded at run time); ops it does not generate code for
+ * call the reference kernels. Compiled objects are cached on disk per user. */
+#ifndef GRAFT_CPU_H
+#define GRAFT_CPU_H
+#include "program.h"
+
+extern const backend cpu_backend;
+
+typedef struct {
+  uint64_t compiles;      /* compiler invocations that succeeded */
+  uint64_t compile_fail;  /* compiler invocations that failed */
+  uint64_t disk_hits;     /* executables loaded from the disk cache (no compiler run) */
+  uint64_t disk_corrupt;  /* cache entries rejected (size/checksum mismatch) and rebuilt */
+  uint64_t disk_refused;  /* times the cache dir was unsafe (group/other writable) and skipped */
+  double compile_ms;      /* wall time spent in the compiler */
+  uint64_t fallback[IR_OP_COUNT]; /* per op: instructions run on ref kernels (per execution) */
+  uint64_t kernels;       /* generated kernels (after fusion), summed over compiles */
+} cpu_counters;
+extern cpu_counters cpu_stats;
+
+/* Number of threads of the pool (callers included); starts it on first use. */
+int cpu_pool_threads(void);
+/* Stops the pool's threads (optional at exit; the pool restarts on next use). */
+void cpu_pool_shutdown(void);
+/* The last generated source (for dumps/debugging); valid until the next compile. */
+const char *cpu_last_source(void);
+#endif

@@ -1,0 +1,392 @@
+/* Expression emission: the value of an instruction at a position of some loop nest, as C
+ * statements appended to the current loop body. Inlined instructions become expressions;
+ * movement ops transform the position (index arithmetic); materialized ones are loads.
+ * Values are memoized per (instruction, position) within one loop body. */
+#include "cpu_codegen.h"
+#include "dtype.h"
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+const char *cpu_ctype(graft_dtype dt) {
+  switch (dt) {
+  case GRAFT_F32: return "float";
+  case GRAFT_F64: return "double";
+  case GRAFT_I32: return "int32_t";
+  case GRAFT_I64: return "int64_t";
+  default: return "uint8_t";
+  }
+}
+
+static char *cpu_tmp(cpu_cg *g) { return cpu_fmt(&g->ar, "t%d", g->ntmp++); }
+
+/* Emits "const T name = expr;" and returns name. */
+static const char *cpu_def(cpu_cg *g, graft_dtype dt, const char *expr) {
+  char *t = cpu_tmp(g);
+  cpu_sb_printf(g->body, "      const %s %s = %s;\n", cpu_ctype(dt), t, expr);
+  return t;
+}
+
+/* Row-major strides. */
+static void cpu_strides(int nd, const int64_t *shape, int64_t *st) {
+  int64_t s = 1;
+  for (int d = nd - 1; d >= 0; d--) {
+    st[d] = s;
+    s *= shape[d];
+  }
+}
+
+void cpu_pos_coords(cpu_cg *g, cpu_pos *pos) {
+  if (pos->has_c) return;
+  int64_t st[GRAFT_MAX_DIMS];
+  cpu_strides(pos->nd, pos->shape, st);
+  for (int d = 0; d < pos->nd; d++) {
+    if (pos->shape[d] == 1) {
+      pos->c[d] = "0";
+    } else if (pos->nd == 1) {
+      pos->c[d] = pos->lin;
+    } else {
+      g->need_unravel = 1;
+      char *t = cpu_tmp(g);
+      if (d == 0)
+        cpu_sb_printf(g->body, "      const int64_t %s = (%s) / %" PRId64 ";\n", t, pos->lin, st[d]);
+      else
+        cpu_sb_printf(g->body, "      const int64_t %s = (%s) / %" PRId64 " %% %" PRId64 ";\n", t,
+                      pos->lin, st[d], pos->shape[d]);
+      pos->c[d] = t;
+    }
+  }
+  pos->has_c = 1;
+}
+
+const char *cpu_pos_lin(cpu_cg *g, cpu_pos *pos) {
+  if (pos->lin) return pos->lin;
+  int64_t st[GRAFT_MAX_DIMS];
+  cpu_strides(pos->nd, pos->shape, st);
+  cpu_sb e = {0};
+  for (int d = 0; d < pos->nd; d++) {
+    if (pos->shape[d] == 1) continue;
+    if (e.n) cpu_sb_puts(&e, " + ");
+    if (st[d] == 1) cpu_sb_printf(&e, "%s", pos->c[d]);
+    else cpu_sb_printf(&e, "%s * %" PRId64, pos->c[d], st[d]);
+  }
+  char *r = cpu_fmt(&g->ar, "(%s)", e.n ? e.s : "0");
+  cpu_sb_free(&e);
+  pos->lin = r;
+  return r;
+}
+
+static const char *cpu_pos_key(cpu_cg *g, const cpu_pos *pos) {
+  if (!pos->has_c) return cpu_fmt(&g->ar, "L%s", pos->lin);
+  cpu_sb e = {0};
+  for (int d = 0; d < pos->nd; d++) cpu_sb_printf(&e, "%s,", pos->c[d]);
+  char *r = cpu_fmt(&g->ar, "C%s", e.n ? e.s : "");
+  cpu_sb_free(&e);
+  return r;
+}
+
+/* A literal of dtype dt holding v converted exactly as the reference stores it. */
+static const char *cpu_literal(cpu_cg *g, graft_dtype dt, double v) {
+  union { float f; double d; int32_t i32; int64_t i64; uint8_t u8; } u;
+  memset(&u, 0, sizeof u);
+  dtype_store(&u, dt, 0, v);
+  switch (dt) {
+  case GRAFT_F32:
+    if (u.f != u.f) return "__builtin_nanf(\"\")";
+    if (u.f == (float)INFINITY) return "__builtin_inff()";
+    if (u.f == -(float)INFINITY) return "(-__builtin_inff())";
+    return cpu_fmt(&g->ar, "%af", (double)u.f);
+  case GRAFT_F64:
+    if (u.d != u.d) return "__builtin_nan(\"\")";
+    if (u.d == INFINITY) return "__builtin_inf()";
+    if (u.d == -INFINITY) return "(-__builtin_inf())";
+    return cpu_fmt(&g->ar, "%a", u.d);
+  case GRAFT_I32: return cpu_fmt(&g->ar, "((int32_t)%" PRId32 ")", u.i32);
+  case GRAFT_I64: return cpu_fmt(&g->ar, "((int64_t)0x%" PRIx64 "ull)", (uint64_t)u.i64);
+  default: return cpu_fmt(&g->ar, "((uint8_t)%u)", (unsigned)u.u8);
+  }
+}
+
+/* An int64 expression narrowed (wrapping) to dtype dt. */
+static const char *cpu_narrow(cpu_cg *g, graft_dtype dt, const char *e64) {
+  if (dt == GRAFT_BOOL) return cpu_fmt(&g->ar, "(uint8_t)((%s) != 0)", e64);
+  if (dt == GRAFT_I64) return cpu_fmt(&g->ar, "(int64_t)(%s)", e64);
+  return cpu_fmt(&g->ar, "(%s)(uint64_t)(%s)", cpu_ctype(dt), e64);
+}
+
+static const char *cpu_unary(cpu_cg *g, const exec_instr *ins, const char *a) {
+  graft_dtype dt = ins->dtype;
+  bool f = dt == GRAFT_F32, d = dt == GRAFT_F64;
+  if (f || d) {
+    const char *cast = f ? "(float)" : "";
+    switch (ins->op) {
+    case IR_NEG: return cpu_fmt(&g->ar, "-%s", a);
+    case IR_ABS: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_fabsf" : "__builtin_fabs", a);
+    case IR_EXP: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_expf" : "exp", a);
+    case IR_LOG: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_logf" : "log", a);
+    case IR_SQRT: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_sqrtf" : "__builtin_sqrt", a);
+    case IR_RSQRT: return cpu_fmt(&g->ar, "%s(1.0 / __builtin_sqrt((double)%s))", cast, a);
+    case IR_TANH: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_tanhf" : "tanh", a);
+    case IR_ERF: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_erff" : "erf", a);
+    case IR_SIGMOID: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_sigmoidf" : "gm_sigmoid", a);
+    case IR_SIN: return cpu_fmt(&g->ar, "%ssin((double)%s)", cast, a);
+    case IR_COS: return cpu_fmt(&g->ar, "%scos((double)%s)", cast, a);
+    case IR_FLOOR: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_floorf" : "__builtin_floor", a);
+    case IR_CEIL: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_ceilf" : "__builtin_ceil", a);
+    case IR_ROUND: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_rintf" : "__builtin_rint", a);
+    case IR_SIGN:
+      return cpu_fmt(&g->ar, "(%s > 0 ? 1 : %s < 0 ? -1 : %s)", a, a, a);
+    case IR_RECIPROCAL: return cpu_fmt(&g->ar, "%s(1.0 / (double)%s)", cast, a);
+    case IR_LOG1P: return cpu_fmt(&g->ar, "%slog1p((double)%s)", cast, a);
+    case IR_EXPM1: return cpu_fmt(&g->ar, "%sexpm1((double)%s)", cast, a);
+    default: return NULL;
+    }
+  }
+  const char *e;
+  switch (ins->op) {
+  case IR_NEG: e = cpu_fmt(&g->ar, "(int64_t)(0ull - (uint64_t)(int64_t)%s)", a); break;
+  case IR_ABS:
+    e = cpu_fmt(&g->ar, "((int64_t)%s < 0 ? (int64_t)(0ull - (uint64_t)(int64_t)%s) : (int64_t)%s)",
+                a, a, a);
+    break;
+  case IR_SIGN: e = cpu_fmt(&g->ar, "(int64_t)((%s > 0) - (%s < 0))", a, a); break;
+  case IR_NOT:
+    e = dt == GRAFT_BOOL ? cpu_fmt(&g->ar, "(int64_t)!%s", a) : cpu_fmt(&g->ar, "~(int64_t)%s", a);
+    break;
+  default: return NULL;
+  }
+  return cpu_narrow(g, dt, e);
+}
+
+static const char *cpu_convert(cpu_cg *g, graft_dtype from, graft_dtype to, const char *a) {
+  bool ff = dtype_is_float(from), tf = dtype_is_float(to);
+  if (to == GRAFT_BOOL) return cpu_fmt(&g->ar, "(uint8_t)(%s != 0)", a);
+  if (tf) return cpu_fmt(&g->ar, "(%s)%s", cpu_ctype(to), a);
+  if (ff) {
+    if (to == GRAFT_I32) return cpu_fmt(&g->ar, "gc_sat32(gc_d2i((double)%s))", a);
+    return cpu_narrow(g, to, cpu_fmt(&g->ar, "gc_d2i((double)%s)", a));
+  }
+  return cpu_narrow(g, to, cpu_fmt(&g->ar, "(int64_t)%s", a));
+}
+
+static const char *cpu_binary(cpu_cg *g, const exec_instr *ins, const char *a, const char *b) {
+  graft_dtype dt = ins->dtype;
+  if (dt == GRAFT_F32 || dt == GRAFT_F64) {
+    const char *cast = dt == GRAFT_F32 ? "(float)" : "";
+    switch (ins->op) {
+    case IR_ADD: return cpu_fmt(&g->ar, "%s + %s", a, b);
+    case IR_SUB: return cpu_fmt(&g->ar, "%s - %s", a, b);
+    case IR_MUL: return cpu_fmt(&g->ar, "%s * %s", a, b);
+    case IR_DIV: return cpu_fmt(&g->ar, "%s / %s", a, b);
+    case IR_POW: return cpu_fmt(&g->ar, "%spow((double)%s, (double)%s)", cast, a, b);
+    case IR_REM: return cpu_fmt(&g->ar, "%sfmod((double)%s, (double)%s)", cast, a, b);
+    case IR_MAX:
+      return cpu_fmt(&g->ar, "(%s != %s ? %s : %s != %s ? %s : %s > %s ? %s : %s)", a, a, a, b, b,
+                     b, a, b, a, b);
+    case IR_MIN:
+      return cpu_fmt(&g->ar, "(%s != %s ? %s : %s != %s ? %s : %s < %s ? %s : %s)", a, a, a, b, b,
+                     b, a, b, a, b);
+    default: return NULL;
+    }
+  }
+  const char *e;
+  switch (ins->op) {
+  case IR_ADD: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s + (uint64_t)(int64_t)%s)", a, b); break;
+  case IR_SUB: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s - (uint64_t)(int64_t)%s)", a, b); break;
+  case IR_MUL: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s * (uint64_t)(int64_t)%s)", a, b); break;
+  case IR_DIV: e = cpu_fmt(&g->ar, "gc_idiv(%s, %s)", a, b); break;
+  case IR_REM: e = cpu_fmt(&g->ar, "gc_irem(%s, %s)", a, b); break;
+  case IR_MAX: e = cpu_fmt(&g->ar, "(int64_t)(%s > %s ? %s : %s)", a, b, a, b); break;
+  case IR_MIN: e = cpu_fmt(&g->ar, "(int64_t)(%s < %s ? %s : %s)", a, b, a, b); break;
+  case IR_AND: e = cpu_fmt(&g->ar, "((int64_t)%s & (int64_t)%s)", a, b); break;
+  case IR_OR: e = cpu_fmt(&g->ar, "((int64_t)%s | (int64_t)%s)", a, b); break;
+  case IR_XOR: e = cpu_fmt(&g->ar, "((int64_t)%s ^ (int64_t)%s)", a, b); break;
+  default: return NULL;
+  }
+  return cpu_narrow(g, dt, e);
+}
+
+static const char *cpu_compare(cpu_cg *g, ir_op op, const char *a, const char *b) {
+  const char *o = op == IR_EQ ? "==" : op == IR_NE ? "!=" : op == IR_LT ? "<" : op == IR_LE ? "<="
+                : op == IR_GT ? ">" : ">=";
+  return cpu_fmt(&g->ar, "(uint8_t)(%s %s %s)", a, o, b);
+}
+
+/* Load of materialized slot s at pos; records the read; checks row-locality inside a group. */
+static const char *cpu_load(cpu_cg *g, int s, cpu_pos *pos) {
+  const exec_instr *src = &g->p->instr[s];
+  if (g->member && g->member[s]) { /* produced earlier in this row group: same row only */
+    cpu_pos_coords(g, pos);
+    for (int d = 0; d < g->gouter; d++) {
+      char want[24];
+      snprintf(want, sizeof want, "i%d", d);
+      if (d >= src->ndim || src->shape[d] != g->oshape[d] || strcmp(pos->c[d], want))
+        g->violation = 1;
+    }
+  }
+  g->reads[s] = 1;
+  const char *idx = cpu_pos_lin(g, pos);
+  const char *e = src->dtype == GRAFT_BOOL ? cpu_fmt(&g->ar, "(uint8_t)(p%d[%s] != 0)", s, idx)
+                                           : cpu_fmt(&g->ar, "p%d[%s]", s, idx);
+  return cpu_def(g, src->dtype, e);
+}
+
+/* Clamp of coordinate expression q to [0, n). Emits a temp. */
+static const char *cpu_clamp(cpu_cg *g, const char *q, int64_t n) {
+  char *t = cpu_tmp(g);
+  cpu_sb_printf(g->body, "      const int64_t %s = gc_clamp(%s, %" PRId64 ");\n", t, q, n);
+  return t;
+}
+
+static bool cpu_only_unit_dims_differ(const exec_instr *a, const exec_instr *b) {
+  int i = 0, j = 0;
+  for (;;) {
+    while (i < a->ndim && a->shape[i] == 1) i++;
+    while (j < b->ndim && b->shape[j] == 1) j++;
+    if (i == a->ndim || j == b->ndim) return i == a->ndim && j == b->ndim;
+    if (a->shape[i++] != b->shape[j++]) return false;
+  }
+}
+
+const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
+  const exec_instr *ins = &g->p->instr[i];
+  const char *key = cpu_fmt(&g->ar, "%d@%s", i, cpu_pos_key(g, &pos));
+  for (int k = g->nmemo - 1; k >= 0; k--)
+    if (!strcmp(g->memo[k].key, key)) return g->memo[k].val;
+  const char *v = NULL;
+  if (g->pl->role[i] != CPU_INLINE && i != g->self) {
+    v = cpu_load(g, i, &pos);
+  } else {
+    const int *in = ins->in;
+    const exec_instr *x = ins->nin ? &g->p->instr[in[0]] : NULL;
+    cpu_pos q = {0};
+    if (x) {
+      q.nd = x->ndim;
+      q.shape = x->shape;
+    }
+    switch (ins->op) {
+    case IR_CONSTANT: v = cpu_literal(g, ins->dtype, ins->attr.f); break;
+    case IR_IOTA: {
+      cpu_pos_coords(g, &pos);
+      const char *c = pos.c[ins->attr.a[0]];
+      v = dtype_is_float(ins->dtype) ? cpu_fmt(&g->ar, "(%s)%s", cpu_ctype(ins->dtype), c)
+                                     : cpu_narrow(g, ins->dtype, c);
+      v = cpu_def(g, ins->dtype, v);
+      break;
+    }
+    case IR_CONVERT:
+      v = cpu_def(g, ins->dtype, cpu_convert(g, x->dtype, ins->dtype, cpu_value(g, in[0], pos)));
+      break;
+    case IR_SELECT: {
+      const char *c = cpu_value(g, in[0], pos), *a = cpu_value(g, in[1], pos),
+                 *b = cpu_value(g, in[2], pos);
+      v = cpu_def(g, ins->dtype, cpu_fmt(&g->ar, "%s ? %s : %s", c, a, b));
+      break;
+    }
+    case IR_BROADCAST: {
+      int off = ins->ndim - x->ndim;
+      if (!pos.has_c && x->numel == ins->numel) {
+        q.lin = pos.lin;
+      } else {
+        cpu_pos_coords(g, &pos);
+        for (int d = 0; d < x->ndim; d++) q.c[d] = x->shape[d] == 1 ? "0" : pos.c[d + off];
+        q.has_c = 1;
+      }
+      v = cpu_value(g, in[0], q);
+      break;
+    }
+    case IR_RESHAPE:
+      if (pos.has_c && cpu_only_unit_dims_differ(ins, x)) {
+        int j = 0;
+        for (int d = 0; d < x->ndim; d++) {
+          if (x->shape[d] == 1) { q.c[d] = "0"; continue; }
+          while (ins->shape[j] == 1) j++;
+          q.c[d] = pos.c[j++];
+        }
+        q.has_c = 1;
+      } else {
+        q.lin = cpu_pos_lin(g, &pos);
+      }
+      v = cpu_value(g, in[0], q);
+      break;
+    case IR_TRANSPOSE:
+      cpu_pos_coords(g, &pos);
+      for (int d = 0; d < ins->ndim; d++) q.c[ins->attr.a[d]] = pos.c[d];
+      q.has_c = 1;
+      v = cpu_value(g, in[0], q);
+      break;
+    case IR_SLICE:
+      cpu_pos_coords(g, &pos);
+      for (int d = 0; d < ins->ndim; d++) {
+        int64_t s0 = ins->attr.a[d], st = ins->attr.a[16 + d];
+        if (x->shape[d] == 1) q.c[d] = "0";
+        else if (s0 == 0 && st == 1) q.c[d] = pos.c[d];
+        else q.c[d] = cpu_fmt(&g->ar, "(%" PRId64 " + %s * %" PRId64 ")", s0, pos.c[d], st);
+      }
+      q.has_c = 1;
+      v = cpu_value(g, in[0], q);
+      break;
+    case IR_PAD: {
+      const char *fill = cpu_literal(g, ins->dtype, ins->attr.f);
+      if (x->numel == 0) { v = fill; break; }
+      cpu_pos_coords(g, &pos);
+      cpu_sb cond = {0};
+      for (int d = 0; d < ins->ndim; d++) {
+        int64_t lo = ins->attr.a[d], hi = ins->attr.a[8 + d];
+        if (lo == 0 && hi == 0) { q.c[d] = pos.c[d]; continue; }
+        const char *r = cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[d], lo);
+        cpu_sb_printf(&cond, "%s(uint64_t)%s < %" PRId64 "ull", cond.n ? " && " : "", r, x->shape[d]);
+        q.c[d] = cpu_clamp(g, r, x->shape[d]);
+      }
+      q.has_c = 1;
+      const char *a = cpu_value(g, in[0], q);
+      v = cond.n ? cpu_def(g, ins->dtype, cpu_fmt(&g->ar, "(%s) ? %s : %s", cond.s, a, fill)) : a;
+      cpu_sb_free(&cond);
+      break;
+    }
+    case IR_CONCAT: {
+      int ax = (int)ins->attr.a[0];
+      cpu_pos_coords(g, &pos);
+      cpu_sb e = {0};
+      int64_t off = 0;
+      int nparts = 0;
+      for (int k = 0; k < ins->nin; k++) {
+        const exec_instr *xk = &g->p->instr[in[k]];
+        int64_t ext = xk->shape[ax];
+        if (ext == 0) continue;
+        cpu_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
+        for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos.c[d];
+        qk.c[ax] = cpu_clamp(g, cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[ax], off), ext);
+        const char *a = cpu_value(g, in[k], qk);
+        off += ext;
+        if (off < ins->shape[ax]) cpu_sb_printf(&e, "%s < %" PRId64 " ? %s : ", pos.c[ax], off, a);
+        else cpu_sb_printf(&e, "%s", a);
+        nparts++;
+      }
+      v = nparts ? cpu_def(g, ins->dtype, e.s) : cpu_literal(g, ins->dtype, 0);
+      cpu_sb_free(&e);
+      break;
+    }
+    default: {
+      ir_kind kd = ir_ops[ins->op].kind;
+      if (kd == IR_K_UNARY) {
+        v = cpu_unary(g, ins, cpu_value(g, in[0], pos));
+      } else if (kd == IR_K_BINARY) {
+        const char *a = cpu_value(g, in[0], pos), *b = cpu_value(g, in[1], pos);
+        v = cpu_binary(g, ins, a, b);
+      } else if (kd == IR_K_COMPARE) {
+        const char *a = cpu_value(g, in[0], pos), *b = cpu_value(g, in[1], pos);
+        v = cpu_compare(g, ins->op, a, b);
+      }
+      if (!v) {
+        g->failed = 1;
+        v = "0";
+      } else {
+        v = cpu_def(g, ins->dtype, v);
+      }
+    }
+    }
+  }
+  if (g->nmemo < CPU_MAX_MEMO) g->memo[g->nmemo++] = (cpu_memo){key, v};
+  return v;
+}

@@ -1,0 +1,95 @@
+/* The fusion plan: which instructions get a buffer (a kernel root, a reduction, a BLAS call, a
+ * reference-kernel fallback, a parameter) and which are inlined into their consumers' loops as
+ * expressions (elementwise, compare, select, convert, constant, iota and every movement op:
+ * index arithmetic, never a copy). An inlined node read by several kernels is recomputed in
+ * each (bandwidth is the scarce resource here), except a computed node read through an
+ * expanding broadcast, which gets its own (small) buffer so it is not recomputed per element. */
+#include "cpu_internal.h"
+#include "dtype.h"
+#include <stdlib.h>
+
+static bool cpu_dtype_gen(graft_dtype dt) { return dt != GRAFT_F16 && dt != GRAFT_BF16; }
+
+bool cpu_op_generated(const exec_program *p, int i, bool have_blas) {
+  const exec_instr *ins = &p->instr[i];
+  if (!cpu_dtype_gen(ins->dtype)) return false;
+  for (int k = 0; k < ins->nin; k++)
+    if (!cpu_dtype_gen(p->instr[ins->in[k]].dtype)) return false;
+  switch (ir_ops[ins->op].kind) {
+  case IR_K_UNARY: case IR_K_BINARY: case IR_K_COMPARE: case IR_K_SELECT: case IR_K_MOVEMENT:
+    return true;
+  default: break;
+  }
+  switch (ins->op) {
+  case IR_CONSTANT: case IR_IOTA:
+  case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD:
+    return true;
+  case IR_DOT: /* BLAS for f32/f64 with int-sized dims */
+    if (!have_blas || !dtype_is_float(ins->dtype)) return false;
+    for (int d = 0; d < ins->ndim; d++)
+      if (ins->shape[d] > 0x7fffffff) return false;
+    return p->instr[ins->in[0]].shape[p->instr[ins->in[0]].ndim - 1] <= 0x7fffffff;
+  default: return false;
+  }
+}
+
+/* A node worth a buffer when broadcast: it computes something (not a leaf or movement). */
+static bool cpu_computes(ir_op op) {
+  ir_kind k = ir_ops[op].kind;
+  return k == IR_K_UNARY || k == IR_K_BINARY || k == IR_K_COMPARE || k == IR_K_SELECT;
+}
+
+int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl) {
+  int n = p->ninstr;
+  pl->n = n;
+  pl->have_blas = have_blas;
+  pl->role = calloc((size_t)n + 1, 1);
+  pl->nuse = calloc((size_t)n + 1, sizeof(int));
+  unsigned char *live = calloc((size_t)n + 1, 1);
+  if (!pl->role || !pl->nuse || !live) {
+    free(live);
+    cpu_plan_free(pl);
+    err_set(GRAFT_ERR_OOM, "cpu: out of memory planning a graph");
+    return -1;
+  }
+  for (int k = 0; k < p->noutputs; k++) live[p->output_slot[k]] = 1;
+  for (int i = n - 1; i >= 0; i--)
+    if (live[i])
+      for (int k = 0; k < p->instr[i].nin; k++) live[p->instr[i].in[k]] = 1;
+  for (int i = 0; i < n; i++) {
+    const exec_instr *ins = &p->instr[i];
+    if (ins->op == IR_DATA) { pl->role[i] = CPU_PARAM; continue; }
+    if (!live[i]) { pl->role[i] = CPU_DEAD; continue; }
+    for (int k = 0; k < ins->nin; k++) pl->nuse[ins->in[k]]++;
+    if (!cpu_op_generated(p, i, have_blas)) pl->role[i] = CPU_FALLBACK;
+    else if (ins->op == IR_DOT) pl->role[i] = CPU_GEMM;
+    else if (ir_ops[ins->op].kind == IR_K_REDUCE) pl->role[i] = CPU_REDUCE;
+    else if (ins->is_output) pl->role[i] = CPU_KERNEL;
+    else pl->role[i] = CPU_INLINE;
+  }
+  /* Library calls and fallbacks read whole buffers. */
+  for (int i = 0; i < n; i++) {
+    if (pl->role[i] != CPU_FALLBACK && pl->role[i] != CPU_GEMM) continue;
+    for (int k = 0; k < p->instr[i].nin; k++) {
+      int s = p->instr[i].in[k];
+      if (pl->role[s] == CPU_INLINE) pl->role[s] = CPU_KERNEL;
+    }
+  }
+  /* A computed value read through an expanding broadcast gets a buffer. */
+  for (int i = 0; i < n; i++) {
+    const exec_instr *ins = &p->instr[i];
+    if (ins->op != IR_BROADCAST || pl->role[i] == CPU_DEAD) continue;
+    int s = ins->in[0];
+    if (pl->role[s] == CPU_INLINE && cpu_computes(p->instr[s].op) && p->instr[s].numel < ins->numel)
+      pl->role[s] = CPU_KERNEL;
+  }
+  free(live);
+  return 0;
+}
+
+void cpu_plan_free(cpu_plan *pl) {
+  free(pl->role);
+  free(pl->nuse);
+  pl->role = NULL;
+  pl->nuse = NULL;
+}

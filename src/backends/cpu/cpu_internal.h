@@ -1,0 +1,63 @@
+/* Internals shared by the CPU backend's files. */
+#ifndef GRAFT_CPU_INTERNAL_H
+#define GRAFT_CPU_INTERNAL_H
+#include "cpu.h"
+#include "cpu_rt.h"
+#include "error.h"
+#include <stdarg.h>
+#include <stddef.h>
+
+/* ---- cpu_str.c: a growable string ---- */
+typedef struct {
+  char *s;
+  size_t n, cap;
+  int oom;
+} cpu_sb;
+void cpu_sb_printf(cpu_sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cpu_sb_puts(cpu_sb *b, const char *s);
+void cpu_sb_free(cpu_sb *b);
+/* Strings owned by an arena, freed together. */
+typedef struct {
+  char **v;
+  int n, cap;
+} cpu_arena;
+char *cpu_fmt(cpu_arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cpu_arena_free(cpu_arena *a);
+uint64_t cpu_hash_bytes(const void *p, size_t n, uint64_t seed);
+
+/* ---- cpu_fusion.c: which instructions get buffers, and how kernels group ---- */
+enum { CPU_INLINE = 0, CPU_PARAM, CPU_KERNEL, CPU_REDUCE, CPU_GEMM, CPU_FALLBACK, CPU_DEAD };
+typedef struct {
+  int n;
+  unsigned char *role; /* CPU_* per instruction */
+  int *nuse;           /* consumers per instruction */
+  bool have_blas;
+} cpu_plan;
+int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl);
+void cpu_plan_free(cpu_plan *pl);
+bool cpu_op_generated(const exec_program *p, int i, bool have_blas);
+
+/* ---- cpu_codegen.c: the translation unit ---- */
+/* Renders the program; returns 0 or -1 (error set). Fills *nkernels. */
+int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nkernels);
+
+/* ---- cpu_compile.c: compiler, disk cache, dlopen ---- */
+typedef struct {
+  void *dl;
+  cpu_entry_fn entry;
+} cpu_object;
+int cpu_compile_source(const char *src, cpu_object *obj);
+void cpu_object_close(cpu_object *obj);
+
+/* ---- cpu_pool.c ---- */
+void cpu_parallel_run(cpu_kernel_fn fn, void **S, int64_t total);
+
+/* ---- cpu_blas.c ---- */
+typedef struct {
+  void (*sgemm)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
+                float *, int);
+  void (*dgemm)(int, int, int, int, int, int, double, const double *, int, const double *, int,
+                double, double *, int);
+} cpu_blas_fns;
+const cpu_blas_fns *cpu_blas(void); /* NULL fields when OpenBLAS cannot be loaded */
+#endif

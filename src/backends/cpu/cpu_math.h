@@ -1,0 +1,142 @@
+/* Vectorizable float approximations of exp, log, tanh, sigmoid and erf, used by the generated
+ * code (emitted as text: cpu_math_src) and by the host tests (the same functions, compiled).
+ * Branch-free (selects, not branches) so gcc vectorizes them at plain -O3 without -ffast-math.
+ * Accuracy against libm in double rounded to float: see tests/test_cpu_backend.c (math_sweep).
+ * exp/log/tanh cores follow Cephes (range reduction + minimax polynomial); erf is piecewise
+ * polynomials fitted by least squares on Chebyshev nodes (|x|<1: x*P(x^2); [1,2),[2,3),[3,3.95)
+ * in t = x - midpoint; 1 beyond). The body below has no preprocessor lines so that it can be
+ * stringified: CPU_MATH_EMIT defines the functions here and keeps their text. */
+#ifndef GRAFT_CPU_MATH_H
+#define GRAFT_CPU_MATH_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define CPU_MATH_EMIT(...) __VA_ARGS__ static const char cpu_math_src[] = #__VA_ARGS__;
+
+CPU_MATH_EMIT(
+static inline float gm_bits_f(uint32_t u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline uint32_t gm_f_bits(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); return u; }
+
+static inline float gm_expf(float x) {
+  float xc = x < -104.0f ? -104.0f : x > 89.0f ? 89.0f : x;
+  float n = __builtin_rintf(xc * 1.44269504088896341f);
+  float r = __builtin_fmaf(n, -0.693359375f, xc);
+  r = __builtin_fmaf(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+  p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+  p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+  p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+  p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+  p = __builtin_fmaf(p, r * r, r) + 1.0f;
+  int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+  float s1 = gm_bits_f((uint32_t)(n1 + 127) << 23), s2 = gm_bits_f((uint32_t)(n2 + 127) << 23);
+  float res = p * s1 * s2;
+  return x != x ? x : res;
+}
+
+static inline float gm_logf(float x) {
+  int den = x < 1.17549435e-38f;
+  float xs = den ? x * 8388608.0f : x;
+  uint32_t u = gm_f_bits(xs);
+  int32_t e = (int32_t)(u >> 23 & 0xffu) - 126 - (den ? 23 : 0);
+  float m = gm_bits_f((u & 0x007fffffu) | 0x3f000000u);
+  int lt = m < 0.707106781186547524f;
+  float f = (lt ? m + m : m) - 1.0f;
+  e -= lt;
+  float z = f * f;
+  float y = 7.0376836292e-2f;
+  y = __builtin_fmaf(y, f, -1.1514610310e-1f);
+  y = __builtin_fmaf(y, f, 1.1676998740e-1f);
+  y = __builtin_fmaf(y, f, -1.2420140846e-1f);
+  y = __builtin_fmaf(y, f, 1.4249322787e-1f);
+  y = __builtin_fmaf(y, f, -1.6668057665e-1f);
+  y = __builtin_fmaf(y, f, 2.0000714765e-1f);
+  y = __builtin_fmaf(y, f, -2.4999993993e-1f);
+  y = __builtin_fmaf(y, f, 3.3333331174e-1f);
+  y = y * f * z;
+  float fe = (float)e;
+  y = __builtin_fmaf(fe, -2.12194440e-4f, y);
+  y = __builtin_fmaf(z, -0.5f, y);
+  float r = __builtin_fmaf(fe, 0.693359375f, f + y);
+  float pinf = __builtin_inff();
+  return x > 0 ? (x == pinf ? x : r) : x == 0 ? -pinf : (x != x ? x : __builtin_nanf(""));
+}
+
+static inline float gm_tanhf(float x) {
+  float z = __builtin_fabsf(x);
+  float zc = z > 9.5f ? 9.5f : z;
+  float s = gm_expf(zc + zc);
+  float big = 1.0f - 2.0f / (s + 1.0f);
+  float x2 = x * x;
+  float p = -5.70498872745e-3f;
+  p = __builtin_fmaf(p, x2, 2.06390887954e-2f);
+  p = __builtin_fmaf(p, x2, -5.37397155531e-2f);
+  p = __builtin_fmaf(p, x2, 1.33314422036e-1f);
+  p = __builtin_fmaf(p, x2, -3.33332819422e-1f);
+  float small = __builtin_fmaf(p * x2, x, x);
+  float r = z < 0.625f ? small : __builtin_copysignf(big, x);
+  return x != x ? x : r;
+}
+
+static inline float gm_sigmoidf(float x) {
+  float e = gm_expf(-__builtin_fabsf(x));
+  float r = 1.0f / (1.0f + e);
+  float res = x >= 0 ? r : e * r;
+  return x != x ? x : res;
+}
+
+static inline float gm_erff(float x) {
+  float a = __builtin_fabsf(x);
+  float z = x * x;
+  float p = 7.933485950e-05f;
+  p = __builtin_fmaf(p, z, -8.034843969e-04f);
+  p = __builtin_fmaf(p, z, 5.191218026e-03f);
+  p = __builtin_fmaf(p, z, -2.685539923e-02f);
+  p = __builtin_fmaf(p, z, 1.128362572e-01f);
+  p = __builtin_fmaf(p, z, -3.761262988e-01f);
+  p = __builtin_fmaf(p, z, 1.128379167e+00f);
+  float small = x * p;
+  float ac = a > 3.95f ? 3.95f : a;
+  float t = ac - 1.5f;
+  float q1 = 1.540411502e-03f;
+  q1 = __builtin_fmaf(q1, t, -2.401930232e-03f);
+  q1 = __builtin_fmaf(q1, t, -4.701163608e-03f);
+  q1 = __builtin_fmaf(q1, t, 1.933342954e-02f);
+  q1 = __builtin_fmaf(q1, t, -1.487084248e-02f);
+  q1 = __builtin_fmaf(q1, t, -4.459944827e-02f);
+  q1 = __builtin_fmaf(q1, t, 1.387522068e-01f);
+  q1 = __builtin_fmaf(q1, t, -1.783954165e-01f);
+  q1 = __builtin_fmaf(q1, t, 1.189302867e-01f);
+  q1 = __builtin_fmaf(q1, t, 9.661051464e-01f);
+  t = ac - 2.5f;
+  float q2 = 3.063119003e-04f;
+  q2 = __builtin_fmaf(q2, t, 4.030424825e-04f);
+  q2 = __builtin_fmaf(q2, t, -2.808211984e-03f);
+  q2 = __builtin_fmaf(q2, t, 6.143381438e-03f);
+  q2 = __builtin_fmaf(q2, t, -8.621518743e-03f);
+  q2 = __builtin_fmaf(q2, t, 8.348285293e-03f);
+  q2 = __builtin_fmaf(q2, t, -5.445737118e-03f);
+  q2 = __builtin_fmaf(q2, t, 2.178318018e-03f);
+  q2 = __builtin_fmaf(q2, t, 9.995930481e-01f);
+  t = ac - 3.475f;
+  float q3 = -1.062800413e-04f;
+  q3 = __builtin_fmaf(q3, t, 1.222913462e-04f);
+  q3 = __builtin_fmaf(q3, t, -7.621316280e-05f);
+  q3 = __builtin_fmaf(q3, t, 4.640716869e-05f);
+  q3 = __builtin_fmaf(q3, t, -2.245227689e-05f);
+  q3 = __builtin_fmaf(q3, t, 6.519242232e-06f);
+  q3 = __builtin_fmaf(q3, t, 9.999991102e-01f);
+  float big = a >= 3.95f ? 1.0f : ac < 2.0f ? q1 : ac < 3.0f ? q2 : q3;
+  float r = a < 1.0f ? small : __builtin_copysignf(big, x);
+  return x != x ? x : r;
+}
+
+static inline double gm_sigmoid(double x) {
+  if (x >= 0) return 1.0 / (1.0 + exp(-x));
+  double e = exp(x);
+  return e / (1.0 + e);
+}
+)
+#endif

@@ -1,0 +1,26 @@
+/* The boundary between the host and a generated object: one struct of callbacks handed to the
+ * generated entry. Its text is also emitted into the generated source (cpu_rt_src), so both
+ * sides see the same layout. */
+#ifndef GRAFT_CPU_RT_H
+#define GRAFT_CPU_RT_H
+#include <stdint.h>
+
+#define CPU_RT_EMIT(...) __VA_ARGS__ static const char cpu_rt_src[] = #__VA_ARGS__;
+
+CPU_RT_EMIT(
+typedef void (*cpu_kernel_fn)(void **S, int64_t lo, int64_t hi);
+typedef struct cpu_rt {
+  void *ctx;
+  void **S;
+  int (*alloc)(void *ctx, int slot);
+  void (*release)(void *ctx, int slot);
+  int (*fallback)(void *ctx, int instr);
+  void (*parallel)(void *ctx, cpu_kernel_fn fn, void **S, int64_t total);
+  void (*sgemm)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                int lda, const float *b, int ldb, float beta, float *c, int ldc);
+  void (*dgemm)(int order, int ta, int tb, int m, int n, int k, double alpha, const double *a,
+                int lda, const double *b, int ldb, double beta, double *c, int ldc);
+} cpu_rt;
+typedef int (*cpu_entry_fn)(const cpu_rt *rt);
+)
+#endif

@@ -1,0 +1,143 @@
+"""Training parity: graft vs CPU eager from the same initial weights and data."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import graft
+
+DEV = graft.device()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def make_opt(name, params):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-2)
+    raise ValueError(name)
+
+
+def run_parity(model, opt_name, X, Y, loss_fn, steps=20):
+    mc = copy.deepcopy(model)
+    mg = copy.deepcopy(model).to(DEV)
+    oc, og = make_opt(opt_name, mc.parameters()), make_opt(opt_name, mg.parameters())
+    xg, yg = X.to(DEV), Y.to(DEV)
+    graft.step()
+    graft.reset_metrics()
+    compiled_after_first = None
+    for i in range(steps):
+        oc.zero_grad()
+        lc = loss_fn(mc(X), Y)
+        lc.backward()
+        oc.step()
+        og.zero_grad()
+        lg = loss_fn(mg(xg), yg)
+        lg.backward()
+        og.step()
+        graft.step()
+        a, b = lc.item(), lg.item()
+        assert abs(a - b) <= 1e-4 * max(abs(a), 1e-6), (i, a, b)
+        if i == 0:
+            compiled_after_first = graft.metrics()["graphs_compiled"]
+    m = graft.metrics()
+    for p_c, p_g in zip(mc.parameters(), mg.parameters()):
+        torch.testing.assert_close(p_g.cpu(), p_c, rtol=1e-4, atol=1e-5)
+    return m, compiled_after_first
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw", "adam"])
+def test_mlp_parity_no_fallback(opt_name):
+    torch.manual_seed(1)
+    X = torch.randn(32, 20)
+    Y = torch.randint(0, 10, (32,))
+    m, first = run_parity(mlp(), opt_name, X, Y, F.cross_entropy)
+    fb = {k: v for k, v in m.items() if k.startswith("aten::")}
+    assert fb == {}, fb
+    assert m["graphs_compiled"] - first <= 2, m
+
+
+def test_mlp_mse_parity():
+    torch.manual_seed(2)
+    X = torch.randn(16, 20)
+    Y = torch.randn(16, 10)
+    m, _ = run_parity(mlp(), "sgd", X, Y, F.mse_loss, steps=10)
+    assert {k: v for k, v in m.items() if k.startswith("aten::")} == {}
+
+
+def test_steady_loop_compiles_at_most_two():
+    model = mlp().to(DEV)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    X = torch.randn(32, 20).to(DEV)
+    Y = torch.randint(0, 10, (32,)).to(DEV)
+    graft.step()
+    graft.reset_metrics()
+    for i in range(30):
+        opt.zero_grad()
+        F.cross_entropy(model(X), Y).backward()
+        opt.step()
+        graft.step()
+        if i == 0:
+            first = graft.metrics()["graphs_compiled"]
+    assert graft.metrics()["graphs_compiled"] - first <= 2
+
+
+def test_changing_lr_does_not_recompile():
+    model = mlp().to(DEV)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    X = torch.randn(8, 20).to(DEV)
+    Y = torch.randint(0, 10, (8,)).to(DEV)
+    for i in range(4):
+        opt.zero_grad()
+        F.cross_entropy(model(X), Y).backward()
+        opt.step()
+        graft.step()
+    c0 = graft.metrics()["graphs_compiled"]
+    for i in range(4):
+        for g in opt.param_groups:
+            g["lr"] = 0.01 * (i + 2)
+        opt.zero_grad()
+        F.cross_entropy(model(X), Y).backward()
+        opt.step()
+        graft.step()
+    assert graft.metrics()["graphs_compiled"] == c0
+
+
+def test_state_dict_roundtrip_and_save(tmp_path):
+    model = mlp().to(DEV)
+    sd = {k: v.cpu() for k, v in model.state_dict().items()}
+    path = tmp_path / "m.pt"
+    torch.save(sd, path)
+    m2 = mlp()
+    with torch.no_grad():
+        for p in m2.parameters():
+            p.add_(1)
+    m2 = m2.to(DEV)
+    m2.load_state_dict(torch.load(path))
+    for (k, a), (_, b) in zip(model.state_dict().items(), m2.state_dict().items()):
+        torch.testing.assert_close(a.cpu(), b.cpu())
+
+
+def test_grad_accumulation_and_no_grad():
+    torch.manual_seed(3)
+    w = torch.randn(4, 3)
+    x = torch.randn(5, 4)
+    wc = w.clone().requires_grad_()
+    wg = w.to(DEV).requires_grad_()
+    for _ in range(2):
+        (x @ wc).sum().backward()
+        (x.to(DEV) @ wg).sum().backward()
+    torch.testing.assert_close(wg.grad.cpu(), wc.grad)
+    with torch.no_grad():
+        wc -= 0.1 * wc.grad
+        wg -= 0.1 * wg.grad
+    torch.testing.assert_close(wg.cpu(), wc)
+    assert wg.requires_grad

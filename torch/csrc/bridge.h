@@ -1,0 +1,101 @@
+// graft's PyTorch bridge: shared declarations for the translation units of torch/csrc.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/TensorImpl.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "graft.h"
+
+namespace graftpt {
+
+// The dispatch key / device type graft uses. One constant so PrivateUse1 can be chosen later.
+constexpr c10::DispatchKey kKey = c10::DispatchKey::XLA;
+constexpr c10::DeviceType kDevType = c10::DeviceType::XLA;
+
+// Owning handle for a graft_tensor* (one reference).
+struct G {
+  graft_tensor *p = nullptr;
+  G() = default;
+  explicit G(graft_tensor *t) : p(t) {}
+  G(const G &o) : p(o.p ? graft_retain(o.p) : nullptr) {}
+  G(G &&o) noexcept : p(o.p) { o.p = nullptr; }
+  G &operator=(G o) noexcept { std::swap(p, o.p); return *this; }
+  ~G() { if (p) graft_release(p); }
+  graft_tensor *get() const { return p; }
+  graft_tensor *release() { graft_tensor *t = p; p = nullptr; return t; }
+  explicit operator bool() const { return p != nullptr; }
+};
+
+// Throws a c10::Error (Python RuntimeError) carrying graft's last error when t is NULL.
+G chk(graft_tensor *t, const char *what = "graft");
+void chk_status(graft_status s, const char *what);
+
+// The "storage" of a graft tensor: one contiguous root value that views alias.
+struct GStore {
+  graft_tensor *val = nullptr;  // owned; shape == shape
+  std::vector<int64_t> shape;
+  uint64_t gen = 0;             // bumped on each write
+  ~GStore() { if (val) graft_release(val); }
+};
+
+struct GraftImpl : public c10::TensorImpl {
+  std::shared_ptr<GStore> store;
+  graft_tensor *cache = nullptr;  // value of a non-identity view; valid when cache_gen == store->gen
+  uint64_t cache_gen = ~0ull;
+
+  GraftImpl(std::shared_ptr<GStore> s, caffe2::TypeMeta dt, c10::IntArrayRef sizes,
+            c10::IntArrayRef strides, int64_t offset);
+  ~GraftImpl() override;
+
+  bool is_identity() const;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      const c10::VariableVersion &version_counter, bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      c10::VariableVersion &&version_counter, bool allow_tensor_metadata_change) const override;
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl> &impl) override;
+  const char *tensorimpl_type_name() const override { return "GraftTensorImpl"; }
+};
+
+std::recursive_mutex &bridge_mutex();
+
+graft_dtype to_gdt(at::ScalarType st);
+at::ScalarType to_st(graft_dtype dt);
+bool is_graft(const at::Tensor &t);
+GraftImpl *gimpl(const at::Tensor &t);
+
+// Current value of a graft tensor (refreshing a stale view); a new reference.
+G value(const at::Tensor &t);
+// A new root graft tensor around v (takes the reference).
+at::Tensor wrap(G v);
+// Writes v into dst (converting dtype, broadcasting); through views it updates the base.
+void write(const at::Tensor &dst, G v);
+// Replaces dst wholesale with v (may change its shape: resize for out= ops).
+void write_resize(const at::Tensor &dst, G v);
+// A view impl of base with the given geometry (relative to the root store); value computed by v
+// (may be empty: then gathered from the store).
+at::Tensor make_view(const at::Tensor &base, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                     int64_t offset, G v);
+
+// CPU <-> graft copies.
+at::Tensor to_cpu(const at::Tensor &t);
+G from_cpu(const at::Tensor &cpu);
+
+// Fallback counters.
+void count_fallback(const std::string &name);
+std::string fallback_json();
+void reset_fallbacks();
+
+// Lowering table.
+using Lowering = void (*)(const c10::OperatorHandle &op, torch::jit::Stack *stack);
+// Runs the lowering for "aten::name.overload" (or its functional form for an in-place op);
+// false when there is none.
+bool try_lower(const std::string &key, const c10::OperatorHandle &op, torch::jit::Stack *stack);
+void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
+
+}  // namespace graftpt

@@ -1,0 +1,544 @@
+// graft's PyTorch bridge: the tensor impl, device guard, boxed kernel, CPU fallback and the
+// torch.ops.graft helpers.
+#include "bridge.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+namespace graftpt {
+
+std::recursive_mutex &bridge_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
+G chk(graft_tensor *t, const char *what) {
+  if (!t) {
+    std::string msg = graft_last_error();
+    graft_clear_error();
+    TORCH_CHECK(false, "graft: ", what, ": ", msg.empty() ? "operation failed" : msg);
+  }
+  return G(t);
+}
+
+void chk_status(graft_status s, const char *what) {
+  if (s != GRAFT_OK) {
+    std::string msg = graft_last_error();
+    graft_clear_error();
+    TORCH_CHECK(false, "graft: ", what, ": ", msg);
+  }
+}
+
+graft_dtype to_gdt(at::ScalarType st) {
+  switch (st) {
+    case at::kFloat: return GRAFT_F32;
+    case at::kDouble: return GRAFT_F64;
+    case at::kHalf: return GRAFT_F16;
+    case at::kBFloat16: return GRAFT_BF16;
+    case at::kInt: return GRAFT_I32;
+    case at::kLong: return GRAFT_I64;
+    case at::kByte: return GRAFT_U8;
+    case at::kBool: return GRAFT_BOOL;
+    default:
+      TORCH_CHECK(false, "graft: unsupported dtype ", c10::toString(st),
+                  " (graft supports float32, float64, float16, bfloat16, int32, int64, uint8, bool)");
+  }
+}
+
+at::ScalarType to_st(graft_dtype dt) {
+  switch (dt) {
+    case GRAFT_F32: return at::kFloat;
+    case GRAFT_F64: return at::kDouble;
+    case GRAFT_F16: return at::kHalf;
+    case GRAFT_BF16: return at::kBFloat16;
+    case GRAFT_I32: return at::kInt;
+    case GRAFT_I64: return at::kLong;
+    case GRAFT_U8: return at::kByte;
+    case GRAFT_BOOL: return at::kBool;
+    default: TORCH_CHECK(false, "graft: invalid dtype");
+  }
+}
+
+static std::vector<int64_t> contig_strides(c10::IntArrayRef sizes) {
+  std::vector<int64_t> st(sizes.size());
+  int64_t s = 1;
+  for (int i = (int)sizes.size() - 1; i >= 0; --i) {
+    st[i] = s;
+    s *= std::max<int64_t>(sizes[i], 1);
+  }
+  return st;
+}
+
+// ---------------------------------------------------------------- tensor impl
+GraftImpl::GraftImpl(std::shared_ptr<GStore> s, caffe2::TypeMeta dt, c10::IntArrayRef sizes,
+                     c10::IntArrayRef strides, int64_t offset)
+    : c10::TensorImpl(c10::DispatchKeySet(kKey), dt, c10::Device(kDevType, 0)), store(std::move(s)) {
+  set_storage_access_should_throw();
+  set_sizes_and_strides(sizes, strides);
+  set_storage_offset(offset);
+}
+
+GraftImpl::~GraftImpl() {
+  if (cache) graft_release(cache);
+}
+
+bool GraftImpl::is_identity() const {
+  if (storage_offset() != 0) return false;
+  auto sz = sizes();
+  if (sz.size() != store->shape.size()) return false;
+  for (size_t i = 0; i < sz.size(); ++i)
+    if (sz[i] != store->shape[i]) return false;
+  auto st = strides();
+  auto cs = contig_strides(sz);
+  for (size_t i = 0; i < sz.size(); ++i)
+    if (sz[i] != 1 && st[i] != cs[i]) return false;
+  return true;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> GraftImpl::shallow_copy_and_detach(
+    const c10::VariableVersion &vc, bool allow) const {
+  auto impl = c10::make_intrusive<GraftImpl>(store, dtype(), sizes(), strides(), storage_offset());
+  copy_tensor_metadata(this, impl.get(), vc, allow);
+  if (cache && cache_gen == store->gen) {
+    impl->cache = graft_retain(cache);
+    impl->cache_gen = cache_gen;
+  }
+  return impl;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> GraftImpl::shallow_copy_and_detach(c10::VariableVersion &&vc,
+                                                                       bool allow) const {
+  auto impl = c10::make_intrusive<GraftImpl>(store, dtype(), sizes(), strides(), storage_offset());
+  copy_tensor_metadata(this, impl.get(), std::move(vc), allow);
+  if (cache && cache_gen == store->gen) {
+    impl->cache = graft_retain(cache);
+    impl->cache_gen = cache_gen;
+  }
+  return impl;
+}
+
+void GraftImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl> &impl) {
+  auto *g = dynamic_cast<GraftImpl *>(impl.get());
+  TORCH_CHECK(g, "graft: cannot shallow-copy a non-graft tensor into a graft tensor");
+  copy_tensor_metadata(g, this, version_counter(), allow_tensor_metadata_change());
+  store = g->store;
+  if (cache) graft_release(cache);
+  cache = g->cache ? graft_retain(g->cache) : nullptr;
+  cache_gen = g->cache_gen;
+}
+
+bool is_graft(const at::Tensor &t) { return t.defined() && t.device().type() == kDevType; }
+
+GraftImpl *gimpl(const at::Tensor &t) {
+  auto *g = dynamic_cast<GraftImpl *>(t.unsafeGetTensorImpl());
+  TORCH_CHECK(g, "graft: expected a graft tensor, got one on ", t.device());
+  return g;
+}
+
+// Flat indices into the root of every element of a view, row-major over its sizes.
+static std::vector<int64_t> view_indices(const GraftImpl *g) {
+  auto sz = g->sizes();
+  auto st = g->strides();
+  int64_t n = 1;
+  for (auto s : sz) n *= s;
+  std::vector<int64_t> idx((size_t)n);
+  int nd = (int)sz.size();
+  std::vector<int64_t> ctr(nd, 0);
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t off = g->storage_offset();
+    for (int d = 0; d < nd; ++d) off += ctr[d] * st[d];
+    idx[(size_t)k] = off;
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++ctr[d] < sz[d]) break;
+      ctr[d] = 0;
+    }
+  }
+  return idx;
+}
+
+static int64_t prod(const std::vector<int64_t> &s) {
+  int64_t n = 1;
+  for (auto v : s) n *= v;
+  return n;
+}
+
+G value(const at::Tensor &t) {
+  GraftImpl *g = gimpl(t);
+  if (g->is_identity()) {
+    TORCH_CHECK(g->store->val, "graft: tensor has no value");
+    return G(graft_retain(g->store->val));
+  }
+  if (g->cache && g->cache_gen == g->store->gen) return G(graft_retain(g->cache));
+  // Stale or never computed: gather from the root.
+  auto idx = view_indices(g);
+  int64_t n = (int64_t)idx.size();
+  int64_t total = prod(g->store->shape);
+  G flat = chk(graft_reshape(g->store->val, 1, &total), "view");
+  G gi = chk(graft_from_host(idx.data(), GRAFT_I64, 1, &n, 0), "view");
+  G out = chk(graft_gather(flat.get(), 0, gi.get()), "view");
+  auto sz = g->sizes().vec();
+  out = chk(graft_reshape(out.get(), (int)sz.size(), sz.data()), "view");
+  if (g->cache) graft_release(g->cache);
+  g->cache = graft_retain(out.get());
+  g->cache_gen = g->store->gen;
+  return out;
+}
+
+at::Tensor wrap(G v) {
+  TORCH_CHECK(v, "graft: wrap of a null tensor");
+  int64_t shape[GRAFT_MAX_DIMS];
+  int nd = graft_shape(v.get(), shape);
+  auto st = std::make_shared<GStore>();
+  st->shape.assign(shape, shape + nd);
+  auto dt = to_st(graft_get_dtype(v.get()));
+  st->val = v.release();
+  auto strides = contig_strides(st->shape);
+  return at::Tensor(c10::make_intrusive<GraftImpl>(st, caffe2::TypeMeta::fromScalarType(dt),
+                                                   st->shape, strides, 0));
+}
+
+static G fit(const at::Tensor &dst, G v) {
+  graft_dtype want = to_gdt(dst.scalar_type());
+  if (graft_get_dtype(v.get()) != want) v = chk(graft_convert(v.get(), want), "convert");
+  auto sz = dst.sizes().vec();
+  int64_t shape[GRAFT_MAX_DIMS];
+  int nd = graft_shape(v.get(), shape);
+  bool same = nd == (int)sz.size();
+  for (int i = 0; same && i < nd; ++i) same = shape[i] == sz[i];
+  if (!same) v = chk(graft_broadcast_to(v.get(), (int)sz.size(), sz.data()), "copy (broadcast)");
+  return v;
+}
+
+void write(const at::Tensor &dst, G v) {
+  GraftImpl *g = gimpl(dst);
+  v = fit(dst, std::move(v));
+  if (g->is_identity()) {
+    if (g->store->val) graft_release(g->store->val);
+    g->store->val = v.release();
+    g->store->gen++;
+    return;
+  }
+  // Scatter the view's new values into the root.
+  auto idx = view_indices(g);
+  int64_t n = (int64_t)idx.size();
+  int64_t total = prod(g->store->shape);
+  std::vector<uint8_t> mask((size_t)total, 0);
+  for (auto i : idx) mask[(size_t)i] = 1;
+  graft_dtype dt = graft_get_dtype(v.get());
+  G flat = chk(graft_reshape(g->store->val, 1, &total), "view write");
+  G vflat = chk(graft_reshape(v.get(), 1, &n), "view write");
+  G gi = chk(graft_from_host(idx.data(), GRAFT_I64, 1, &n, 0), "view write");
+  G gm = chk(graft_from_host(mask.data(), GRAFT_BOOL, 1, &total, 0), "view write");
+  G z = chk(graft_zeros(dt, 1, &total), "view write");
+  G sc = chk(graft_scatter_add(z.get(), 0, gi.get(), vflat.get()), "view write");
+  G nb = chk(graft_where(gm.get(), sc.get(), flat.get()), "view write");
+  nb = chk(graft_reshape(nb.get(), (int)g->store->shape.size(), g->store->shape.data()), "view write");
+  if (g->store->val) graft_release(g->store->val);
+  g->store->val = nb.release();
+  g->store->gen++;
+  if (g->cache) graft_release(g->cache);
+  g->cache = v.release();
+  g->cache_gen = g->store->gen;
+}
+
+void write_resize(const at::Tensor &dst, G v) {
+  GraftImpl *g = gimpl(dst);
+  int64_t shape[GRAFT_MAX_DIMS];
+  int nd = graft_shape(v.get(), shape);
+  auto sz = dst.sizes();
+  bool same = nd == (int)sz.size();
+  for (int i = 0; same && i < nd; ++i) same = shape[i] == sz[i];
+  if (same) return write(dst, std::move(v));
+  graft_dtype want = to_gdt(dst.scalar_type());
+  if (graft_get_dtype(v.get()) != want) v = chk(graft_convert(v.get(), want), "convert");
+  auto st = std::make_shared<GStore>();
+  st->shape.assign(shape, shape + nd);
+  st->val = v.release();
+  g->store = st;
+  if (g->cache) graft_release(g->cache);
+  g->cache = nullptr;
+  g->set_sizes_and_strides(st->shape, contig_strides(st->shape));
+  g->set_storage_offset(0);
+}
+
+at::Tensor make_view(const at::Tensor &base, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                     int64_t offset, G v) {
+  GraftImpl *b = gimpl(base);
+  auto impl = c10::make_intrusive<GraftImpl>(b->store, base.dtype(), sizes, strides, offset);
+  if (v && !impl->is_identity()) {
+    impl->cache = v.release();
+    impl->cache_gen = b->store->gen;
+  }
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor to_cpu(const at::Tensor &t) {
+  G v = value(t);
+  at::Tensor out = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()));
+  size_t bytes = (size_t)out.numel() * out.element_size();
+  if (bytes) chk_status(graft_to_host(v.get(), out.data_ptr(), bytes), "copy to host");
+  return out;
+}
+
+G from_cpu(const at::Tensor &cpu) {
+  graft_dtype dt = to_gdt(cpu.scalar_type());
+  at::Tensor c = cpu.contiguous();
+  auto sz = c.sizes().vec();
+  TORCH_CHECK(sz.size() <= GRAFT_MAX_DIMS, "graft: at most ", GRAFT_MAX_DIMS, " dims are supported");
+  return chk(graft_from_host(c.data_ptr(), dt, (int)sz.size(), sz.data(), 0), "copy to device");
+}
+
+// ---------------------------------------------------------------- fallback counters
+static std::map<std::string, uint64_t> &fallbacks() {
+  static std::map<std::string, uint64_t> m;
+  return m;
+}
+void count_fallback(const std::string &name) { fallbacks()[name]++; }
+void reset_fallbacks() { fallbacks().clear(); }
+std::string fallback_json() {
+  std::ostringstream os;
+  os << "{";
+  bool first = true;
+  for (auto &kv : fallbacks()) {
+    os << (first ? "" : ",") << "\"" << kv.first << "\":" << kv.second;
+    first = false;
+  }
+  os << "}";
+  return os.str();
+}
+
+// ---------------------------------------------------------------- CPU fallback
+static bool arg_mutated(const c10::Argument &a) {
+  return a.alias_info() && a.alias_info()->isWrite();
+}
+
+void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+  const auto &schema = op.schema();
+  const std::string name = schema.name();
+  size_t nargs = schema.arguments().size();
+  auto args = torch::jit::last(*stack, nargs).vec();
+  torch::jit::drop(*stack, nargs);
+
+  std::vector<at::Tensor> orig(nargs);  // graft tensor arguments (single tensors)
+  std::vector<std::vector<at::Tensor>> orig_lists(nargs);
+  std::vector<at::Tensor> cpu_of(nargs);
+  bool any_graft = false, any_cpu = false;
+  for (size_t i = 0; i < nargs; ++i) {
+    auto &iv = args[i];
+    if (iv.isTensor()) {
+      const at::Tensor &t = iv.toTensor();
+      if (is_graft(t)) {
+        any_graft = true;
+        orig[i] = t;
+        cpu_of[i] = to_cpu(t);
+        iv = cpu_of[i];
+      } else if (t.defined() && t.dim() > 0) {
+        any_cpu = true;
+      }
+    } else if (iv.isTensorList()) {
+      auto lst = iv.toTensorList();
+      c10::List<at::Tensor> nl;
+      for (size_t k = 0; k < lst.size(); ++k) {
+        at::Tensor t = lst.get(k);
+        orig_lists[i].push_back(t);
+        if (is_graft(t)) { any_graft = true; nl.push_back(to_cpu(t)); }
+        else { if (t.defined() && t.dim() > 0) any_cpu = true; nl.push_back(t); }
+      }
+      iv = nl;
+    } else if (iv.isList() && iv.toListRef().size() > 0 &&
+               (iv.toListRef()[0].isTensor() || iv.toListRef()[0].isNone())) {
+      // Tensor?[]
+      c10::List<c10::optional<at::Tensor>> nl;
+      for (const auto &e : iv.toListRef()) {
+        if (e.isTensor()) {
+          at::Tensor t = e.toTensor();
+          if (is_graft(t)) { any_graft = true; nl.push_back(to_cpu(t)); }
+          else { if (t.defined() && t.dim() > 0) any_cpu = true; nl.push_back(t); }
+        } else {
+          nl.push_back(c10::nullopt);
+        }
+      }
+      iv = nl;
+    } else if (iv.isDevice() && iv.toDevice().type() == kDevType) {
+      any_graft = true;
+      iv = c10::Device(c10::DeviceType::CPU);
+    }
+  }
+  bool copy_like = name == "aten::_copy_from" || name == "aten::_copy_from_and_resize" ||
+                   name == "aten::copy_" || name == "aten::_to_copy" || name == "aten::to" ||
+                   name == "aten::set_";
+  TORCH_CHECK(!(any_graft && any_cpu) || copy_like,
+              "Expected all tensors to be on the same device, but found at least two devices, "
+              "xla:0 (graft) and cpu! (in ", schema.operator_name(), ")");
+
+  count_fallback(name);
+  for (auto &iv : args) stack->push_back(std::move(iv));
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+
+  // Write mutated arguments back into their graft tensors.
+  for (size_t i = 0; i < nargs; ++i) {
+    if (orig[i].defined() && arg_mutated(schema.arguments()[i])) write_resize(orig[i], from_cpu(cpu_of[i]));
+  }
+  // Wrap outputs.
+  const auto &rets = schema.returns();
+  size_t nret = rets.size();
+  auto outs = torch::jit::last(*stack, nret).vec();
+  torch::jit::drop(*stack, nret);
+  for (size_t r = 0; r < nret; ++r) {
+    auto &iv = outs[r];
+    const auto &ret = rets[r];
+    if (iv.isTensor()) {
+      at::Tensor t = iv.toTensor();
+      // A returned alias of a mutated argument: hand back the graft argument itself.
+      bool done = false;
+      if (ret.alias_info() && ret.alias_info()->isWrite()) {
+        for (size_t i = 0; i < nargs; ++i) {
+          if (orig[i].defined() && schema.arguments()[i].alias_info() &&
+              schema.arguments()[i].alias_info()->beforeSets() == ret.alias_info()->beforeSets()) {
+            iv = orig[i];
+            done = true;
+            break;
+          }
+        }
+      }
+      if (!done && t.defined() && any_graft && t.device().type() == c10::DeviceType::CPU)
+        iv = wrap(from_cpu(t));
+    } else if (iv.isTensorList() && any_graft) {
+      auto lst = iv.toTensorList();
+      c10::List<at::Tensor> nl;
+      for (size_t k = 0; k < lst.size(); ++k) {
+        at::Tensor t = lst.get(k);
+        nl.push_back(t.defined() ? wrap(from_cpu(t)) : t);
+      }
+      iv = nl;
+    }
+    stack->push_back(std::move(iv));
+  }
+}
+
+// ---------------------------------------------------------------- the boxed kernel
+static void graft_kernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  const auto &on = op.schema().operator_name();
+  std::string key = on.name;
+  if (!on.overload_name.empty()) key += "." + on.overload_name;
+  if (try_lower(key, op, stack)) return;
+  cpu_fallback(op, stack);
+}
+
+// ---------------------------------------------------------------- device guard
+struct GraftGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kDevType; }
+  c10::Device exchangeDevice(c10::Device) const override { return c10::Device(kDevType, 0); }
+  c10::Device getDevice() const override { return c10::Device(kDevType, 0); }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kDevType, "graft: bad device type");
+  }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device d) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void **, const c10::Stream &, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void *, const c10::Stream &) const override {}
+  bool queryEvent(void *) const override { return true; }
+  void destroyEvent(void *, const c10::DeviceIndex) const noexcept override {}
+};
+
+C10_REGISTER_GUARD_IMPL(XLA, GraftGuardImpl);
+
+}  // namespace graftpt
+
+using namespace graftpt;
+
+// Every op on the key goes to the boxed kernel.
+TORCH_LIBRARY_IMPL(_, XLA, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&graft_kernel>());
+}
+
+// Composite views: registered explicitly so they stay views (not as_strided) and use fast paths.
+TORCH_LIBRARY_IMPL(aten, XLA, m) {
+  const char *views[] = {"t", "transpose.int", "permute", "select.int", "slice.Tensor", "expand",
+                         "unsqueeze", "squeeze", "squeeze.dim", "alias", "_unsafe_view", "clone"};
+  for (const char *v : views) m.impl(v, torch::CppFunction::makeFromBoxedFunction<&graft_kernel>());
+}
+
+// ---------------------------------------------------------------- torch.ops.graft helpers
+static void py_step() {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  chk_status(graft_step(), "step");
+}
+
+static void py_sync(const std::vector<at::Tensor> &ts) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  std::vector<G> vals;
+  std::vector<graft_tensor *> ptrs;
+  for (auto &t : ts) {
+    if (!is_graft(t)) continue;
+    vals.push_back(value(t));
+    ptrs.push_back(vals.back().get());
+  }
+  if (!ptrs.empty()) chk_status(graft_sync(ptrs.data(), (int)ptrs.size()), "sync");
+}
+
+static std::string py_metrics_json() {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  graft_metrics m;
+  graft_metrics_get(&m);
+  std::ostringstream os;
+  os << "{\"graphs_compiled\":" << m.graphs_compiled << ",\"cache_hits\":" << m.cache_hits
+     << ",\"executions\":" << m.executions << ",\"auto_syncs\":" << m.auto_syncs
+     << ",\"nodes_traced\":" << m.nodes_traced << ",\"last_graph_nodes\":" << m.last_graph_nodes
+     << ",\"max_graph_nodes\":" << m.max_graph_nodes << ",\"live_tensors\":" << m.live_tensors
+     << ",\"pending_nodes\":" << m.pending_nodes << ",\"bytes_in_use\":" << m.bytes_in_use
+     << ",\"bytes_peak\":" << m.bytes_peak << ",\"transfers_to_device\":" << m.transfers_to_device
+     << ",\"bytes_to_device\":" << m.bytes_to_device << ",\"transfers_to_host\":" << m.transfers_to_host
+     << ",\"bytes_to_host\":" << m.bytes_to_host << ",\"compile_ms\":" << m.compile_ms
+     << ",\"execute_ms\":" << m.execute_ms << ",\"fallbacks\":" << fallback_json() << "}";
+  return os.str();
+}
+
+static void py_reset_metrics() {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  graft_metrics_reset();
+  reset_fallbacks();
+}
+
+static std::string py_report() {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  char *r = graft_metrics_report();
+  std::string s = r ? r : "";
+  free(r);
+  return s;
+}
+
+static std::string py_last_compile_reason() { return graft_last_compile_reason(); }
+
+static void py_manual_seed(int64_t s) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  graft_manual_seed((uint64_t)s);
+}
+
+static bool py_is_pending(const at::Tensor &t) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  G v = value(t);
+  return graft_is_pending(v.get());
+}
+
+TORCH_LIBRARY(graft, m) {
+  m.def("step() -> ()", &py_step);
+  m.def("sync(Tensor[] tensors) -> ()", &py_sync);
+  m.def("metrics_json() -> str", &py_metrics_json);
+  m.def("reset_metrics() -> ()", &py_reset_metrics);
+  m.def("metrics_report() -> str", &py_report);
+  m.def("last_compile_reason() -> str", &py_last_compile_reason);
+  m.def("manual_seed(int seed) -> ()", &py_manual_seed);
+  m.def("is_pending(Tensor t) -> bool", &py_is_pending);
+}

@@ -1,0 +1,111 @@
+"""graft's PyTorch device: unmodified PyTorch code runs on graft's lazy-tensor compiler.
+
+    import torch, graft
+    dev = graft.device()
+    model = Net().to(dev)
+    ... train ...
+    graft.step()              # cut the pending graph, compile once, run
+    print(graft.metrics_report())
+"""
+import json
+import os
+
+import torch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SO_CANDIDATES = [
+    os.path.join(_HERE, "_graft_C.so"),
+    os.path.join(os.path.dirname(_HERE), "build", "_graft_C.so"),
+]
+
+
+def _load():
+    for p in _SO_CANDIDATES:
+        if os.path.exists(p):
+            torch.ops.load_library(p)
+            return p
+    raise ImportError("graft: the bridge is not built (run `make -C torch`); looked for "
+                      + ", ".join(_SO_CANDIDATES))
+
+
+_LIB = _load()
+_ops = torch.ops.graft
+
+# graft registers on the XLA dispatch key: its tensors live on device 'xla:0'.
+DEVICE_TYPE = "xla"
+
+
+def device(index=0):
+    """The torch.device of graft."""
+    return torch.device(DEVICE_TYPE, index)
+
+
+def is_graft(t):
+    return isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE
+
+
+def step():
+    """Marks a step: materializes every pending graft tensor (one compiled graph)."""
+    _ops.step()
+
+
+def sync(tensors):
+    """Materializes the given graft tensors."""
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    _ops.sync([t for t in tensors if is_graft(t)])
+
+
+def metrics():
+    """A dict of graft's counters; fallbacks to PyTorch's CPU kernels are keyed 'aten::<op>'."""
+    m = json.loads(_ops.metrics_json())
+    fb = m.pop("fallbacks", {})
+    m.update(fb)
+    m["fallbacks"] = sum(fb.values())
+    return m
+
+
+def fallbacks():
+    """Fallback counts per aten op ({'aten::<op>': n})."""
+    return json.loads(_ops.metrics_json())["fallbacks"]
+
+
+def reset_metrics():
+    _ops.reset_metrics()
+
+
+def metrics_report():
+    """A text report: graft's counters and compile reasons, then the fallbacks per aten op."""
+    lines = [_ops.metrics_report().rstrip("\n")]
+    fb = fallbacks()
+    lines.append("fallbacks to PyTorch CPU kernels: %d" % sum(fb.values()))
+    for k, v in sorted(fb.items(), key=lambda kv: -kv[1]):
+        lines.append("  %-40s %d" % (k, v))
+    return "\n".join(lines) + "\n"
+
+
+def last_compile_reason():
+    return _ops.last_compile_reason()
+
+
+def set_dump_dir(path):
+    """Dumps each compiled graph (IR text, Graphviz, generated source) into path (None: off)."""
+    if path is None:
+        os.environ.pop("GRAFT_DUMP_DIR", None)
+    else:
+        os.makedirs(path, exist_ok=True)
+        os.environ["GRAFT_DUMP_DIR"] = str(path)
+
+
+def manual_seed(seed):
+    """Seeds graft's random generator (dropout, rand, randn on the device)."""
+    _ops.manual_seed(int(seed))
+
+
+def is_pending(t):
+    """True while t holds IR not yet materialized."""
+    return _ops.is_pending(t)
+
+
+__all__ = ["device", "step", "sync", "metrics", "fallbacks", "reset_metrics", "metrics_report",
+           "set_dump_dir", "manual_seed", "is_pending", "last_compile_reason", "is_graft"]
