@@ -9,7 +9,7 @@ WARN    := -Wall -Wextra -Werror=implicit-function-declaration
 BASE    := -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc/core -fPIC -pthread
 LIBS    := -lm -lpthread
 
-SRC     := $(sort $(wildcard src/core/*.c src/graph/*.c src/backends/ref/*.c src/api/*.c))
+SRC     := $(sort $(wildcard src/core/*.c src/graph/*.c src/passes/*.c src/backends/ref/*.c src/api/*.c))
 HDR     := $(wildcard include/*.h src/*/*.h src/backends/*/*.h src/core/ops.def)
 TESTS   := $(sort $(wildcard tests/test_*.c))
 

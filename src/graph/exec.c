@@ -3,6 +3,7 @@
 #include "graph.h"
 #include "../core/error.h"
 #include "../core/metrics.h"
+#include "../passes/passes.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,11 @@ static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n)
     cache_reason(&cap, reason, sizeof reason);
     exec_program *p = capture_lower(&cap);
     if (!p) return graft_last_status();
+    passes_stats ps;
+    if (passes_run(p, &ps)) {
+      program_free(p);
+      return graft_last_status();
+    }
     const backend *be = &ref_backend;
     void *exe = be->compile(p);
     if (!exe) {
@@ -35,14 +41,14 @@ static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n)
       return graft_last_status();
     }
     metrics_add_reason(reason);
-    dump_graph(&cap, p, reason);
+    dump_graph(&cap, p, reason, &ps);
     metrics.m.graphs_compiled++;
     tc = metrics_now_ms() - c0;
     metrics.m.compile_ms += tc;
   }
   const exec_program *p = e->prog;
   exec_buffer **bufs = malloc(sizeof *bufs * ((size_t)p->nparams + (size_t)p->noutputs + 1));
-  int *out_index = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
+  int *out_index = malloc(sizeof(int) * ((size_t)cap.n + 1));
   if (!bufs || !out_index) {
     free(bufs);
     free(out_index);
@@ -51,10 +57,12 @@ static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n)
   }
   for (int k = 0; k < p->nparams; k++) bufs[k] = cap.params[k]->data;
   exec_buffer **outs = bufs + p->nparams;
-  for (int k = 0; k < p->noutputs; k++) {
-    outs[k] = NULL;
-    out_index[p->output_slot[k]] = k;
-  }
+  for (int k = 0; k < p->noutputs; k++) outs[k] = NULL;
+  /* Root r reads output k, numbered as capture_lower numbered them: by first appearance of
+   * the root's pre-pass slot. Passes may renumber slots but keep that order. */
+  for (int s = 0; s < cap.n; s++) out_index[s] = -1;
+  for (int r = 0, k = 0; r < n; r++)
+    if (out_index[cap.out_slot[r]] < 0) out_index[cap.out_slot[r]] = k++;
   double x0 = metrics_now_ms();
   int rc = e->be->execute(e->exe, p, bufs, outs);
   double tx = metrics_now_ms() - x0;

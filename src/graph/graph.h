@@ -3,6 +3,7 @@
 #define GRAFT_GRAPH_H
 #include "../core/program.h"
 #include "../core/tensor.h"
+#include "../passes/passes.h"
 
 /* A captured graph: nodes in post-order (slot = index), with its hash. Arrays are owned by
  * the capture and reused between syncs (capture runs under the global lock). */
@@ -36,7 +37,8 @@ cache_entry *cache_insert(exec_program *prog, const backend *be, void *exe);
 void cache_clear(void);
 
 /* Writes the graph's IR text and Graphviz file into $GRAFT_DUMP_DIR, if set. */
-void dump_graph(const graph_capture *g, const exec_program *p, const char *reason);
+void dump_graph(const graph_capture *g, const exec_program *p, const char *reason,
+                const passes_stats *ps);
 
 /* Materializes the given tensors (lock held). Returns GRAFT_OK or an error status. */
 graft_status exec_sync_locked(graft_tensor *const *ts, int n);

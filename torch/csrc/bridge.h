@@ -96,6 +96,8 @@ using Lowering = void (*)(const c10::OperatorHandle &op, torch::jit::Stack *stac
 // Runs the lowering for "aten::name.overload" (or its functional form for an in-place op);
 // false when there is none.
 bool try_lower(const std::string &key, const c10::OperatorHandle &op, torch::jit::Stack *stack);
+// Names ("aten::add.Tensor") of every op with a lowering.
+std::vector<std::string> lowered_ops();
 void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
 
 }  // namespace graftpt

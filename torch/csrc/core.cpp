@@ -6,6 +6,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -468,6 +469,22 @@ TORCH_LIBRARY_IMPL(aten, XLA, m) {
   const char *views[] = {"t", "transpose.int", "permute", "select.int", "slice.Tensor", "expand",
                          "unsqueeze", "squeeze", "squeeze.dim", "alias", "_unsafe_view", "clone"};
   for (const char *v : views) m.impl(v, torch::CppFunction::makeFromBoxedFunction<&graft_kernel>());
+  // Every lowered op (and its in-place form) is registered by name too, so that ops PyTorch
+  // implements as CompositeExplicitAutograd (abs -> abs.out, logical_and, sum, mv, ...) reach
+  // the lowering instead of decomposing into out= variants.
+  auto &disp = c10::Dispatcher::singleton();
+  for (const std::string &key : lowered_ops()) {
+    std::string k = key.substr(6);  // drop "aten::"
+    auto dot = k.find('.');
+    std::string name = k.substr(0, dot), ov = dot == std::string::npos ? "" : k.substr(dot + 1);
+    for (const std::string &n : {name, name + "_"}) {
+      if (std::find(std::begin(views), std::end(views), n + (ov.empty() ? "" : "." + ov)) != std::end(views)) continue;
+      if (!disp.findSchema(c10::OperatorName("aten::" + n, ov))) continue;
+      static std::vector<std::unique_ptr<std::string>> names;  // kept alive for the registry
+      names.push_back(std::make_unique<std::string>(n + (ov.empty() ? "" : "." + ov)));
+      m.impl(names.back()->c_str(), torch::CppFunction::makeFromBoxedFunction<&graft_kernel>());
+    }
+  }
 }
 
 // ---------------------------------------------------------------- torch.ops.graft helpers

@@ -484,6 +484,13 @@ void native_dropout_backward(const c10::OperatorHandle &op, Stack *s) {  // (gra
   push(s, wrap(chk(graft_mul(r.get(), scal(a.d(2), gst(g)).get()), "dropout_backward")));
 }
 
+void new_empty_strided(const c10::OperatorHandle &op, Stack *s) {  // (self, size, stride, dtype?, ...)
+  Args a(op, s);
+  auto sz = a.il(1);
+  at::ScalarType st = a.none(3) ? a.t(0).scalar_type() : (at::ScalarType)a.i(3);
+  push(s, wrap(chk(graft_zeros(to_gdt(st), (int)sz.size(), sz.data()), "new_empty_strided")));
+}
+
 // Copies ------------------------------------------------------------------------
 void copy_from(const c10::OperatorHandle &op, Stack *s) {  // _copy_from(self=src, dst, non_blocking)
   Args a(op, s);
@@ -760,6 +767,63 @@ void v_squeeze_dim(const c10::OperatorHandle &op, Stack *s) {
   squeeze_impl(s, t, t.dim() == 0 ? -1 : d);
 }
 
+// select_backward(grad_output, input_sizes, dim, index): grad placed back by zero padding.
+void select_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  auto in = a.il(1);
+  int64_t nd = (int64_t)in.size();
+  int d = (int)c10::maybe_wrap_dim(a.i(2), nd);
+  int64_t idx = a.i(3);
+  if (idx < 0) idx += in[d];
+  auto gs = in;
+  gs[d] = 1;
+  G g = reshape_to(tv(a.t(0)), gs);
+  std::vector<int64_t> lo(nd, 0), hi(nd, 0);
+  lo[d] = idx;
+  hi[d] = in[d] - idx - 1;
+  push(s, wrap(chk(graft_pad(g.get(), lo.data(), hi.data(), 0.0), "select_backward")));
+}
+
+// slice_backward(grad_output, input_sizes, dim, start, end, step)
+void slice_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  auto in = a.il(1);
+  int64_t nd = (int64_t)in.size();
+  int d = (int)c10::maybe_wrap_dim(a.i(2), nd);
+  int64_t size = in[d], start = a.i(3), end = a.i(4), step = a.i(5);
+  if (start < 0) start += size;
+  if (end < 0) end += size;
+  start = std::min(std::max<int64_t>(start, 0), size);
+  end = std::min(std::max<int64_t>(end, start), size);
+  G g = tv(a.t(0));
+  auto gs = gshape(g);
+  int64_t L = gs[d];
+  if (L == 0) {
+    push(s, wrap(chk(graft_zeros(graft_get_dtype(g.get()), (int)nd, in.data()), "slice_backward")));
+    return;
+  }
+  int64_t span = L;
+  if (step > 1) {
+    auto us = gs;
+    us.insert(us.begin() + d + 1, 1);
+    g = reshape_to(g, us);
+    std::vector<int64_t> lo(nd + 1, 0), hi(nd + 1, 0);
+    hi[d + 1] = step - 1;
+    g = chk(graft_pad(g.get(), lo.data(), hi.data(), 0.0), "slice_backward");
+    auto ms = gs;
+    ms[d] = L * step;
+    g = reshape_to(g, ms);
+    span = (L - 1) * step + 1;
+    std::vector<int64_t> sl(nd, 0), lim = ms;
+    lim[d] = span;
+    g = chk(graft_slice(g.get(), sl.data(), lim.data(), nullptr), "slice_backward");
+  }
+  std::vector<int64_t> lo(nd, 0), hi(nd, 0);
+  lo[d] = start;
+  hi[d] = size - start - span;
+  push(s, wrap(chk(graft_pad(g.get(), lo.data(), hi.data(), 0.0), "slice_backward")));
+}
+
 // Reductions ------------------------------------------------------------------------
 G reduce_input(const at::Tensor &t, const Args &a, int dtype_idx, bool to_float) {
   G x = tv(t);
@@ -932,6 +996,24 @@ void addmm(const c10::OperatorHandle &op, Stack *s) {
     G gb = tv(b);
     if (beta != 1.0) gb = chk(graft_mul(gb.get(), scal(beta, st).get()), "addmm");
     r = chk(graft_add(r.get(), gb.get()), "addmm");
+  }
+  push(s, wrap(std::move(r)));
+}
+
+// addmv(self, mat, vec, beta, alpha)
+void addmv(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &b = a.t(0), &x = a.t(1), &y = a.t(2);
+  same_dtype(x, y, "addmv");
+  at::ScalarType st = x.scalar_type();
+  G gx = tv(x), gy = tv(y);
+  G r = chk(graft_matmul(gx.get(), gy.get()), "addmv");
+  double beta = a.d(3), alpha = a.d(4);
+  if (alpha != 1.0) r = chk(graft_mul(r.get(), scal(alpha, st).get()), "addmv");
+  if (beta != 0.0) {
+    G gb = tv(b);
+    if (beta != 1.0) gb = chk(graft_mul(gb.get(), scal(beta, st).get()), "addmv");
+    r = chk(graft_add(r.get(), gb.get()), "addmv");
   }
   push(s, wrap(std::move(r)));
 }
@@ -1172,6 +1254,27 @@ void index_select(const c10::OperatorHandle &op, Stack *s) {  // index_select(se
   osz[d] = k;
   idx = chk(graft_broadcast_to(idx.get(), (int)nd, osz.data()), "index_select");
   push(s, wrap(chk(graft_gather(x.get(), d, idx.get()), "index_select")));
+}
+
+// index_add(self, dim, index, source, alpha)
+void index_add(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &t = a.t(0), &src = a.t(3);
+  int64_t nd = t.dim();
+  int d = (int)c10::maybe_wrap_dim(a.i(1), nd);
+  G x = tv(t), idx = conv(tv(a.t(2)), at::kLong), v = conv(tv(src), t.scalar_type());
+  double alpha = a.none(4) ? 1.0 : a.d(4);
+  if (alpha != 1.0) v = chk(graft_mul(v.get(), scal(alpha, t.scalar_type()).get()), "index_add");
+  if (nd == 0) {
+    push(s, wrap(chk(graft_add(x.get(), v.get()), "index_add")));
+    return;
+  }
+  std::vector<int64_t> ishape(nd, 1);
+  ishape[d] = graft_numel(idx.get());
+  idx = reshape_to(idx, ishape);
+  auto ssz = src.sizes().vec();
+  idx = chk(graft_broadcast_to(idx.get(), (int)nd, ssz.data()), "index_add");
+  push(s, wrap(chk(graft_scatter_add(x.get(), d, idx.get(), v.get()), "index_add")));
 }
 
 void embedding(const c10::OperatorHandle &op, Stack *s) {  // embedding(weight, indices, padding_idx, scale, sparse)
@@ -1552,6 +1655,12 @@ const std::unordered_map<std::string, Lowering> &table() {
       {"aten::dot", &mm},
       {"aten::mv", &mm},
       {"aten::addmm", &addmm},
+      {"aten::addmv", &addmv},
+      {"aten::select_backward", &select_backward},
+      {"aten::slice_backward", &slice_backward},
+      {"aten::index_add", &index_add},
+      {"aten::new_empty_strided", &new_empty_strided},
+      {"aten::sgn", &unop<graft_sign, false>},
       {"aten::baddbmm", &addmm},
       {"aten::_log_softmax", &log_softmax},
       {"aten::_softmax", &softmax},
@@ -1589,6 +1698,12 @@ void inplace_via(Lowering fn, const c10::OperatorHandle &op, Stack *s) {
 }
 
 }  // namespace
+
+std::vector<std::string> lowered_ops() {
+  std::vector<std::string> out;
+  for (auto &kv : table()) out.push_back(kv.first);
+  return out;
+}
 
 bool try_lower(const std::string &key, const c10::OperatorHandle &op, Stack *s) {
   const auto &t = table();

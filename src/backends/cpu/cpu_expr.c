@@ -5,6 +5,7 @@
 #include "cpu_codegen.h"
 #include "dtype.h"
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 

@@ -1,0 +1,162 @@
+/* The backend vtable: compile = plan + generate + compile/load; execute = bind buffers and call
+ * the generated entry with the runtime callbacks (allocation through buffer_new for exact
+ * accounting, release at last use, reference-kernel fallbacks, the thread pool, BLAS). */
+#include "cpu_internal.h"
+#include "../ref/ref.h"
+#include <stdlib.h>
+#include <string.h>
+
+cpu_counters cpu_stats;
+static char *cpu_last_src;
+
+const char *cpu_last_source(void) { return cpu_last_src ? cpu_last_src : ""; }
+
+typedef struct {
+  cpu_object obj;
+  int nkernels;
+} cpu_exe;
+
+typedef struct {
+  const exec_program *p;
+  exec_buffer **B;
+  void **S;
+} cpu_run;
+
+static bool cpu_supports(const exec_instr *ins) {
+  return ins->op == IR_DATA || ref_kernels[ins->op] != NULL; /* what it doesn't generate, it falls back on */
+}
+
+static void *cpu_compile(const exec_program *p) {
+  const cpu_blas_fns *bl = cpu_blas();
+  cpu_plan pl;
+  if (cpu_plan_build(p, bl->sgemm && bl->dgemm, &pl)) return NULL;
+  cpu_sb src = {0};
+  int nk = 0;
+  int rc = cpu_codegen(p, &pl, &src, &nk);
+  cpu_plan_free(&pl);
+  if (rc) {
+    cpu_sb_free(&src);
+    return NULL;
+  }
+  free(cpu_last_src);
+  cpu_last_src = strdup(src.s);
+  cpu_exe *e = calloc(1, sizeof *e);
+  if (!e) {
+    cpu_sb_free(&src);
+    return err_set(GRAFT_ERR_OOM, "cpu: out of memory");
+  }
+  rc = cpu_compile_source(src.s, &e->obj);
+  cpu_sb_free(&src);
+  if (rc) {
+    free(e);
+    return NULL;
+  }
+  e->nkernels = nk;
+  cpu_stats.kernels += (uint64_t)nk;
+  return e;
+}
+
+static int cpu_rt_alloc(void *ctx, int s) {
+  cpu_run *r = ctx;
+  const exec_instr *ins = &r->p->instr[s];
+  if (r->B[s]) return 0;
+  r->B[s] = buffer_new((size_t)ins->numel * graft_dtype_size(ins->dtype), r->p->device, 0,
+                       ir_ops[ins->op].name);
+  if (!r->B[s]) return -1;
+  r->S[s] = r->B[s]->ptr;
+  return 0;
+}
+
+static void cpu_rt_release(void *ctx, int s) {
+  cpu_run *r = ctx;
+  buffer_release(r->B[s]);
+  r->B[s] = NULL;
+  r->S[s] = NULL;
+}
+
+static int cpu_rt_fallback(void *ctx, int i) {
+  cpu_run *r = ctx;
+  const exec_instr *ins = &r->p->instr[i];
+  ref_arg args[16], *a = args;
+  if (ins->nin > 16 && !(a = malloc(sizeof *a * (size_t)ins->nin))) {
+    err_set(GRAFT_ERR_OOM, "cpu: out of memory");
+    return -1;
+  }
+  for (int k = 0; k < ins->nin; k++) {
+    const exec_instr *src = &r->p->instr[ins->in[k]];
+    a[k] = (ref_arg){r->S[ins->in[k]], src->dtype, src->ndim, src->shape, src->numel};
+  }
+  int rc = cpu_rt_alloc(ctx, i);
+  if (!rc) rc = ref_kernels[ins->op](ins, a, r->S[i]);
+  if (a != args) free(a);
+  cpu_stats.fallback[ins->op]++;
+  return rc;
+}
+
+static void cpu_rt_parallel(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
+  (void)ctx;
+  cpu_parallel_run(fn, S, total);
+}
+
+static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *params,
+                       exec_buffer **outs) {
+  cpu_exe *e = exe;
+  int n = p->ninstr;
+  cpu_run run = {p, calloc((size_t)n + 1, sizeof(exec_buffer *)), calloc((size_t)n + 1, sizeof(void *))};
+  if (!run.B || !run.S) {
+    free(run.B);
+    free(run.S);
+    err_set(GRAFT_ERR_OOM, "cpu: out of memory running a graph");
+    return -1;
+  }
+  unsigned char *is_param = calloc((size_t)n + 1, 1);
+  if (!is_param) {
+    free(run.B);
+    free(run.S);
+    err_set(GRAFT_ERR_OOM, "cpu: out of memory running a graph");
+    return -1;
+  }
+  for (int k = 0; k < p->nparams; k++) {
+    int s = p->param_slot[k];
+    run.B[s] = params[k];
+    run.S[s] = params[k]->ptr;
+    is_param[s] = 1;
+  }
+  const cpu_blas_fns *bl = cpu_blas();
+  cpu_rt rt = {&run, run.S, cpu_rt_alloc, cpu_rt_release, cpu_rt_fallback, cpu_rt_parallel,
+               bl->sgemm, bl->dgemm};
+  int rc = e->obj.entry(&rt);
+  if (rc && !err_pending()) err_set(GRAFT_ERR_INTERNAL, "cpu: generated code failed");
+  for (int k = 0; k < p->noutputs && !rc; k++) {
+    outs[k] = run.B[p->output_slot[k]];
+    if (outs[k]) buffer_retain(outs[k]);
+    else {
+      rc = -1;
+      err_set(GRAFT_ERR_INTERNAL, "cpu: output %d was not computed", k);
+    }
+  }
+  if (rc)
+    for (int k = 0; k < p->noutputs; k++)
+      if (outs[k]) { buffer_release(outs[k]); outs[k] = NULL; }
+  for (int s = 0; s < n; s++)
+    if (!is_param[s] && run.B[s]) buffer_release(run.B[s]);
+  free(is_param);
+  free(run.B);
+  free(run.S);
+  return rc;
+}
+
+static void cpu_free_exe(void *exe) {
+  cpu_exe *e = exe;
+  if (!e) return;
+  cpu_object_close(&e->obj);
+  free(e);
+}
+
+const backend cpu_backend = {
+    .name = "cpu",
+    .supports = cpu_supports,
+    .compile = cpu_compile,
+    .execute = cpu_execute,
+    .free_exe = cpu_free_exe,
+};

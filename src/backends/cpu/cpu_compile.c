@@ -1,0 +1,281 @@
+/* From source text to a loaded object: the system compiler ($GRAFT_CC, default "cc"), a
+ * per-user disk cache, dlopen.
+ *
+ * Disk cache: $XDG_CACHE_HOME/graft, else $HOME/.cache/graft, created 0700 and used only when
+ * it is a directory owned by this user that neither group nor others can write
+ * (GRAFT_DISK_CACHE=0 turns it off). An entry is <key>.so plus <key>.meta ("size checksum"),
+ * key = hash of (source, compiler identity = first line of `cc --version`, flags, graft
+ * version). Both files are written under temporary names and renamed into place; an entry whose
+ * size or checksum does not match its .meta is recompiled, never loaded. */
+#include "cpu_internal.h"
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define CPU_CFLAGS "-std=c11 -O3 -march=native -fPIC -shared -fopenmp-simd -fno-math-errno " \
+                   "-ffp-contract=off -w"
+
+static pthread_mutex_t cpu_cc_mu = PTHREAD_MUTEX_INITIALIZER;
+static char cpu_cc_id[600], cpu_cc_for[256];
+
+static const char *cpu_cc(void) {
+  const char *c = getenv("GRAFT_CC");
+  return c && *c ? c : "cc";
+}
+
+static double cpu_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Runs /bin/sh -c cmd; returns the exit status (or -1). */
+static int cpu_sh(const char *cmd) {
+  char *argv[] = {"sh", "-c", (char *)cmd, NULL};
+  pid_t pid;
+  if (posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ)) return -1;
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Compiler identity: first line of `cc --version` (cached per compiler string). */
+static void cpu_compiler_id(char *out, size_t n) {
+  const char *cc = cpu_cc();
+  pthread_mutex_lock(&cpu_cc_mu);
+  if (strcmp(cpu_cc_for, cc)) {
+    snprintf(cpu_cc_for, sizeof cpu_cc_for, "%s", cc);
+    snprintf(cpu_cc_id, sizeof cpu_cc_id, "unknown:%s", cc);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s --version 2>/dev/null", cc);
+    FILE *f = popen(cmd, "r");
+    if (f) {
+      char line[256];
+      if (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        snprintf(cpu_cc_id, sizeof cpu_cc_id, "%s|%s", cc, line);
+      }
+      pclose(f);
+    }
+  }
+  snprintf(out, n, "%s", cpu_cc_id);
+  pthread_mutex_unlock(&cpu_cc_mu);
+}
+
+/* Reads a whole file; returns malloc'd bytes (size in *n) or NULL. */
+static unsigned char *cpu_read_file(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  unsigned char *buf = NULL;
+  size_t cap = 0, len = 0;
+  for (;;) {
+    if (len == cap) {
+      cap = cap ? cap * 2 : 65536;
+      unsigned char *b = realloc(buf, cap);
+      if (!b) { free(buf); fclose(f); return NULL; }
+      buf = b;
+    }
+    size_t k = fread(buf + len, 1, cap - len, f);
+    len += k;
+    if (k == 0) break;
+  }
+  fclose(f);
+  *n = len;
+  return buf;
+}
+
+static int cpu_write_file(const char *path, const void *data, size_t n) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return -1;
+  const char *p = data;
+  while (n) {
+    ssize_t k = write(fd, p, n);
+    if (k <= 0) { close(fd); return -1; }
+    p += k;
+    n -= (size_t)k;
+  }
+  return close(fd);
+}
+
+static int cpu_mkdir_private(const char *path) {
+  if (mkdir(path, 0700) && errno != EEXIST) return -1;
+  return 0;
+}
+
+/* The cache directory, or "" when disabled or unsafe. */
+static void cpu_cache_dir(char *out, size_t n) {
+  out[0] = 0;
+  const char *off = getenv("GRAFT_DISK_CACHE");
+  if (off && !strcmp(off, "0")) return;
+  const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+  char base[900];
+  if (x && *x) snprintf(base, sizeof base, "%s", x);
+  else if (h && *h) {
+    snprintf(base, sizeof base, "%s/.cache", h);
+    cpu_mkdir_private(base);
+  } else return;
+  char dir[1000];
+  snprintf(dir, sizeof dir, "%s/graft", base);
+  if (cpu_mkdir_private(dir)) return;
+  struct stat st;
+  if (lstat(dir, &st) || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) {
+    cpu_stats.disk_refused++;
+    return;
+  }
+  snprintf(out, n, "%s", dir);
+}
+
+static int cpu_dlopen(const char *path, cpu_object *obj) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *e = dlerror();
+    err_set(GRAFT_ERR_COMPILE, "cpu: cannot load %s: %s", path, e ? e : "?");
+    return -1;
+  }
+  void *sym = dlsym(h, "graft_entry");
+  if (!sym) {
+    dlclose(h);
+    err_set(GRAFT_ERR_COMPILE, "cpu: %s has no graft_entry", path);
+    return -1;
+  }
+  obj->dl = h;
+  memcpy(&obj->entry, &sym, sizeof sym);
+  return 0;
+}
+
+/* 1 when path holds exactly what meta describes. */
+static int cpu_entry_valid(const char *so, const char *meta) {
+  size_t mn, n;
+  unsigned char *m = cpu_read_file(meta, &mn);
+  if (!m) return 0;
+  char txt[128];
+  size_t k = mn < sizeof txt - 1 ? mn : sizeof txt - 1;
+  memcpy(txt, m, k);
+  txt[k] = 0;
+  free(m);
+  unsigned long long want_n, want_h;
+  if (sscanf(txt, "%llu %llx", &want_n, &want_h) != 2) return 0;
+  unsigned char *b = cpu_read_file(so, &n);
+  if (!b) return 0;
+  int ok = n == want_n && cpu_hash_bytes(b, n, 7) == want_h;
+  free(b);
+  return ok;
+}
+
+static void cpu_tail(const char *path, char *out, size_t n) {
+  size_t len;
+  unsigned char *b = cpu_read_file(path, &len);
+  out[0] = 0;
+  if (!b) return;
+  size_t from = len > n - 1 ? len - (n - 1) : 0;
+  memcpy(out, b + from, len - from);
+  out[len - from] = 0;
+  free(b);
+}
+
+int cpu_compile_source(const char *src, cpu_object *obj) {
+  memset(obj, 0, sizeof *obj);
+  char id[600], dir[1000], key[40], so[1200], meta[1200], work[1100], tmp[1300], errf[1300];
+  cpu_compiler_id(id, sizeof id);
+  size_t sn = strlen(src);
+  uint64_t h1 = cpu_hash_bytes(src, sn, 1), h2 = cpu_hash_bytes(src, sn, 2);
+  const char *tags[] = {id, CPU_CFLAGS, GRAFT_VERSION};
+  for (int t = 0; t < 3; t++) {
+    h1 = cpu_hash_bytes(tags[t], strlen(tags[t]), h1);
+    h2 = cpu_hash_bytes(tags[t], strlen(tags[t]), h2 ^ 0x5bd1e995);
+  }
+  snprintf(key, sizeof key, "%016" PRIx64 "%016" PRIx64, h1, h2);
+  cpu_cache_dir(dir, sizeof dir);
+  if (dir[0]) {
+    snprintf(so, sizeof so, "%s/%s.so", dir, key);
+    snprintf(meta, sizeof meta, "%s/%s.meta", dir, key);
+    if (access(so, F_OK) == 0) {
+      if (cpu_entry_valid(so, meta) && !cpu_dlopen(so, obj)) {
+        cpu_stats.disk_hits++;
+        return 0;
+      }
+      cpu_stats.disk_corrupt++;
+      unlink(so);
+    }
+    snprintf(work, sizeof work, "%s/tmp-XXXXXX", dir);
+  } else {
+    const char *t = getenv("TMPDIR");
+    snprintf(work, sizeof work, "%s/graft-XXXXXX", t && *t ? t : "/tmp");
+  }
+  if (!mkdtemp(work)) {
+    err_set(GRAFT_ERR_COMPILE, "cpu: cannot create a work directory %s: %s", work, strerror(errno));
+    return -1;
+  }
+  snprintf(tmp, sizeof tmp, "%s/k.c", work);
+  snprintf(errf, sizeof errf, "%s/err.txt", work);
+  char out[1300];
+  snprintf(out, sizeof out, "%s/k.so", work);
+  int rc = -1;
+  if (cpu_write_file(tmp, src, sn)) {
+    err_set(GRAFT_ERR_COMPILE, "cpu: cannot write %s: %s", tmp, strerror(errno));
+    goto done;
+  }
+  size_t cl = strlen(cpu_cc()) + 3 * 1300 + 256;
+  char *cmd = malloc(cl);
+  if (!cmd) {
+    err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling");
+    goto done;
+  }
+  snprintf(cmd, cl, "%s " CPU_CFLAGS " -o '%s' '%s' > '%s' 2>&1", cpu_cc(), out, tmp, errf);
+  double t0 = cpu_now_ms();
+  int st = cpu_sh(cmd);
+  cpu_stats.compile_ms += cpu_now_ms() - t0;
+  free(cmd);
+  if (st != 0) {
+    char tail[1200];
+    cpu_tail(errf, tail, sizeof tail);
+    cpu_stats.compile_fail++;
+    err_set(GRAFT_ERR_COMPILE, "cpu: compiler '%s' failed (status %d): %s", cpu_cc(), st,
+            tail[0] ? tail : "(no output)");
+    goto done;
+  }
+  cpu_stats.compiles++;
+  if (dir[0]) {
+    size_t n;
+    unsigned char *b = cpu_read_file(out, &n);
+    char mtxt[96], mtmp[1300];
+    if (b) {
+      snprintf(mtxt, sizeof mtxt, "%zu %" PRIx64 "\n", n, cpu_hash_bytes(b, n, 7));
+      free(b);
+      snprintf(mtmp, sizeof mtmp, "%s/meta", work);
+      if (!cpu_write_file(mtmp, mtxt, strlen(mtxt)) && !rename(out, so) && !rename(mtmp, meta)) {
+        rc = cpu_dlopen(so, obj);
+        goto done;
+      }
+    }
+  }
+  rc = cpu_dlopen(out, obj); /* no cache: load from the work dir, then delete the files */
+done:
+  unlink(tmp);
+  unlink(errf);
+  unlink(out);
+  char mtmp2[1300];
+  snprintf(mtmp2, sizeof mtmp2, "%s/meta", work);
+  unlink(mtmp2);
+  rmdir(work);
+  return rc;
+}
+
+void cpu_object_close(cpu_object *obj) {
+  if (obj->dl) dlclose(obj->dl);
+  obj->dl = NULL;
+  obj->entry = NULL;
+}

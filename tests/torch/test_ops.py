@@ -1,0 +1,242 @@
+"""Each lowered op against PyTorch's CPU result; and error cases."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import graft
+
+DEV = graft.device()
+
+
+def r(*s):
+    return torch.randn(*s)
+
+
+def pos(*s):
+    return torch.rand(*s) + 0.1
+
+
+def idx(n, *s):
+    return torch.randint(0, n, s)
+
+
+# name, function, input factory (returns CPU tensors), whether to check gradients
+CASES = [
+    ("add", lambda a, b: a + b, lambda: (r(3, 4), r(4)), True),
+    ("add_alpha", lambda a, b: torch.add(a, b, alpha=-0.5), lambda: (r(3, 4), r(3, 1)), True),
+    ("add_scalar", lambda a: a + 2.5, lambda: (r(3, 4),), True),
+    ("radd_int", lambda a: 3 + a, lambda: (idx(5, 3, 4),), False),
+    ("sub", lambda a, b: a - b, lambda: (r(2, 3, 4), r(3, 4)), True),
+    ("rsub", lambda a: 1 - a, lambda: (r(3, 4),), True),
+    ("mul", lambda a, b: a * b, lambda: (r(3, 4), r(3, 4)), True),
+    ("mul_promote", lambda a, b: a * b, lambda: (r(3, 4), idx(5, 3, 4)), False),
+    ("div", lambda a, b: a / b, lambda: (r(3, 4), pos(3, 4)), True),
+    ("div_int", lambda a, b: a / b, lambda: (idx(9, 3, 4), idx(4, 3, 4) + 1), False),
+    ("div_floor", lambda a, b: torch.div(a, b, rounding_mode="floor"), lambda: (idx(9, 3, 4) - 4, idx(4, 3, 4) + 1), False),
+    ("div_trunc_f", lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda: (r(3, 4) * 5, pos(3, 4)), False),
+    ("maximum", torch.maximum, lambda: (r(3, 4), r(3, 4)), False),
+    ("minimum", torch.minimum, lambda: (r(3, 4), r(3, 4)), False),
+    ("pow_scalar", lambda a: a ** 3, lambda: (pos(3, 4),), True),
+    ("pow_sq", lambda a: a ** 2, lambda: (r(3, 4),), True),
+    ("pow_tt", torch.pow, lambda: (pos(3, 4), r(3, 4)), True),
+    ("eq", lambda a, b: a == b, lambda: (idx(3, 3, 4), idx(3, 3, 4)), False),
+    ("lt_scalar", lambda a: a < 0.2, lambda: (r(3, 4),), False),
+    ("ge", lambda a, b: a >= b, lambda: (r(3, 4), r(4)), False),
+    ("where", lambda c, a, b: torch.where(c > 0, a, b), lambda: (r(3, 4), r(3, 4), r(3, 4)), True),
+    ("masked_fill", lambda a, m: a.masked_fill(m > 0, -1.0), lambda: (r(3, 4), r(3, 4)), True),
+    ("clamp", lambda a: a.clamp(-0.5, 0.5), lambda: (r(3, 4),), True),
+    ("clamp_min", lambda a: a.clamp(min=0.1), lambda: (r(3, 4),), True),
+    ("neg", torch.neg, lambda: (r(3, 4),), True),
+    ("abs", torch.abs, lambda: (r(3, 4),), True),
+    ("exp", torch.exp, lambda: (r(3, 4),), True),
+    ("log", torch.log, lambda: (pos(3, 4),), True),
+    ("sqrt", torch.sqrt, lambda: (pos(3, 4),), True),
+    ("rsqrt", torch.rsqrt, lambda: (pos(3, 4),), True),
+    ("tanh", torch.tanh, lambda: (r(3, 4),), True),
+    ("sigmoid", torch.sigmoid, lambda: (r(3, 4),), True),
+    ("sin", torch.sin, lambda: (r(3, 4),), True),
+    ("cos", torch.cos, lambda: (r(3, 4),), True),
+    ("erf", torch.erf, lambda: (r(3, 4),), True),
+    ("floor", torch.floor, lambda: (r(3, 4) * 3,), False),
+    ("reciprocal", torch.reciprocal, lambda: (pos(3, 4),), True),
+    ("log1p", torch.log1p, lambda: (pos(3, 4),), True),
+    ("expm1", torch.expm1, lambda: (r(3, 4),), True),
+    ("exp_int", torch.exp, lambda: (idx(3, 3, 4),), False),
+    ("relu", torch.relu, lambda: (r(3, 4),), True),
+    ("gelu", F.gelu, lambda: (r(3, 4),), True),
+    ("gelu_tanh", lambda a: F.gelu(a, approximate="tanh"), lambda: (r(3, 4),), True),
+    ("logical_not", torch.logical_not, lambda: (idx(2, 3, 4).bool(),), False),
+    ("logical_and", torch.logical_and, lambda: (idx(2, 3, 4).bool(), idx(2, 3, 4).bool()), False),
+    ("addcmul", lambda a, b, c: torch.addcmul(a, b, c, value=0.3), lambda: (r(3, 4), r(3, 4), r(3, 4)), True),
+    ("addcdiv", lambda a, b, c: torch.addcdiv(a, b, c, value=0.3), lambda: (r(3, 4), r(3, 4), pos(3, 4)), True),
+    ("lerp", lambda a, b: torch.lerp(a, b, 0.25), lambda: (r(3, 4), r(3, 4)), True),
+    ("sum", torch.sum, lambda: (r(3, 4),), True),
+    ("sum_dim", lambda a: a.sum(-1, keepdim=True), lambda: (r(3, 4, 5),), True),
+    ("sum_dims", lambda a: a.sum((0, 2)), lambda: (r(3, 4, 5),), True),
+    ("sum_int", torch.sum, lambda: (idx(5, 3, 4),), False),
+    ("sum_bool", lambda a: (a > 0).sum(), lambda: (r(3, 4),), False),
+    ("mean", torch.mean, lambda: (r(3, 4),), True),
+    ("mean_dim", lambda a: a.mean(1), lambda: (r(3, 4, 5),), True),
+    ("max", torch.max, lambda: (r(3, 4),), False),
+    ("max_dim", lambda a: torch.max(a, 1), lambda: (r(3, 4),), False),
+    ("min_dim", lambda a: torch.min(a, 0, keepdim=True), lambda: (r(3, 4),), False),
+    ("amax", lambda a: a.amax(-1), lambda: (r(3, 4),), True),
+    ("argmax", lambda a: a.argmax(1), lambda: (r(3, 4),), False),
+    ("argmax_all", lambda a: a.argmax(), lambda: (r(3, 4),), False),
+    ("var", lambda a: a.var(1), lambda: (r(3, 4),), True),
+    ("std", lambda a: a.std(), lambda: (r(3, 4),), True),
+    ("mm", torch.mm, lambda: (r(3, 4), r(4, 5)), True),
+    ("matmul_batched", torch.matmul, lambda: (r(2, 3, 4), r(4, 5)), True),
+    ("bmm", torch.bmm, lambda: (r(2, 3, 4), r(2, 4, 5)), True),
+    ("mv", torch.mv, lambda: (r(3, 4), r(4)), True),
+    ("addmm", lambda b, x, y: torch.addmm(b, x, y, beta=0.5, alpha=2), lambda: (r(5), r(3, 4), r(4, 5)), True),
+    ("linear", F.linear, lambda: (r(3, 4), r(5, 4), r(5)), True),
+    ("softmax", lambda a: F.softmax(a, -1), lambda: (r(3, 4),), True),
+    ("log_softmax", lambda a: F.log_softmax(a, 0), lambda: (r(3, 4),), True),
+    ("cross_entropy", F.cross_entropy, lambda: (r(5, 4), idx(4, 5)), True),
+    ("cross_entropy_sum_w", lambda a, t, w: F.cross_entropy(a, t, weight=w, reduction="sum"),
+     lambda: (r(5, 4), idx(4, 5), pos(4)), 1),
+    ("nll_ignore", lambda a, t: F.nll_loss(a, t, ignore_index=1), lambda: (r(6, 4), idx(4, 6)), True),
+    ("nll_none", lambda a, t: F.nll_loss(a, t, reduction="none"), lambda: (r(6, 4), idx(4, 6)), True),
+    ("mse", F.mse_loss, lambda: (r(3, 4), r(3, 4)), True),
+    ("cat", lambda a, b: torch.cat([a, b], 1), lambda: (r(3, 4), r(3, 2)), True),
+    ("stack", lambda a, b: torch.stack([a, b]), lambda: (r(3, 4), r(3, 4)), True),
+    ("gather", lambda a, i: torch.gather(a, 1, i), lambda: (r(3, 4), idx(4, 3, 2)), True),
+    ("index_select", lambda a, i: a.index_select(0, i), lambda: (r(5, 4), idx(5, 3)), True),
+    ("embedding", lambda w, i: F.embedding(i, w), lambda: (r(10, 4), idx(10, 2, 3)), True),
+    ("layer_norm", lambda a, w, b: F.layer_norm(a, (4,), w, b), lambda: (r(3, 4), r(4), r(4)), True),
+    ("transpose", lambda a: a.transpose(0, 2) * 1, lambda: (r(2, 3, 4),), True),
+    ("permute", lambda a: a.permute(2, 0, 1) + 0, lambda: (r(2, 3, 4),), True),
+    ("select", lambda a: a[:, 1] * 2, lambda: (r(3, 4),), True),
+    ("slice", lambda a: a[1:3, ::2] * 2, lambda: (r(4, 5),), True),
+    ("expand", lambda a: a.expand(3, 4) * 1, lambda: (r(1, 4),), True),
+    ("unsqueeze", lambda a: a.unsqueeze(1) * 1, lambda: (r(3, 4),), True),
+    ("squeeze", lambda a: a.squeeze() * 1, lambda: (r(3, 1, 4),), True),
+    ("view", lambda a: a.view(2, -1) * 1, lambda: (r(3, 4),), True),
+    ("flatten", lambda a: a.flatten(1) * 1, lambda: (r(2, 3, 4),), True),
+    ("to_double", lambda a: a.to(torch.float64), lambda: (r(3, 4),), False),
+    ("to_int", lambda a: (a * 3).to(torch.int32), lambda: (r(3, 4),), False),
+    ("zeros_like", lambda a: torch.zeros_like(a) + torch.ones_like(a), lambda: (r(3, 4),), False),
+    ("full_like", lambda a: torch.full_like(a, 7.0), lambda: (r(3, 4),), False),
+    ("conv2d", lambda x, w, b: F.conv2d(x, w, b, stride=1, padding=1), lambda: (r(2, 3, 6, 6), r(4, 3, 3, 3), r(4)), False),
+    ("avg_pool2d", lambda x: F.avg_pool2d(x, 2), lambda: (r(2, 3, 6, 6),), False),
+    ("batch_norm_train", lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+     lambda: (r(4, 3, 2, 2), r(3), r(3)), True),
+]
+
+
+def _to(x):
+    return x.to(DEV) if isinstance(x, torch.Tensor) else x
+
+
+def _flat(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [o for o in out if isinstance(o, torch.Tensor)]
+
+
+@pytest.mark.parametrize("name,fn,make,grad", CASES, ids=[c[0] for c in CASES])
+def test_op_matches_cpu(name, fn, make, grad):
+    torch.manual_seed(0)
+    ins = make()
+    ng = len(ins) if grad is True else int(grad)  # grad: True (all float inputs) or how many
+    cins = [x.clone().requires_grad_(i < ng and x.is_floating_point()) for i, x in enumerate(ins)]
+    gins = [x.to(DEV).requires_grad_(i < ng and x.is_floating_point()) for i, x in enumerate(ins)]
+    graft.reset_metrics()
+    outc, outg = _flat(fn(*cins)), _flat(fn(*gins))
+    for a, b in zip(outc, outg):
+        assert b.device.type == "xla"
+        assert b.dtype == a.dtype, (b.dtype, a.dtype)
+        assert b.shape == a.shape
+        torch.testing.assert_close(b.cpu(), a.detach(), rtol=1e-4, atol=1e-5)
+    if grad:
+        torch.manual_seed(1)
+        go = [torch.randn(o.shape) for o in outc]
+        torch.autograd.backward([o for o in outc], go)
+        torch.autograd.backward([o for o in outg], [g.to(DEV) for g in go])
+        for a, b in zip(cins, gins):
+            if a.requires_grad and a.grad is None:
+                assert b.grad is None
+            elif a.requires_grad:
+                torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
+    fb = {k: v for k, v in graft.metrics().items() if k.startswith("aten::")}
+    assert fb == {}, fb
+
+
+def test_fallback_runs_and_is_counted():
+    x = torch.randn(4, 5)
+    graft.reset_metrics()
+    y = torch.cumsum(x.to(DEV), 1)
+    assert y.device.type == "xla"
+    torch.testing.assert_close(y.cpu(), torch.cumsum(x, 1))
+    assert graft.metrics().get("aten::cumsum", 0) >= 1
+
+
+def test_fallback_inplace_writes_back():
+    x = torch.randn(4, 5)
+    g = x.to(DEV)
+    g.cumsum_(0)  # in-place op with no lowering
+    torch.testing.assert_close(g.cpu(), x.cumsum(0))
+
+
+def test_fallback_factory_on_device():
+    a = torch.arange(6, device=DEV)
+    assert a.device.type == "xla"
+    assert a.cpu().tolist() == list(range(6))
+
+
+def test_item_and_print():
+    x = torch.ones(2, 3).to(DEV) + 1
+    assert "xla" in repr(x)
+    assert x.sum().item() == 12.0
+    assert (x > 1).all().item() is True
+
+
+def test_sync_and_step():
+    x = torch.randn(3, 3).to(DEV) * 2
+    assert graft.is_pending(x)
+    graft.sync([x])
+    assert not graft.is_pending(x)
+    y = x + 1
+    graft.step()
+    assert not graft.is_pending(y)
+    assert "graphs_compiled" in graft.metrics()
+    assert isinstance(graft.metrics_report(), str)
+
+
+# --------------------------------------------------------------------------------- errors
+def test_cpu_graft_mix_raises():
+    a = torch.randn(3).to(DEV)
+    with pytest.raises(RuntimeError, match="same device"):
+        a + torch.randn(3)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.mm(torch.randn(3, 3).to(DEV), torch.randn(3, 3))
+
+
+def test_cpu_scalar_tensor_allowed():
+    a = torch.randn(3)
+    torch.testing.assert_close((a.to(DEV) * torch.tensor(2.0)).cpu(), a * 2)
+
+
+def test_unsupported_dtype_raises():
+    with pytest.raises(RuntimeError, match="unsupported dtype"):
+        torch.zeros(3, dtype=torch.complex64).to(DEV)
+    with pytest.raises(RuntimeError, match="unsupported dtype"):
+        torch.zeros(3, dtype=torch.int16).to(DEV)
+
+
+def test_bad_shapes_raise():
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        torch.mm(torch.randn(3, 4).to(DEV), torch.randn(3, 4).to(DEV))
+    with pytest.raises(RuntimeError):
+        torch.randn(3, 4).to(DEV) + torch.randn(5).to(DEV)
+    with pytest.raises(RuntimeError):
+        torch.randn(3, 4).to(DEV).view(5, 3)
+
+
+def test_bad_dim_raises():
+    x = torch.randn(3, 4).to(DEV)
+    with pytest.raises(IndexError):
+        x.sum(5)
+    with pytest.raises(IndexError):
+        x.select(0, 7)
