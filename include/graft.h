@@ -268,6 +268,10 @@ typedef struct {
   uint64_t transfers_to_host, bytes_to_host;
   double compile_ms;         /* total time building executables */
   double execute_ms;         /* total time running graphs */
+  uint64_t native_compiles;  /* graphs compiled to native code (background or sync) */
+  uint64_t native_compile_failures; /* compiles that failed: those graphs stay on the reference */
+  double native_compile_ms;  /* time in the native compiler (mostly off the critical path) */
+  uint64_t compiled_executions; /* executions that ran native code (the rest ran reference) */
   uint64_t syncs;            /* syncs that had pending work */
   double sync_overhead_ms;   /* sync time outside compile and execute: capture, hash, lookup, bind */
 } graft_metrics;
@@ -278,6 +282,8 @@ void graft_metrics_get(graft_metrics *m);
 void graft_metrics_reset(void);
 /** A text report of every counter and recent compile reasons; free() it. */
 char *graft_metrics_report(void);
+/** Blocks until background native compiles have finished (tests, benchmarks). */
+void graft_wait_compiles(void);
 /** Why the last graph was compiled ("" before any compile); valid until the next compile. */
 const char *graft_last_compile_reason(void);
 

@@ -328,6 +328,7 @@ graft_status graft_item(graft_tensor *t, double *out) {
 void graft_set_memory_limit(size_t bytes) { buffer_set_limit(bytes); }
 
 void graft_shutdown(void) {
+  tier_shutdown();
   graft_lock();
   tensor_free_all();
   cache_clear();

@@ -68,6 +68,8 @@ char *graft_metrics_report(void) {
       "  bytes in use / peak  %llu / %llu\n"
       "  to device            %llu transfers, %llu bytes\n"
       "  to host              %llu transfers, %llu bytes\n"
+      "  native compiles      %llu (%llu failed), %.1f ms in the compiler\n"
+      "  compiled executions  %llu\n"
       "  compile time         %.3f ms\n"
       "  execute time         %.3f ms\n"
       "  sync overhead        %.3f ms over %llu syncs\n",
@@ -78,7 +80,9 @@ char *graft_metrics_report(void) {
       (unsigned long long)m.pending_nodes, (unsigned long long)m.bytes_in_use,
       (unsigned long long)m.bytes_peak, (unsigned long long)m.transfers_to_device,
       (unsigned long long)m.bytes_to_device, (unsigned long long)m.transfers_to_host,
-      (unsigned long long)m.bytes_to_host, m.compile_ms, m.execute_ms, m.sync_overhead_ms,
+      (unsigned long long)m.bytes_to_host, (unsigned long long)m.native_compiles,
+      (unsigned long long)m.native_compile_failures, m.native_compile_ms,
+      (unsigned long long)m.compiled_executions, m.compile_ms, m.execute_ms, m.sync_overhead_ms,
       (unsigned long long)m.syncs);
   int first = nreasons_total > NREASONS ? nreasons_total - NREASONS : 0;
   if (nreasons_total) k += snprintf(s + k, cap - (size_t)k, "  recent compile reasons:\n");

@@ -33,6 +33,7 @@ void cache_clear(void) {
       cache_entry *e = buckets[b];
       buckets[b] = e->next;
       if (e->be->free_exe) e->be->free_exe(e->exe);
+      if (e->tier == TIER_READY && e->fast->free_exe) e->fast->free_exe(e->fast_exe);
       program_free(e->prog);
       free(e);
     }

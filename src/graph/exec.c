@@ -40,6 +40,7 @@ static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n)
       program_free(p);
       return graft_last_status();
     }
+    tier_submit(e);
     metrics_add_reason(reason);
     dump_graph(&cap, p, reason, &ps);
     metrics.m.graphs_compiled++;
@@ -64,7 +65,9 @@ static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n)
   for (int r = 0, k = 0; r < n; r++)
     if (out_index[cap.out_slot[r]] < 0) out_index[cap.out_slot[r]] = k++;
   double x0 = metrics_now_ms();
-  int rc = e->be->execute(e->exe, p, bufs, outs);
+  bool fast = e->tier == TIER_READY;
+  int rc = fast ? e->fast->execute(e->fast_exe, p, bufs, outs) : e->be->execute(e->exe, p, bufs, outs);
+  if (fast) metrics.m.compiled_executions++;
   double tx = metrics_now_ms() - x0;
   metrics.m.execute_ms += tx;
   graft_status st = GRAFT_OK;

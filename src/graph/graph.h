@@ -24,11 +24,16 @@ exec_program *capture_lower(const graph_capture *g);
 void capture_free(graph_capture *g);
 
 /* Compile cache: graph hash -> program + backend executable. */
+typedef enum { TIER_OFF, TIER_COMPILING, TIER_READY, TIER_FAILED } tier_state;
 typedef struct cache_entry {
   exec_program *prog;
-  const backend *be;
+  const backend *be;        /* the reference backend: runs at once */
   void *exe;
+  const backend *fast;      /* the compiling backend, once tier == TIER_READY */
+  void *fast_exe;
+  tier_state tier;
   struct cache_entry *next; /* hash chain */
+  struct cache_entry *qnext; /* compile queue */
 } cache_entry;
 cache_entry *cache_lookup(uint64_t hash);
 /* Builds the reason a graph with capture g is compiled, naming the nearest cached graph. */
@@ -42,6 +47,11 @@ void dump_graph(const graph_capture *g, const exec_program *p, const char *reaso
 
 /* Materializes the given tensors (lock held). Returns GRAFT_OK or an error status. */
 graft_status exec_sync_locked(graft_tensor *const *ts, int n);
+/* Starts compiling e's program with the compiling backend (lock held): on a background thread,
+ * or at once with GRAFT_COMPILE=sync; nothing with GRAFT_COMPILE=off. */
+void tier_submit(cache_entry *e);
+/* Stops the compile thread (lock NOT held: the thread takes it to publish results). */
+void tier_shutdown(void);
 /* Frees the executor's scratch (graft_shutdown). */
 void exec_shutdown(void);
 #endif

@@ -1,0 +1,133 @@
+/* Tiered execution. A graph seen for the first time runs at once on the reference backend
+ * while the compiling backend builds it on a background thread; later executions switch to the
+ * compiled code, so the first step never waits for the compiler.
+ * GRAFT_COMPILE=async (default) | sync (compile before the first run; tests) | off. */
+#include "graph.h"
+#include "../core/error.h"
+#include "../core/metrics.h"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Weak until the CPU backend is linked in: without it every graph stays on the reference. */
+extern const backend cpu_backend __attribute__((weak));
+
+typedef enum { TIER_MODE_ASYNC, TIER_MODE_SYNC, TIER_MODE_OFF } tier_mode;
+
+static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t q_cv = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t q_idle = PTHREAD_COND_INITIALIZER;
+static cache_entry *q_head, *q_tail;
+static int q_busy, q_stop, q_started;
+static pthread_t q_thread;
+static int warned;
+
+static tier_mode tier_get_mode(void) {
+  const char *m = getenv("GRAFT_COMPILE");
+  if (m && !strcmp(m, "off")) return TIER_MODE_OFF;
+  if (m && !strcmp(m, "sync")) return TIER_MODE_SYNC;
+  return TIER_MODE_ASYNC;
+}
+
+/* Records the result of a compile (lock held). */
+static void tier_finish(cache_entry *e, void *exe, const char *err, double ms) {
+  metrics.m.native_compile_ms += ms;
+  if (exe) {
+    e->fast_exe = exe;
+    e->tier = TIER_READY;
+    metrics.m.native_compiles++;
+    return;
+  }
+  e->tier = TIER_FAILED;
+  metrics.m.native_compile_failures++;
+  if (!warned) {
+    warned = 1;
+    fprintf(stderr, "graft: warning: the %s backend could not compile a graph; graphs that fail "
+            "run on the reference backend: %s\n", e->fast->name, err);
+  }
+}
+
+static void *tier_worker(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&q_mu);
+  for (;;) {
+    while (!q_head && !q_stop) pthread_cond_wait(&q_cv, &q_mu);
+    if (q_stop) break;
+    cache_entry *e = q_head;
+    q_head = e->qnext;
+    if (!q_head) q_tail = NULL;
+    q_busy = 1;
+    pthread_mutex_unlock(&q_mu);
+    /* The program is immutable and outlives the queue (shutdown joins this thread first). */
+    double t0 = metrics_now_ms();
+    void *exe = e->fast->compile(e->prog);
+    double ms = metrics_now_ms() - t0;
+    char err[512];
+    snprintf(err, sizeof err, "%s", exe ? "" : graft_last_error());
+    graft_lock();
+    tier_finish(e, exe, err, ms);
+    graft_unlock();
+    pthread_mutex_lock(&q_mu);
+    q_busy = 0;
+    if (!q_head) pthread_cond_broadcast(&q_idle);
+  }
+  pthread_mutex_unlock(&q_mu);
+  return NULL;
+}
+
+void tier_submit(cache_entry *e) {
+  tier_mode mode = tier_get_mode();
+  e->fast = &cpu_backend;
+  if (mode == TIER_MODE_OFF || !e->fast) {
+    e->tier = TIER_OFF;
+    return;
+  }
+  if (mode == TIER_MODE_SYNC) {
+    double t0 = metrics_now_ms();
+    void *exe = e->fast->compile(e->prog);
+    char err[512];
+    snprintf(err, sizeof err, "%s", exe ? "" : graft_last_error());
+    if (!exe) graft_clear_error(); /* the graph still runs, on the reference backend */
+    tier_finish(e, exe, err, metrics_now_ms() - t0);
+    return;
+  }
+  e->tier = TIER_COMPILING;
+  pthread_mutex_lock(&q_mu);
+  if (!q_started) {
+    q_stop = 0;
+    if (pthread_create(&q_thread, NULL, tier_worker, NULL)) {
+      pthread_mutex_unlock(&q_mu);
+      e->tier = TIER_OFF;
+      return;
+    }
+    q_started = 1;
+  }
+  e->qnext = NULL;
+  if (q_tail) q_tail->qnext = e;
+  else q_head = e;
+  q_tail = e;
+  pthread_cond_signal(&q_cv);
+  pthread_mutex_unlock(&q_mu);
+}
+
+void graft_wait_compiles(void) {
+  pthread_mutex_lock(&q_mu);
+  while (q_started && (q_head || q_busy)) pthread_cond_wait(&q_idle, &q_mu);
+  pthread_mutex_unlock(&q_mu);
+}
+
+void tier_shutdown(void) {
+  pthread_mutex_lock(&q_mu);
+  if (!q_started) {
+    pthread_mutex_unlock(&q_mu);
+    return;
+  }
+  q_stop = 1;
+  q_head = q_tail = NULL; /* queued entries are freed by cache_clear */
+  pthread_cond_broadcast(&q_cv);
+  pthread_mutex_unlock(&q_mu);
+  pthread_join(q_thread, NULL);
+  q_started = 0;
+  q_busy = 0;
+}
