@@ -17,7 +17,7 @@ TESTS   := $(sort $(wildcard tests/test_*.c))
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TSAN    := -fsanitize=thread
 
-.PHONY: all lib demo test bench install deps clean check-asan check-valgrind check-tsan
+.PHONY: all lib torch demo test bench install deps clean check-asan check-valgrind check-tsan check-torch
 
 all: lib
 
@@ -79,8 +79,15 @@ check-valgrind: build/examples/mlp
 check-tsan: build/tsan/tests/test_threads
 	TSAN_OPTIONS=halt_on_error=1 ./build/tsan/tests/test_threads
 
+# The PyTorch device: torch/build/_graft_C.so, imported as `graft` with PYTHONPATH=torch.
+torch: lib
+	$(MAKE) -C torch
+
+check-torch: torch
+	PYTHONPATH=torch /usr/bin/python3 -m pytest -q tests/torch
+
 test: deps
-	@$(MAKE) --no-print-directory check-asan check-tsan check-valgrind
+	@$(MAKE) --no-print-directory check-asan check-tsan check-valgrind check-torch
 	@echo "all test suites passed"
 
 demo: deps build/examples/mlp

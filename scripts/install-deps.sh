@@ -1,7 +1,9 @@
 #!/bin/sh
 # Installs the Debian packages graft needs; idempotent (does nothing when all are present).
 set -e
-PKGS="gcc make valgrind pkg-config"
+# C toolchain and checkers; OpenBLAS for matmul; Debian's PyTorch, pytest and scikit-learn
+# (its bundled digits data set) for the PyTorch device, its tests and the demo.
+PKGS="gcc g++ make valgrind pkg-config libopenblas-dev python3 python3-torch python3-pytest python3-numpy python3-sklearn"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

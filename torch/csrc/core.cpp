@@ -467,7 +467,7 @@ TORCH_LIBRARY_IMPL(_, XLA, m) {
 // Composite views: registered explicitly so they stay views (not as_strided) and use fast paths.
 TORCH_LIBRARY_IMPL(aten, XLA, m) {
   const char *views[] = {"t", "transpose.int", "permute", "select.int", "slice.Tensor", "expand",
-                         "unsqueeze", "squeeze", "squeeze.dim", "alias", "_unsafe_view", "clone"};
+                         "unsqueeze", "squeeze", "squeeze.dim", "alias", "_unsafe_view", "clone", "convolution_backward"};
   for (const char *v : views) m.impl(v, torch::CppFunction::makeFromBoxedFunction<&graft_kernel>());
   // Every lowered op (and its in-place form) is registered by name too, so that ops PyTorch
   // implements as CompositeExplicitAutograd (abs -> abs.out, logical_and, sum, mv, ...) reach
