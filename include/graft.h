@@ -194,6 +194,11 @@ graft_tensor *graft_slice(graft_tensor *a, const int64_t *start, const int64_t *
 graft_tensor *graft_concat(graft_tensor *const *ts, int n, int axis);
 /** Pads each dim with lo[i] before and hi[i] after (>= 0), filled with value. */
 graft_tensor *graft_pad(graft_tensor *a, const int64_t *lo, const int64_t *hi, double value);
+/** graft_pad plus interior[i] (>= 0) fill elements between neighbours on dim i (XLA pad). */
+graft_tensor *graft_pad_ex(graft_tensor *a, const int64_t *lo, const int64_t *hi,
+                           const int64_t *interior, double value);
+/** Reverses the order of elements along each of the given axes. */
+graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes);
 
 /* ---- reductions (axes == NULL with naxes == 0 reduces every axis) ---- */
 graft_tensor *graft_sum(graft_tensor *a, const int *axes, int naxes, bool keepdim);  /**< sum */
@@ -203,6 +208,8 @@ graft_tensor *graft_prod(graft_tensor *a, const int *axes, int naxes, bool keepd
 graft_tensor *graft_mean(graft_tensor *a, const int *axes, int naxes, bool keepdim); /**< mean (float) */
 /** Index (i64) of the first maximum along axis. */
 graft_tensor *graft_argmax(graft_tensor *a, int axis, bool keepdim);
+/** Index (i64) of the first minimum along axis. */
+graft_tensor *graft_argmin(graft_tensor *a, int axis, bool keepdim);
 
 /* ---- contraction ---- */
 /** Matrix product of [..., M, K] and [..., K, N]; batch dims broadcast; 1-D operands as numpy. */
@@ -210,6 +217,20 @@ graft_tensor *graft_matmul(graft_tensor *a, graft_tensor *b);
 /** 2-D convolution: x [N,C,H,W], w [O,C/groups,KH,KW]; stride/padding/dilation are {h,w}. */
 graft_tensor *graft_conv2d(graft_tensor *x, graft_tensor *w, const int *stride, const int *padding,
                            const int *dilation, int groups);
+
+/** conv2d with separate low/high padding and input (lhs) dilation, as the gradient of a strided
+ *  convolution needs; NULL arrays take the defaults (stride/dilations 1, padding 0). */
+graft_tensor *graft_conv2d_ex(graft_tensor *x, graft_tensor *w, const int *stride, const int *pad_lo,
+                              const int *pad_hi, const int *dilation, const int *lhs_dilation,
+                              int groups);
+/** Gradient of graft_conv2d with respect to x, given dy and w; x_shape is x's [N,C,H,W]. */
+graft_tensor *graft_conv2d_backward_input(graft_tensor *dy, graft_tensor *w, const int64_t *x_shape,
+                                          const int *stride, const int *padding,
+                                          const int *dilation, int groups);
+/** Gradient of graft_conv2d with respect to w, given x and dy; w_shape is w's [O,C/g,KH,KW]. */
+graft_tensor *graft_conv2d_backward_weight(graft_tensor *x, graft_tensor *dy,
+                                           const int64_t *w_shape, const int *stride,
+                                           const int *padding, const int *dilation, int groups);
 
 /* ---- indexing ---- */
 /** out[...i...] = a[...index[...i...]...] along axis (torch.gather); index is i32/i64. */
@@ -221,6 +242,9 @@ graft_tensor *graft_scatter_add(graft_tensor *a, int axis, graft_tensor *index, 
 /** Max pooling; padding cells never win. */
 graft_tensor *graft_max_pool2d(graft_tensor *x, const int *kernel, const int *stride,
                                const int *padding);
+/** Gradient of graft_max_pool2d: each window's dy goes to its first maximum in x. */
+graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const int *kernel,
+                                        const int *stride, const int *padding);
 /** Average pooling; padding counts in the divisor (count_include_pad). */
 graft_tensor *graft_avg_pool2d(graft_tensor *x, const int *kernel, const int *stride,
                                const int *padding);

@@ -277,6 +277,11 @@ graft_tensor *graft_concat(graft_tensor *const *ts, int n, int axis) {
 }
 
 graft_tensor *graft_pad(graft_tensor *a, const int64_t *lo, const int64_t *hi, double value) {
+  return graft_pad_ex(a, lo, hi, NULL, value);
+}
+
+graft_tensor *graft_pad_ex(graft_tensor *a, const int64_t *lo, const int64_t *hi,
+                           const int64_t *interior, double value) {
   const char *fn = "graft_pad";
   graft_lock();
   ir_node *n = api_in(a, fn);
@@ -288,6 +293,7 @@ graft_tensor *graft_pad(graft_tensor *a, const int64_t *lo, const int64_t *hi, d
     for (int i = 0; i < n->ndim; i++) {
       at.a[i] = lo[i];
       at.a[8 + i] = hi[i];
+      at.a[16 + i] = interior ? interior[i] : 0;
     }
     t = api_node(ir_make(IR_PAD, 1, &n, &at, n->dtype, 0, NULL));
   }
@@ -338,12 +344,21 @@ graft_tensor *graft_prod(graft_tensor *a, const int *axes, int naxes, bool keepd
   return reduce(IR_REDUCE_PROD, a, axes, naxes, keepdim, __func__);
 }
 
-graft_tensor *graft_argmax(graft_tensor *a, int axis, bool keepdim) {
+static graft_tensor *arg_extreme(ir_op op, graft_tensor *a, int axis, bool keepdim,
+                                 const char *fn) {
   graft_lock();
-  ir_node *n = api_in(a, __func__);
-  int ax = n ? api_axis(__func__, axis, n->ndim) : -1;
+  ir_node *n = api_in(a, fn);
+  int ax = n ? api_axis(fn, axis, n->ndim) : -1;
   ir_attrs at = {.a = {ax, keepdim}};
-  graft_tensor *t = ax >= 0 ? api_node(ir_make(IR_ARGMAX, 1, &n, &at, GRAFT_I64, 0, NULL)) : NULL;
+  graft_tensor *t = ax >= 0 ? api_node(ir_make(op, 1, &n, &at, GRAFT_I64, 0, NULL)) : NULL;
   graft_unlock();
   return t;
+}
+
+graft_tensor *graft_argmax(graft_tensor *a, int axis, bool keepdim) {
+  return arg_extreme(IR_ARGMAX, a, axis, keepdim, __func__);
+}
+
+graft_tensor *graft_argmin(graft_tensor *a, int axis, bool keepdim) {
+  return arg_extreme(IR_ARGMIN, a, axis, keepdim, __func__);
 }

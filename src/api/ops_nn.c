@@ -69,8 +69,9 @@ out:
   return t;
 }
 
-graft_tensor *graft_conv2d(graft_tensor *x, graft_tensor *w, const int *stride, const int *padding,
-                           const int *dilation, int groups) {
+graft_tensor *graft_conv2d_ex(graft_tensor *x, graft_tensor *w, const int *stride, const int *pad_lo,
+                              const int *pad_hi, const int *dilation, const int *lhs_dilation,
+                              int groups) {
   const char *fn = "graft_conv2d";
   graft_lock();
   ir_node *in[2] = {api_in(x, fn), NULL};
@@ -80,15 +81,21 @@ graft_tensor *graft_conv2d(graft_tensor *x, graft_tensor *w, const int *stride, 
     ir_attrs at = {0};
     for (int d = 0; d < 2; d++) {
       at.a[d] = stride ? stride[d] : 1;
-      at.a[2 + d] = at.a[4 + d] = padding ? padding[d] : 0;
+      at.a[2 + d] = pad_lo ? pad_lo[d] : 0;
+      at.a[4 + d] = pad_hi ? pad_hi[d] : 0;
       at.a[6 + d] = dilation ? dilation[d] : 1;
-      at.a[8 + d] = 1;
+      at.a[8 + d] = lhs_dilation ? lhs_dilation[d] : 1;
     }
     at.a[10] = groups;
     t = api_node(ir_make(IR_CONV2D, 2, in, &at, in[0]->dtype, 0, NULL));
   }
   graft_unlock();
   return t;
+}
+
+graft_tensor *graft_conv2d(graft_tensor *x, graft_tensor *w, const int *stride, const int *padding,
+                           const int *dilation, int groups) {
+  return graft_conv2d_ex(x, w, stride, padding, padding, dilation, NULL, groups);
 }
 
 graft_tensor *graft_gather(graft_tensor *a, int axis, graft_tensor *index) {

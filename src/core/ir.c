@@ -270,9 +270,10 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
   }
   case IR_PAD:
     for (int i = 0; i < a->ndim; i++) {
-      if (at[i] < 0 || at[8 + i] < 0)
+      if (at[i] < 0 || at[8 + i] < 0 || at[16 + i] < 0)
         return err_set(GRAFT_ERR_SHAPE, "pad: negative padding on dim %d", i), -1;
-      n->shape[i] = a->shape[i] + at[i] + at[8 + i];
+      n->shape[i] = a->shape[i] + at[i] + at[8 + i] +
+                    (a->shape[i] ? (a->shape[i] - 1) * at[16 + i] : 0);
     }
     return 0;
   case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD: {
@@ -287,12 +288,12 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
     n->ndim = k;
     return 0;
   }
-  case IR_ARGMAX: {
+  case IR_ARGMAX: case IR_ARGMIN: {
     if (at[0] < 0 || at[0] >= a->ndim)
-      return err_set(GRAFT_ERR_AXIS, "argmax: axis %" PRId64 " out of range for %s", at[0],
+      return err_set(GRAFT_ERR_AXIS, "%s: axis %" PRId64 " out of range for %s", nm, at[0],
                      SHP(a->ndim, a->shape)), -1;
     if (a->shape[at[0]] == 0)
-      return err_set(GRAFT_ERR_SHAPE, "argmax: empty axis in %s", SHP(a->ndim, a->shape)), -1;
+      return err_set(GRAFT_ERR_SHAPE, "%s: empty axis in %s", nm, SHP(a->ndim, a->shape)), -1;
     int k = 0;
     for (int i = 0; i < a->ndim; i++) {
       if (i != at[0]) n->shape[k++] = a->shape[i];
@@ -440,10 +441,10 @@ void ir_attr_str(const ir_node *n, char *buf, size_t size) {
   case IR_RNG: PUT("dist=%s", a[0] ? "normal" : "uniform"); break;
   case IR_TRANSPOSE: LIST("perm", 0, nd); break;
   case IR_SLICE: LIST("start", 0, nd); LIST("limit", 8, nd); LIST("stride", 16, nd); break;
-  case IR_PAD: LIST("lo", 0, nd); LIST("hi", 8, nd); PUT("value=%.9g", n->attr.f); break;
+  case IR_PAD: LIST("lo", 0, nd); LIST("hi", 8, nd); LIST("interior", 16, nd); PUT("value=%.9g", n->attr.f); break;
   case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD:
     PUT("axes_mask=0x%" PRIx64 " keepdim=%" PRId64, a[0], a[1]); break;
-  case IR_ARGMAX: PUT("axis=%" PRId64 " keepdim=%" PRId64, a[0], a[1]); break;
+  case IR_ARGMAX: case IR_ARGMIN: PUT("axis=%" PRId64 " keepdim=%" PRId64, a[0], a[1]); break;
   case IR_CONV2D:
     LIST("stride", 0, 2); LIST("pad_lo", 2, 2); LIST("pad_hi", 4, 2); LIST("dilation", 6, 2);
     LIST("lhs_dilation", 8, 2); PUT("groups=%" PRId64, a[10]); break;

@@ -11,6 +11,8 @@
 
 #define CPU_PAR_MIN_WORK 65536
 
+static _Thread_local size_t *cpu_step_end;
+
 static const char cpu_prelude[] =
     "#include <stdint.h>\n#include <math.h>\n"
     "static inline int64_t gc_d2i(double v) { return v != v ? 0 : v >= 9223372036854775808.0 ? "
@@ -223,11 +225,32 @@ static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   return rc;
 }
 
+/* Records where step `step` ends in the entry text; releases are inserted there once every
+ * step's reads are known (cpu_finish_entry). */
 static void cpu_emit_releases(const exec_program *p, const cpu_plan *pl, const int *last_step,
                               int step, cpu_sb *entry) {
-  for (int s = 0; s < p->ninstr; s++)
-    if (last_step[s] == step && pl->role[s] != CPU_PARAM && !p->instr[s].is_output)
-      cpu_sb_printf(entry, "  rt->release(rt->ctx, %d);\n", s);
+  (void)p; (void)pl; (void)last_step;
+  if (step < p->ninstr) cpu_step_end[step] = entry->n;
+}
+
+static void cpu_finish_entry(const exec_program *p, const cpu_plan *pl, const int *last_step,
+                             int nsteps, const cpu_sb *entry, cpu_sb *out) {
+  size_t from = 0;
+  for (int st = 0; st < nsteps; st++) {
+    size_t to = cpu_step_end[st];
+    if (to < from) continue;
+    if (entry->s) {
+      char *chunk = strndup(entry->s + from, to - from);
+      if (chunk) cpu_sb_puts(out, chunk);
+      else out->oom = 1;
+      free(chunk);
+    }
+    from = to;
+    for (int s = 0; s < p->ninstr; s++)
+      if (last_step[s] == st && pl->role[s] != CPU_PARAM && !p->instr[s].is_output)
+        cpu_sb_printf(out, "  rt->release(rt->ctx, %d);\n", s);
+  }
+  if (entry->s) cpu_sb_puts(out, entry->s + from);
 }
 
 static int64_t cpu_work(const exec_program *p, int i) {
@@ -254,7 +277,9 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
   cpu_cg *g = calloc(1, sizeof *g);
   int *last_step = malloc(sizeof(int) * ((size_t)n + 1));
   int *inst = malloc(sizeof(int) * ((size_t)n + 1));
-  if (!g || !last_step || !inst) {
+  cpu_step_end = calloc((size_t)n + 1, sizeof(size_t));
+  if (!g || !last_step || !inst || !cpu_step_end) {
+    free(cpu_step_end);
     free(g);
     free(last_step);
     free(inst);
@@ -364,7 +389,9 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
   }
   cpu_sb_puts(&entry, "  return 0;\n}\n");
   cpu_sb_puts(out, kern.s ? kern.s : "");
-  cpu_sb_puts(out, entry.s ? entry.s : "");
+  cpu_finish_entry(p, pl, last_step, step, &entry, out);
+  free(cpu_step_end);
+  cpu_step_end = NULL;
   int failed = g->failed || !g->reads || !g->member || kern.oom || entry.oom || out->oom;
   cpu_sb_free(&kern);
   cpu_sb_free(&entry);

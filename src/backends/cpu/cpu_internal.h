@@ -21,7 +21,7 @@ typedef struct {
   char **v;
   int n, cap;
 } cpu_arena;
-char *cpu_fmt(cpu_arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+char *cpu_fmt(cpu_arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3), nonnull(2)));
 void cpu_arena_free(cpu_arena *a);
 uint64_t cpu_hash_bytes(const void *p, size_t n, uint64_t seed);
 

@@ -55,7 +55,8 @@ void cpu_sb_free(cpu_sb *b) {
 char *cpu_fmt(cpu_arena *a, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  int k = vsnprintf(NULL, 0, fmt, ap);
+  char one[1];
+  int k = vsnprintf(one, sizeof one, fmt, ap);
   va_end(ap);
   if (k < 0) k = 0;
   char *s = malloc((size_t)k + 1);

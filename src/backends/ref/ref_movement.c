@@ -80,14 +80,14 @@ int ref_concat(const exec_instr *ins, const ref_arg *in, void *out) {
 int ref_pad(const exec_instr *ins, const ref_arg *in, void *out) {
   size_t es = ref_elsize(ins->dtype);
   int nd = ins->ndim;
-  const int64_t *lo = &ins->attr.a[0];
+  const int64_t *lo = &ins->attr.a[0], *interior = &ins->attr.a[16];
   int64_t ost[GRAFT_MAX_DIMS], c[GRAFT_MAX_DIMS];
   ref_strides(nd, ins->shape, ost);
   for (int64_t i = 0; i < ins->numel; i++) dtype_store(out, ins->dtype, i, ins->attr.f);
-  for (int64_t i = 0; i < in[0].numel; i++) { /* each input element lands at coord + lo */
+  for (int64_t i = 0; i < in[0].numel; i++) { /* element c lands at c*(1+interior) + lo */
     ref_unravel(i, nd, in[0].shape, c);
     int64_t di = 0;
-    for (int d = 0; d < nd; d++) di += (c[d] + lo[d]) * ost[d];
+    for (int d = 0; d < nd; d++) di += (c[d] * (1 + interior[d]) + lo[d]) * ost[d];
     ref_copy_el(out, di, in[0].data, i, es);
   }
   return 0;

@@ -92,20 +92,21 @@ int ref_argmax(const exec_instr *ins, const ref_arg *in, void *out) {
   for (int d = axis + 1; d < x->ndim; d++) inner *= x->shape[d];
   int64_t *o = out;
   bool fl = dtype_is_float(x->dtype);
+  bool mn = ins->op == IR_ARGMIN; /* same walk, reversed order */
   for (int64_t b = 0; b < outer; b++) {
     for (int64_t j = 0; j < inner; j++) {
       int64_t base = b * n * inner + j, best = 0;
-      if (fl) { /* the first NaN counts as the maximum (PyTorch) */
+      if (fl) { /* the first NaN counts as the extreme (PyTorch) */
         double bv = n ? dtype_load(x->data, x->dtype, base) : 0;
         for (int64_t k = 1; k < n && !isnan(bv); k++) {
           double v = dtype_load(x->data, x->dtype, base + k * inner);
-          if (isnan(v) || v > bv) { bv = v; best = k; }
+          if (isnan(v) || (mn ? v < bv : v > bv)) { bv = v; best = k; }
         }
       } else {
         int64_t bv = n ? dtype_load_i(x->data, x->dtype, base) : 0;
         for (int64_t k = 1; k < n; k++) {
           int64_t v = dtype_load_i(x->data, x->dtype, base + k * inner);
-          if (v > bv) { bv = v; best = k; } /* strict: the first maximum wins */
+          if (mn ? v < bv : v > bv) { bv = v; best = k; } /* strict: the first wins */
         }
       }
       o[b * inner + j] = best;

@@ -61,6 +61,7 @@ const ref_fn ref_kernels[IR_OP_COUNT] = {
   [IR_REDUCE_MIN] = ref_reduce,
   [IR_REDUCE_PROD] = ref_reduce,
   [IR_ARGMAX] = ref_argmax,
+  [IR_ARGMIN] = ref_argmax,
 
   [IR_DOT] = ref_dot,
   [IR_CONV2D] = ref_conv2d,

@@ -1,0 +1,184 @@
+/* Gradients of primitives that front-ends need as ops (conv2d, max_pool2d), and flip, written
+ * on the public API only: they decompose into primitives like any composite. */
+#include "graft.h"
+#include "../core/error.h"
+#include <math.h>
+#include <string.h>
+
+/* Each function opens a scope and keeps only its result. */
+#define FINISH(r)          \
+  do {                     \
+    graft_tensor *r_ = (r); \
+    graft_keep(r_);        \
+    graft_scope_end();     \
+    return r_;             \
+  } while (0)
+
+graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes) {
+  int nd = graft_ndim(a);
+  if (nd < 0) return NULL;
+  if (naxes && !axes) return err_set(GRAFT_ERR_NULL, "graft_flip: axes is NULL");
+  int64_t shape[GRAFT_MAX_DIMS];
+  graft_shape(a, shape);
+  graft_scope_begin();
+  graft_tensor *cur = a;
+  for (int i = 0; i < naxes && cur; i++) {
+    int ax = axes[i] < 0 ? axes[i] + nd : axes[i];
+    if (ax < 0 || ax >= nd) {
+      graft_scope_end();
+      return err_set(GRAFT_ERR_AXIS, "graft_flip: axis %d out of range for %d dims", axes[i], nd);
+    }
+    /* index = (n-1) - iota along ax, gathered along ax: computed in the graph, never uploaded */
+    graft_tensor *idx = graft_sub(graft_full((double)shape[ax] - 1, GRAFT_I64, 0, NULL),
+                                  graft_iota(GRAFT_I64, nd, shape, ax));
+    cur = graft_gather(cur, ax, idx);
+  }
+  FINISH(cur == a ? graft_retain(a) : cur);
+}
+
+static int conv_args(const char *fn, const int64_t *s4, const int *stride, const int *padding,
+                     const int *dilation, int groups, int *st, int *pd, int *dl) {
+  if (!s4) return err_set(GRAFT_ERR_NULL, "%s: shape is NULL", fn), -1;
+  for (int d = 0; d < 2; d++) {
+    st[d] = stride ? stride[d] : 1;
+    pd[d] = padding ? padding[d] : 0;
+    dl[d] = dilation ? dilation[d] : 1;
+    if (st[d] < 1 || dl[d] < 1 || pd[d] < 0)
+      return err_set(GRAFT_ERR_ARG, "%s: stride/dilation must be >= 1, padding >= 0", fn), -1;
+  }
+  if (groups < 1) return err_set(GRAFT_ERR_ARG, "%s: groups %d < 1", fn, groups), -1;
+  return 0;
+}
+
+/* dx = conv(dy dilated by the stride, w flipped and with in/out channels swapped per group). */
+graft_tensor *graft_conv2d_backward_input(graft_tensor *dy, graft_tensor *w, const int64_t *xs,
+                                          const int *stride, const int *padding,
+                                          const int *dilation, int groups) {
+  const char *fn = "graft_conv2d_backward_input";
+  int st[2], pd[2], dl[2];
+  int64_t ws[GRAFT_MAX_DIMS], ys[GRAFT_MAX_DIMS];
+  if (graft_shape(dy, ys) != 4 || graft_shape(w, ws) != 4) {
+    if (!graft_last_status()) err_set(GRAFT_ERR_SHAPE, "%s: dy and w must be 4-D", fn);
+    return NULL;
+  }
+  if (conv_args(fn, xs, stride, padding, dilation, groups, st, pd, dl)) return NULL;
+  int64_t O = ws[0], Cg = ws[1], g = groups;
+  if (O % g || xs[1] != Cg * g || ys[1] != O)
+    return err_set(GRAFT_ERR_SHAPE, "%s: w [%lld,%lld,..] does not match x channels %lld, dy "
+                   "channels %lld, groups %d", fn, (long long)O, (long long)Cg,
+                   (long long)xs[1], (long long)ys[1], groups);
+  int lo[2], hi[2];
+  for (int d = 0; d < 2; d++) {
+    int64_t K = ws[2 + d], H = xs[2 + d], OH = ys[2 + d];
+    lo[d] = (int)((K - 1) * dl[d] - pd[d]);
+    hi[d] = (int)(H - 1 + pd[d] - (OH - 1) * st[d]);
+    if (lo[d] < 0 || hi[d] < 0)
+      return err_set(GRAFT_ERR_ARG, "%s: padding %d larger than dilation*(kernel-1) is not "
+                     "supported", fn, pd[d]);
+  }
+  graft_scope_begin();
+  /* w [O, C/g, K, K] -> [g, O/g, C/g, K, K] -> [g, C/g, O/g, K, K] -> [C, O/g, K, K], flipped */
+  graft_tensor *wt = graft_reshape(w, 5, (int64_t[]){g, O / g, Cg, ws[2], ws[3]});
+  wt = graft_transpose(wt, (int[]){0, 2, 1, 3, 4});
+  wt = graft_reshape(wt, 4, (int64_t[]){g * Cg, O / g, ws[2], ws[3]});
+  wt = graft_flip(wt, (int[]){2, 3}, 2);
+  FINISH(graft_conv2d_ex(dy, wt, NULL, lo, hi, dl, st, groups));
+}
+
+/* dw = conv over the batch: x as [C/g, g*N, H, W] with dy as kernels [O, N, OH, OW], kernel
+ * dilation = stride and stride = dilation, per group; then back to [O, C/g, K, K]. */
+graft_tensor *graft_conv2d_backward_weight(graft_tensor *x, graft_tensor *dy, const int64_t *wsz,
+                                           const int *stride, const int *padding,
+                                           const int *dilation, int groups) {
+  const char *fn = "graft_conv2d_backward_weight";
+  int st[2], pd[2], dl[2];
+  int64_t xs[GRAFT_MAX_DIMS], ys[GRAFT_MAX_DIMS];
+  if (graft_shape(x, xs) != 4 || graft_shape(dy, ys) != 4) {
+    if (!graft_last_status()) err_set(GRAFT_ERR_SHAPE, "%s: x and dy must be 4-D", fn);
+    return NULL;
+  }
+  if (conv_args(fn, wsz, stride, padding, dilation, groups, st, pd, dl)) return NULL;
+  int64_t N = xs[0], C = xs[1], O = wsz[0], g = groups, Cg = C / g;
+  if (C % g || O % g || wsz[1] != Cg || ys[1] != O || ys[0] != N)
+    return err_set(GRAFT_ERR_SHAPE, "%s: x, dy and weight shape do not match (groups %d)", fn,
+                   groups);
+  graft_scope_begin();
+  graft_tensor *xt = graft_reshape(x, 5, (int64_t[]){N, g, Cg, xs[2], xs[3]});
+  xt = graft_transpose(xt, (int[]){2, 1, 0, 3, 4});
+  xt = graft_reshape(xt, 4, (int64_t[]){Cg, g * N, xs[2], xs[3]});
+  graft_tensor *k = graft_reshape(dy, 5, (int64_t[]){N, g, O / g, ys[2], ys[3]});
+  k = graft_transpose(k, (int[]){1, 2, 0, 3, 4});
+  k = graft_reshape(k, 4, (int64_t[]){O, N, ys[2], ys[3]});
+  graft_tensor *r = graft_conv2d_ex(xt, k, dl, pd, pd, st, NULL, groups); /* [C/g, O, K', K'] */
+  r = graft_transpose(r, (int[]){1, 0, 2, 3});
+  int64_t rs[GRAFT_MAX_DIMS];
+  if (graft_shape(r, rs) == 4 && (rs[2] < wsz[2] || rs[3] < wsz[3])) {
+    graft_scope_end();
+    return err_set(GRAFT_ERR_SHAPE, "%s: weight shape larger than the convolution allows", fn);
+  }
+  FINISH(graft_slice(r, (int64_t[]){0, 0, 0, 0}, (int64_t[]){O, Cg, wsz[2], wsz[3]}, NULL));
+}
+
+/* For each offset in the window: the strided view of x at that offset, equal to the window's
+ * max and not yet claimed by an earlier offset, receives dy; interior padding puts it back. */
+graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const int *kernel,
+                                        const int *stride, const int *padding) {
+  const char *fn = "graft_max_pool2d_backward";
+  int64_t xs[GRAFT_MAX_DIMS], ys[GRAFT_MAX_DIMS];
+  int nd = graft_shape(x, xs);
+  if (nd < 0 || graft_shape(dy, ys) < 0) return NULL;
+  if (!kernel) return err_set(GRAFT_ERR_NULL, "%s: kernel is NULL", fn);
+  if (nd < 2 || graft_ndim(dy) != nd)
+    return err_set(GRAFT_ERR_SHAPE, "%s: x and dy need the same rank >= 2", fn);
+  graft_dtype dt = graft_get_dtype(x);
+  graft_scope_begin();
+  graft_tensor *pooled = graft_max_pool2d(x, kernel, stride, padding);
+  int64_t ps[GRAFT_MAX_DIMS];
+  if (graft_shape(pooled, ps) < 0) {
+    graft_scope_end();
+    return NULL;
+  }
+  if (memcmp(ps, ys, sizeof(int64_t) * (size_t)nd)) {
+    graft_scope_end();
+    return err_set(GRAFT_ERR_SHAPE, "%s: dy does not have the pooled shape", fn);
+  }
+  int64_t lo[GRAFT_MAX_DIMS] = {0}, hi[GRAFT_MAX_DIMS] = {0}, inner[GRAFT_MAX_DIMS] = {0};
+  int64_t st[2], pd[2], xp[GRAFT_MAX_DIMS];
+  for (int d = 0; d < 2; d++) {
+    st[d] = stride ? stride[d] : kernel[d];
+    pd[d] = padding ? padding[d] : 0;
+    lo[nd - 2 + d] = hi[nd - 2 + d] = pd[d];
+  }
+  memcpy(xp, xs, sizeof xp);
+  xp[nd - 2] += 2 * pd[0];
+  xp[nd - 1] += 2 * pd[1];
+  graft_tensor *xpad = graft_pad(x, lo, hi, -INFINITY);
+  graft_tensor *zero = graft_zeros(dt, 0, NULL);
+  graft_tensor *taken = graft_full(0, GRAFT_BOOL, nd, ys);
+  graft_tensor *acc = graft_zeros(dt, nd, xp);
+  int64_t start[GRAFT_MAX_DIMS] = {0}, limit[GRAFT_MAX_DIMS], sstep[GRAFT_MAX_DIMS];
+  for (int i = 0; i < nd; i++) limit[i] = xp[i], sstep[i] = 1;
+  for (int d = 0; d < 2; d++) sstep[nd - 2 + d] = st[d], inner[nd - 2 + d] = st[d] - 1;
+  for (int i = 0; i < kernel[0]; i++)
+    for (int j = 0; j < kernel[1]; j++) {
+      int off[2] = {i, j};
+      for (int d = 0; d < 2; d++) {
+        int ax = nd - 2 + d;
+        start[ax] = off[d];
+        limit[ax] = off[d] + (ys[ax] - 1) * st[d] + 1;
+        lo[ax] = off[d];
+        hi[ax] = xp[ax] - limit[ax];
+      }
+      graft_tensor *xv = graft_slice(xpad, start, limit, sstep);
+      graft_tensor *hit = graft_logical_and(graft_eq(xv, pooled), graft_logical_not(taken));
+      taken = graft_logical_or(taken, hit);
+      graft_tensor *g = graft_where(hit, dy, zero);
+      acc = graft_add(acc, graft_pad_ex(g, lo, hi, inner, 0));
+    }
+  for (int d = 0; d < 2; d++) {
+    start[nd - 2 + d] = pd[d];
+    limit[nd - 2 + d] = pd[d] + xs[nd - 2 + d];
+  }
+  for (int i = 0; i < nd - 2; i++) start[i] = 0, limit[i] = xs[i];
+  FINISH(graft_slice(acc, start, limit, NULL));
+}

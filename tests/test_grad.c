@@ -1,0 +1,157 @@
+/* Gradient ops (conv2d input/weight, max_pool2d), flip, interior padding and argmin, against
+ * direct loops written here from the definitions. */
+#include "check.h"
+#include "graft.h"
+#include <stdlib.h>
+#include <string.h>
+
+static unsigned rng_state = 12345;
+static float frand(void) {
+  rng_state = rng_state * 1103515245u + 12345u;
+  return (float)((rng_state >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+static float *rand_buf(int64_t n) {
+  float *v = malloc(sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) v[i] = frand();
+  return v;
+}
+static graft_tensor *T(const float *v, int nd, const int64_t *s) {
+  return graft_from_host(v, GRAFT_F32, nd, s, 0);
+}
+
+typedef struct { int N, C, H, W, O, K, s, p, d, g; } conv_case;
+
+static void conv_case_run(conv_case c) {
+  int OH = (c.H + 2 * c.p - c.d * (c.K - 1) - 1) / c.s + 1;
+  int OW = (c.W + 2 * c.p - c.d * (c.K - 1) - 1) / c.s + 1;
+  int Cg = c.C / c.g, Og = c.O / c.g;
+  int64_t xs[4] = {c.N, c.C, c.H, c.W}, ws[4] = {c.O, Cg, c.K, c.K}, ys[4] = {c.N, c.O, OH, OW};
+  int64_t nx = (int64_t)c.N * c.C * c.H * c.W, nw = (int64_t)c.O * Cg * c.K * c.K,
+          ny = (int64_t)c.N * c.O * OH * OW;
+  float *x = rand_buf(nx), *w = rand_buf(nw), *dy = rand_buf(ny);
+  double *dx = calloc((size_t)nx, sizeof(double)), *dw = calloc((size_t)nw, sizeof(double));
+  /* From y[n,o,oh,ow] = sum x[n,c,oh*s+kh*d-p,..] w[o,c',kh,kw]: scatter dy back. */
+  for (int n = 0; n < c.N; n++)
+    for (int o = 0; o < c.O; o++)
+      for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++)
+          for (int cc = 0; cc < Cg; cc++)
+            for (int kh = 0; kh < c.K; kh++)
+              for (int kw = 0; kw < c.K; kw++) {
+                int h = oh * c.s + kh * c.d - c.p, ww = ow * c.s + kw * c.d - c.p;
+                if (h < 0 || h >= c.H || ww < 0 || ww >= c.W) continue;
+                int ci = (o / Og) * Cg + cc;
+                size_t xi = (((size_t)n * c.C + ci) * c.H + h) * c.W + ww;
+                size_t wi = (((size_t)o * Cg + cc) * c.K + kh) * c.K + kw;
+                double g = dy[(((size_t)n * c.O + o) * OH + oh) * OW + ow];
+                dx[xi] += g * w[wi];
+                dw[wi] += g * x[xi];
+              }
+  graft_scope_begin();
+  int st[2] = {c.s, c.s}, pd[2] = {c.p, c.p}, dl[2] = {c.d, c.d};
+  graft_tensor *tx = T(x, 4, xs), *tw = T(w, 4, ws), *tdy = T(dy, 4, ys);
+  graft_tensor *gx = graft_conv2d_backward_input(tdy, tw, xs, st, pd, dl, c.g);
+  graft_tensor *gw = graft_conv2d_backward_weight(tx, tdy, ws, st, pd, dl, c.g);
+  float *ox = malloc(sizeof(float) * (size_t)nx), *ow_ = malloc(sizeof(float) * (size_t)nw);
+  CHECK(graft_to_host(gx, ox, sizeof(float) * (size_t)nx) == GRAFT_OK);
+  CHECK(graft_to_host(gw, ow_, sizeof(float) * (size_t)nw) == GRAFT_OK);
+  double ex = 0, ew = 0;
+  for (int64_t i = 0; i < nx; i++) ex = fmax(ex, fabs(ox[i] - dx[i]));
+  for (int64_t i = 0; i < nw; i++) ew = fmax(ew, fabs(ow_[i] - dw[i]));
+  if (ex > 1e-4 || ew > 1e-4)
+    fprintf(stderr, "conv case N%d C%d H%d O%d K%d s%d p%d d%d g%d: dx err %g dw err %g\n", c.N,
+            c.C, c.H, c.O, c.K, c.s, c.p, c.d, c.g, ex, ew);
+  CHECK(ex <= 1e-4);
+  CHECK(ew <= 1e-4);
+  graft_scope_end();
+  free(x), free(w), free(dy), free(dx), free(dw), free(ox), free(ow_);
+}
+
+TEST(conv2d_gradients) {
+  conv_case cases[] = {
+      {2, 3, 7, 7, 4, 3, 1, 1, 1, 1}, /* same padding */
+      {2, 3, 8, 8, 4, 3, 2, 1, 1, 1}, /* strided */
+      {1, 4, 9, 9, 6, 3, 2, 0, 1, 2}, /* groups, stride, odd remainder */
+      {2, 2, 9, 9, 2, 3, 1, 2, 2, 1}, /* dilation */
+      {1, 4, 6, 6, 4, 3, 1, 1, 1, 4}, /* depthwise */
+      {3, 1, 5, 5, 2, 5, 1, 2, 1, 1}, /* kernel as big as the input */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) conv_case_run(cases[i]);
+}
+
+TEST(max_pool2d_gradient) {
+  int cases[][3] = {{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0}}; /* kernel, stride, padding */
+  for (size_t t = 0; t < 4; t++) {
+    int K = cases[t][0], S = cases[t][1], P = cases[t][2], N = 2, C = 2, H = 7, W = 6;
+    int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
+    int64_t xs[4] = {N, C, H, W}, ys[4] = {N, C, OH, OW};
+    int64_t nx = N * C * H * W, ny = N * C * OH * OW;
+    float *x = rand_buf(nx), *dy = rand_buf(ny);
+    for (int64_t i = 0; i < nx; i += 5) x[i] = 0.25f; /* ties: the first maximum wins */
+    double *dx = calloc((size_t)nx, sizeof(double));
+    for (int nc = 0; nc < N * C; nc++)
+      for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++) {
+          int best = -1;
+          float bv = -INFINITY;
+          for (int kh = 0; kh < K; kh++)
+            for (int kw = 0; kw < K; kw++) {
+              int h = oh * S + kh - P, w = ow * S + kw - P;
+              if (h < 0 || h >= H || w < 0 || w >= W) continue;
+              float v = x[(size_t)nc * H * W + h * W + w];
+              if (best < 0 || v > bv) bv = v, best = h * W + w;
+            }
+          dx[(size_t)nc * H * W + best] += dy[((size_t)nc * OH + oh) * OW + ow];
+        }
+    graft_scope_begin();
+    int k2[2] = {K, K}, s2[2] = {S, S}, p2[2] = {P, P};
+    graft_tensor *g = graft_max_pool2d_backward(T(x, 4, xs), T(dy, 4, ys), k2, s2, p2);
+    float *out = malloc(sizeof(float) * (size_t)nx);
+    CHECK(graft_to_host(g, out, sizeof(float) * (size_t)nx) == GRAFT_OK);
+    double err = 0;
+    for (int64_t i = 0; i < nx; i++) err = fmax(err, fabs(out[i] - dx[i]));
+    CHECK(err <= 1e-5);
+    graft_scope_end();
+    free(x), free(dy), free(dx), free(out);
+  }
+}
+
+TEST(flip_pad_interior_argmin) {
+  graft_scope_begin();
+  int32_t v[6] = {1, 2, 3, 4, 5, 6};
+  graft_tensor *a = graft_from_host(v, GRAFT_I32, 2, (int64_t[]){2, 3}, 0);
+  int32_t f[6];
+  CHECK(graft_to_host(graft_flip(a, (int[]){-1}, 1), f, sizeof f) == GRAFT_OK);
+  CHECK(f[0] == 3 && f[2] == 1 && f[3] == 6 && f[5] == 4);
+  CHECK(graft_to_host(graft_flip(a, (int[]){0, 1}, 2), f, sizeof f) == GRAFT_OK);
+  CHECK(f[0] == 6 && f[5] == 1);
+  CHECK(graft_flip(a, (int[]){2}, 1) == NULL && graft_last_status() == GRAFT_ERR_AXIS);
+  graft_clear_error();
+  /* [1,2,3] with lo 1, hi 2, interior 2 -> [0,1,0,0,2,0,0,3,0,0] */
+  int32_t r[10];
+  graft_tensor *row = graft_slice(a, (int64_t[]){0, 0}, (int64_t[]){1, 3}, NULL);
+  graft_tensor *p = graft_pad_ex(graft_reshape(row, 1, (int64_t[]){3}), (int64_t[]){1},
+                                 (int64_t[]){2}, (int64_t[]){2}, 0);
+  CHECK(graft_numel(p) == 10);
+  CHECK(graft_to_host(p, r, sizeof r) == GRAFT_OK);
+  int32_t want[10] = {0, 1, 0, 0, 2, 0, 0, 3, 0, 0};
+  CHECK(!memcmp(r, want, sizeof r));
+  float m[6] = {3, -1, -1, 2, 7, 0.5f};
+  graft_tensor *mt = graft_from_host(m, GRAFT_F32, 2, (int64_t[]){2, 3}, 0);
+  int64_t idx[2];
+  CHECK(graft_to_host(graft_argmin(mt, 1, false), idx, sizeof idx) == GRAFT_OK);
+  CHECK(idx[0] == 1 && idx[1] == 2); /* first minimum */
+  uint8_t u[4] = {200, 3, 255, 3};
+  graft_tensor *ut = graft_from_host(u, GRAFT_U8, 1, (int64_t[]){4}, 0);
+  CHECK(graft_to_host(graft_argmin(ut, 0, false), idx, sizeof idx[0]) == GRAFT_OK);
+  CHECK(idx[0] == 1);
+  graft_scope_end();
+}
+
+int main(void) {
+  RUN(conv2d_gradients);
+  RUN(max_pool2d_gradient);
+  RUN(flip_pad_interior_argmin);
+  graft_shutdown();
+  return CHECK_DONE();
+}
