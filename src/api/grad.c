@@ -33,7 +33,8 @@ graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes) {
                                   graft_iota(GRAFT_I64, nd, shape, ax));
     cur = graft_gather(cur, ax, idx);
   }
-  FINISH(cur == a ? graft_retain(a) : cur);
+  /* No axes: a new handle on the same value (the scope must own it, so not graft_retain). */
+  FINISH(cur == a ? graft_broadcast_to(a, nd, shape) : cur);
 }
 
 static int conv_args(const char *fn, const int64_t *s4, const int *stride, const int *padding,
