@@ -58,7 +58,7 @@ build/tsan/libgraft.a: $(TSAN_OBJ)
 	ar rcs $@ $^
 
 # Tests link against the sanitized library; every tests/test_*.c is one program.
-build/asan/tests/%: tests/%.c build/asan/libgraft.a tests/check.h
+build/asan/tests/%: tests/%.c build/asan/libgraft.a tests/check.h tests/ops_helpers.h
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) -O1 -g $(SAN) $< build/asan/libgraft.a -o $@ $(LIBS)
 
