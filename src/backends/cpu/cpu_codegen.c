@@ -22,6 +22,8 @@ static const char cpu_prelude[] =
     "static inline int64_t gc_idiv(int64_t a, int64_t b) { return b == 0 ? 0 : b == -1 ? "
     "(int64_t)(0ull - (uint64_t)a) : a / b; }\n"
     "static inline int64_t gc_irem(int64_t a, int64_t b) { return (b == 0 || b == -1) ? 0 : a % b; }\n"
+    "/* hides a float->double widening so gcc cannot narrow (float)f((double)x) to f##f(x) */\n"
+    "static inline double gc_wide(double x) { __asm__(\"\" : \"+x\"(x)); return x; }\n"
     "static inline int64_t gc_clamp(int64_t q, int64_t n) { return q < 0 ? 0 : q >= n ? n - 1 : q; }\n";
 
 typedef struct {

@@ -130,16 +130,16 @@ static const char *cpu_unary(cpu_cg *g, const exec_instr *ins, const char *a) {
     case IR_TANH: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_tanhf" : "tanh", a);
     case IR_ERF: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_erff" : "erf", a);
     case IR_SIGMOID: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_sigmoidf" : "gm_sigmoid", a);
-    case IR_SIN: return cpu_fmt(&g->ar, "%ssin((double)%s)", cast, a);
-    case IR_COS: return cpu_fmt(&g->ar, "%scos((double)%s)", cast, a);
+    case IR_SIN: return cpu_fmt(&g->ar, "%ssin(gc_wide(%s))", cast, a);
+    case IR_COS: return cpu_fmt(&g->ar, "%scos(gc_wide(%s))", cast, a);
     case IR_FLOOR: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_floorf" : "__builtin_floor", a);
     case IR_CEIL: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_ceilf" : "__builtin_ceil", a);
     case IR_ROUND: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_rintf" : "__builtin_rint", a);
     case IR_SIGN:
       return cpu_fmt(&g->ar, "(%s > 0 ? 1 : %s < 0 ? -1 : %s)", a, a, a);
     case IR_RECIPROCAL: return cpu_fmt(&g->ar, "%s(1.0 / (double)%s)", cast, a);
-    case IR_LOG1P: return cpu_fmt(&g->ar, "%slog1p((double)%s)", cast, a);
-    case IR_EXPM1: return cpu_fmt(&g->ar, "%sexpm1((double)%s)", cast, a);
+    case IR_LOG1P: return cpu_fmt(&g->ar, "%slog1p(gc_wide(%s))", cast, a);
+    case IR_EXPM1: return cpu_fmt(&g->ar, "%sexpm1(gc_wide(%s))", cast, a);
     default: return NULL;
     }
   }
@@ -179,8 +179,8 @@ static const char *cpu_binary(cpu_cg *g, const exec_instr *ins, const char *a, c
     case IR_SUB: return cpu_fmt(&g->ar, "%s - %s", a, b);
     case IR_MUL: return cpu_fmt(&g->ar, "%s * %s", a, b);
     case IR_DIV: return cpu_fmt(&g->ar, "%s / %s", a, b);
-    case IR_POW: return cpu_fmt(&g->ar, "%spow((double)%s, (double)%s)", cast, a, b);
-    case IR_REM: return cpu_fmt(&g->ar, "%sfmod((double)%s, (double)%s)", cast, a, b);
+    case IR_POW: return cpu_fmt(&g->ar, "%spow(gc_wide(%s), gc_wide(%s))", cast, a, b);
+    case IR_REM: return cpu_fmt(&g->ar, "%sfmod(gc_wide(%s), gc_wide(%s))", cast, a, b);
     case IR_MAX:
       return cpu_fmt(&g->ar, "(%s != %s ? %s : %s != %s ? %s : %s > %s ? %s : %s)", a, a, a, b, b,
                      b, a, b, a, b);

@@ -1,0 +1,698 @@
+/* The compiling CPU backend against the reference backend: every op class and dtype, fusion
+ * patterns (softmax/layer_norm row groups, broadcasts, movement chains), BLAS, fallbacks, the
+ * math approximations against libm, compiler failure, the disk cache, and a seeded random-graph
+ * differential fuzzer (tests/fuzz_graphs.c runs it for any number of seeds). */
+#include "graft.h"
+#include "ir.h"
+#include "buffer.h"
+#include "dtype.h"
+#include "program.h"
+#include "../src/graph/graph.h"
+#include "../src/backends/ref/ref.h"
+#include "../src/backends/cpu/cpu.h"
+#include "../src/backends/cpu/cpu_math.h"
+#include "check.h"
+#include <float.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- building programs by hand ---- */
+static ir_node *made[4096];
+static int nmade;
+static uint64_t rng_state = 1;
+static uint64_t rnd(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return rng_state;
+}
+static int rndi(int n) { return n > 0 ? (int)(rnd() % (uint64_t)n) : 0; }
+static double rndu(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
+
+static ir_node *keep(ir_node *n) {
+  if (n && nmade < 4096) made[nmade++] = n;
+  return n;
+}
+static void release_all(void) {
+  while (nmade) ir_release(made[--nmade]);
+}
+
+static ir_node *data(graft_dtype dt, int nd, const int64_t *shape) {
+  int64_t numel = ir_numel(nd, shape);
+  exec_buffer *b = buffer_new((size_t)numel * graft_dtype_size(dt), 0, 0, "test");
+  for (int64_t i = 0; i < numel; i++) {
+    double v;
+    if (dtype_is_float(dt)) v = rndu() * 4 - 2;
+    else if (dt == GRAFT_U8) v = rndi(256);
+    else if (dt == GRAFT_BOOL) v = rndi(2);
+    else v = rndi(101) - 50;
+    dtype_store(b->ptr, dt, i, v);
+  }
+  ir_node *n = ir_make_data(b, dt, nd, shape, 0);
+  buffer_release(b);
+  return keep(n);
+}
+static ir_node *mk(ir_op op, int nin, ir_node *const *in, const ir_attrs *at, graft_dtype dt,
+                   int nd, const int64_t *shape) {
+  ir_attrs z = {0};
+  return keep(ir_make(op, nin, in, at ? at : &z, dt, nd, shape));
+}
+static ir_node *u1(ir_op op, ir_node *a) { return mk(op, 1, &a, NULL, a->dtype, 0, NULL); }
+static ir_node *b2(ir_op op, ir_node *a, ir_node *b) {
+  ir_node *in[2] = {a, b};
+  return mk(op, 2, in, NULL, a->dtype, 0, NULL);
+}
+static ir_node *bcast(ir_node *a, int nd, const int64_t *shape) {
+  return mk(IR_BROADCAST, 1, &a, NULL, a->dtype, nd, shape);
+}
+static ir_node *reshape(ir_node *a, int nd, const int64_t *shape) {
+  return mk(IR_RESHAPE, 1, &a, NULL, a->dtype, nd, shape);
+}
+static ir_node *cnst(graft_dtype dt, double v, int nd, const int64_t *shape) {
+  ir_attrs at = {0};
+  at.f = v;
+  return mk(IR_CONSTANT, 0, NULL, &at, dt, nd, shape);
+}
+static ir_node *reduce(ir_op op, ir_node *a, int64_t mask, int keepdim) {
+  ir_attrs at = {0};
+  at.a[0] = mask;
+  at.a[1] = keepdim;
+  return mk(op, 1, &a, &at, a->dtype, 0, NULL);
+}
+static ir_node *convert(ir_node *a, graft_dtype to) { return mk(IR_CONVERT, 1, &a, NULL, to, 0, NULL); }
+
+static graph_capture cap;
+static int g_mismatch_verbose = 1;
+
+static bool same_val(double a, double b, double tol) {
+  if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
+  if (isinf(a) || isinf(b)) return a == b || (tol > 0 && fabs(a - b) <= tol * (1 + fabs(b)));
+  return fabs(a - b) <= tol * (1 + fabs(b));
+}
+
+/* Runs roots on ref and cpu; tol = 0 demands equality; returns the number of mismatches
+ * (a failed compile or run counts as one). */
+static int compare_tol(ir_node **roots, int nroots, const double *tol) {
+  for (int i = 0; i < nroots; i++)
+    if (!roots[i]) {
+      fprintf(stderr, "compare: root %d is NULL: %s\n", i, graft_last_error());
+      return 1;
+    }
+  if (capture_run(&cap, roots, nroots)) return 1;
+  exec_program *p = capture_lower(&cap);
+  if (!p) return 1;
+  exec_buffer *params[256];
+  for (int k = 0; k < p->nparams && k < 256; k++) params[k] = cap.params[k]->data;
+  exec_buffer *ro[64] = {0}, *co[64] = {0};
+  int bad = 0;
+  if (ref_backend.execute(NULL, p, params, ro)) { program_free(p); return 1; }
+  void *exe = cpu_backend.compile(p);
+  if (!exe) {
+    fprintf(stderr, "cpu compile failed: %s\n", graft_last_error());
+    bad = 1;
+  } else if (cpu_backend.execute(exe, p, params, co)) {
+    fprintf(stderr, "cpu execute failed: %s\n", graft_last_error());
+    bad = 1;
+  }
+  for (int k = 0; k < p->noutputs && !bad; k++) {
+    const exec_instr *o = &p->instr[p->output_slot[k]];
+    int r = 0;
+    for (int ri = 0; ri < nroots; ri++) if (cap.out_slot[ri] == p->output_slot[k]) r = ri;
+    for (int64_t i = 0; i < o->numel; i++) {
+      bool ok;
+      if (dtype_is_float(o->dtype)) {
+        double a = dtype_load(co[k]->ptr, o->dtype, i), b = dtype_load(ro[k]->ptr, o->dtype, i);
+        ok = tol[r] == 0 ? (a == b || (isnan(a) && isnan(b))) : same_val(a, b, tol[r]);
+        if (!ok && g_mismatch_verbose && bad < 3)
+          fprintf(stderr, "  out %d (%s %s) [%lld]: cpu %.9g ref %.9g\n", k, ir_ops[o->op].name,
+                  graft_dtype_name(o->dtype), (long long)i, a, b);
+      } else {
+        int64_t a = dtype_load_i(co[k]->ptr, o->dtype, i), b = dtype_load_i(ro[k]->ptr, o->dtype, i);
+        ok = a == b;
+        if (!ok && g_mismatch_verbose && bad < 3)
+          fprintf(stderr, "  out %d (%s %s) [%lld]: cpu %lld ref %lld\n", k, ir_ops[o->op].name,
+                  graft_dtype_name(o->dtype), (long long)i, (long long)a, (long long)b);
+      }
+      if (!ok) bad++;
+    }
+  }
+  if (bad && g_mismatch_verbose > 1) fprintf(stderr, "%s\n", cpu_last_source());
+  for (int k = 0; k < p->noutputs; k++) {
+    buffer_release(ro[k]);
+    buffer_release(co[k]);
+  }
+  if (exe) cpu_backend.free_exe(exe);
+  program_free(p);
+  return bad;
+}
+static int compare(ir_node **roots, int nroots, double tol) {
+  double t[64];
+  for (int i = 0; i < 64; i++) t[i] = tol;
+  return compare_tol(roots, nroots, t);
+}
+
+/* ---- math approximations against libm ---- */
+static double sig_d(double x) { if (x >= 0) return 1 / (1 + exp(-x)); double e = exp(x); return e / (1 + e); }
+typedef float (*fn_f)(float);
+typedef double (*fn_d)(double);
+static double sweep(fn_f f, fn_d g, uint32_t step, long *nonfinite) {
+  double maxrel = 0;
+  for (uint64_t u = 0; u <= 0xffffffffull; u += step) {
+    uint32_t b = (uint32_t)u;
+    float x;
+    memcpy(&x, &b, 4);
+    if (isnan(x)) { if (!isnan(f(x))) (*nonfinite)++; continue; }
+    float r = (float)g(x), a = f(x);
+    if (isnan(r) || isinf(r)) { if (!(a == r || (isnan(a) && isnan(r)))) (*nonfinite)++; continue; }
+    if (!isfinite(a)) { (*nonfinite)++; continue; }
+    if (fabsf(r) < FLT_MIN) { if (fabs((double)a - r) > 2 * 0x1p-149) (*nonfinite)++; continue; }
+    double rel = fabs(((double)a - r) / r);
+    if (rel > maxrel) maxrel = rel;
+  }
+  return maxrel;
+}
+TEST(math_sweep) {
+  fn_f fs[] = {gm_expf, gm_logf, gm_tanhf, gm_sigmoidf, gm_erff};
+  fn_d gs[] = {exp, log, tanh, sig_d, erf};
+  const char *nm[] = {"exp", "log", "tanh", "sigmoid", "erf"};
+  for (int i = 0; i < 5; i++) {
+    long bad = 0;
+    double m = sweep(fs[i], gs[i], 4099, &bad);
+    printf("  math %-8s max rel err %.3g (vs libm, every 4099th float)\n", nm[i], m);
+    CHECK(m < 2e-6);
+    CHECK(bad == 0);
+  }
+}
+
+/* ---- op classes ---- */
+static const graft_dtype all_dt[] = {GRAFT_F32, GRAFT_F64, GRAFT_I32, GRAFT_I64, GRAFT_U8, GRAFT_BOOL};
+
+TEST(unary_all_dtypes) {
+  int64_t sh[2] = {37, 61};
+  ir_op fops[] = {IR_NEG, IR_ABS, IR_EXP, IR_LOG, IR_SQRT, IR_RSQRT, IR_TANH, IR_ERF, IR_SIGMOID,
+                  IR_SIN, IR_COS, IR_FLOOR, IR_CEIL, IR_ROUND, IR_SIGN, IR_RECIPROCAL, IR_LOG1P, IR_EXPM1};
+  for (int d = 0; d < 2; d++)
+    for (size_t k = 0; k < sizeof fops / sizeof *fops; k++) {
+      ir_node *x = data(all_dt[d], 2, sh);
+      ir_node *y = u1(fops[k], x);
+      bool approx = d == 0 && (fops[k] == IR_EXP || fops[k] == IR_LOG || fops[k] == IR_TANH ||
+                               fops[k] == IR_ERF || fops[k] == IR_SIGMOID);
+      CHECK(compare(&y, 1, approx ? 1e-6 : 0) == 0);
+      release_all();
+    }
+  ir_op iops[] = {IR_NEG, IR_ABS, IR_SIGN, IR_NOT};
+  for (int d = 2; d < 6; d++)
+    for (int k = 0; k < 4; k++) {
+      if (all_dt[d] == GRAFT_BOOL && iops[k] != IR_NOT) continue;
+      ir_node *x = data(all_dt[d], 2, sh);
+      ir_node *y = u1(iops[k], x);
+      if (y) CHECK(compare(&y, 1, 0) == 0);
+      release_all();
+      graft_clear_error();
+    }
+}
+
+TEST(binary_compare_select_all_dtypes) {
+  int64_t sh[3] = {3, 17, 29};
+  ir_op ops[] = {IR_ADD, IR_SUB, IR_MUL, IR_DIV, IR_POW, IR_MAX, IR_MIN, IR_REM, IR_AND, IR_OR, IR_XOR};
+  ir_op cmps[] = {IR_EQ, IR_NE, IR_LT, IR_LE, IR_GT, IR_GE};
+  for (int d = 0; d < 6; d++) {
+    for (size_t k = 0; k < sizeof ops / sizeof *ops; k++) {
+      ir_node *a = data(all_dt[d], 3, sh), *b = data(all_dt[d], 3, sh);
+      ir_node *y = b2(ops[k], a, b);
+      graft_clear_error();
+      if (y) CHECK(compare(&y, 1, 0) == 0);
+      release_all();
+    }
+    for (int k = 0; k < 6; k++) {
+      ir_node *a = data(all_dt[d], 3, sh), *b = data(all_dt[d], 3, sh);
+      ir_node *c = b2(cmps[k], a, b);
+      ir_node *in[3] = {c, a, b};
+      ir_node *s = mk(IR_SELECT, 3, in, NULL, a->dtype, 0, NULL);
+      ir_node *r[2] = {c, s};
+      CHECK(compare(r, 2, 0) == 0);
+      release_all();
+    }
+  }
+}
+
+TEST(convert_all_pairs) {
+  int64_t sh[1] = {1000};
+  for (int f = 0; f < 6; f++)
+    for (int t = 0; t < 6; t++) {
+      ir_node *x = data(all_dt[f], 1, sh);
+      ir_node *s = dtype_is_float(all_dt[f]) ? b2(IR_MUL, x, cnst(all_dt[f], 1e10, 1, sh)) : x;
+      ir_node *r[2] = {convert(x, all_dt[t]), convert(s, all_dt[t])};
+      CHECK(compare(r, 2, 0) == 0);
+      release_all();
+    }
+}
+
+TEST(movement_fused) {
+  int64_t s3[3] = {4, 5, 6}, s1[1] = {6}, s31[3] = {4, 1, 6};
+  ir_node *x = data(GRAFT_F32, 3, s3), *v = data(GRAFT_F32, 1, s1), *w = data(GRAFT_F32, 3, s31);
+  ir_node *y = b2(IR_ADD, x, bcast(v, 3, s3));
+  y = b2(IR_MUL, y, bcast(w, 3, s3));
+  ir_attrs tp = {0};
+  tp.a[0] = 2; tp.a[1] = 0; tp.a[2] = 1;
+  ir_node *t = mk(IR_TRANSPOSE, 1, &y, &tp, 0, 0, NULL); /* [6,4,5] */
+  ir_attrs sl = {0};
+  sl.a[0] = 1; sl.a[1] = 0; sl.a[2] = 1; sl.a[8] = 6; sl.a[9] = 4; sl.a[10] = 5;
+  sl.a[16] = 2; sl.a[17] = 1; sl.a[18] = 3;
+  ir_node *s = mk(IR_SLICE, 1, &t, &sl, 0, 0, NULL); /* [3,4,2] */
+  ir_attrs pd = {0};
+  pd.a[0] = 1; pd.a[1] = 0; pd.a[2] = 2; pd.a[8] = 0; pd.a[9] = 2; pd.a[10] = 1; pd.f = -7.5;
+  ir_node *pp = mk(IR_PAD, 1, &s, &pd, 0, 0, NULL); /* [4,6,5] */
+  ir_node *e = u1(IR_EXP, pp);
+  ir_node *cc[3] = {e, pp, e};
+  ir_attrs ca = {0};
+  ca.a[0] = 1;
+  ir_node *c = mk(IR_CONCAT, 3, cc, &ca, 0, 0, NULL); /* [4,18,5] */
+  int64_t rs[2] = {8, 45};
+  ir_node *r = reshape(c, 2, rs);
+  ir_node *q = u1(IR_TANH, r);
+  ir_attrs io = {0};
+  io.a[0] = 1;
+  ir_node *iota = mk(IR_IOTA, 0, NULL, &io, GRAFT_F32, 2, rs);
+  ir_node *out = b2(IR_ADD, q, iota);
+  CHECK(compare(&out, 1, 1e-6) == 0);
+  /* integer movement chain, exact */
+  ir_node *xi = data(GRAFT_I64, 3, s3);
+  ir_node *ti = mk(IR_TRANSPOSE, 1, &xi, &tp, 0, 0, NULL);
+  ir_node *pi = mk(IR_PAD, 1, &ti, &pd, 0, 0, NULL);
+  ir_node *ri = reshape(pi, 2, (int64_t[]){14, 24});
+  CHECK(compare(&ri, 1, 0) == 0);
+  release_all();
+}
+
+TEST(reductions) {
+  int64_t sh[3] = {7, 9, 300};
+  ir_op ops[] = {IR_REDUCE_SUM, IR_REDUCE_MAX, IR_REDUCE_MIN, IR_REDUCE_PROD};
+  for (int d = 0; d < 6; d++)
+    for (int k = 0; k < 4; k++)
+      for (int64_t mask = 0; mask < 8; mask++) {
+        ir_node *x = data(all_dt[d], 3, sh);
+        graft_clear_error();
+        ir_node *y = reduce(ops[k], k == 3 && dtype_is_float(all_dt[d]) ? u1(IR_EXP, b2(IR_MUL, x, cnst(all_dt[d], 0.01, 3, sh))) : x, mask, (int)(mask & 1));
+        if (!y) { release_all(); graft_clear_error(); continue; }
+        CHECK(compare(&y, 1, dtype_is_float(all_dt[d]) ? 1e-5 : 0) == 0);
+        release_all();
+      }
+}
+
+/* softmax and layer_norm written from primitives, as the front-end decomposes them. */
+static ir_node *softmax_last(ir_node *x) {
+  int nd = x->ndim;
+  ir_node *m = reduce(IR_REDUCE_MAX, x, (int64_t)1 << (nd - 1), 1);
+  ir_node *e = u1(IR_EXP, b2(IR_SUB, x, bcast(m, nd, x->shape)));
+  ir_node *s = reduce(IR_REDUCE_SUM, e, (int64_t)1 << (nd - 1), 1);
+  return b2(IR_DIV, e, bcast(s, nd, x->shape));
+}
+static ir_node *layernorm_last(ir_node *x, ir_node *g, ir_node *b) {
+  int nd = x->ndim;
+  int64_t C = x->shape[nd - 1];
+  ir_node *s = reduce(IR_REDUCE_SUM, x, (int64_t)1 << (nd - 1), 1);
+  ir_node *mu = b2(IR_DIV, s, cnst(x->dtype, (double)C, s->ndim, s->shape));
+  ir_node *xc = b2(IR_SUB, x, bcast(mu, nd, x->shape));
+  ir_node *v = reduce(IR_REDUCE_SUM, b2(IR_MUL, xc, xc), (int64_t)1 << (nd - 1), 1);
+  v = b2(IR_DIV, v, cnst(x->dtype, (double)C, v->ndim, v->shape));
+  ir_node *rs = u1(IR_RSQRT, b2(IR_ADD, v, cnst(x->dtype, 1e-5, v->ndim, v->shape)));
+  ir_node *y = b2(IR_MUL, xc, bcast(rs, nd, x->shape));
+  y = b2(IR_MUL, y, bcast(g, nd, x->shape));
+  return b2(IR_ADD, y, bcast(b, nd, x->shape));
+}
+
+TEST(softmax_layernorm_rows) {
+  int64_t sh[2] = {64, 1000}, c[1] = {1000};
+  for (int d = 0; d < 2; d++) {
+    ir_node *x = data(all_dt[d], 2, sh);
+    ir_node *y = softmax_last(x);
+    CHECK(compare(&y, 1, 1e-5) == 0);
+    ir_node *z = layernorm_last(x, data(all_dt[d], 1, c), data(all_dt[d], 1, c));
+    CHECK(compare(&z, 1, 1e-5) == 0);
+    release_all();
+  }
+  int64_t s3[3] = {3, 5, 7};
+  ir_node *x = data(GRAFT_F32, 3, s3);
+  ir_node *y = softmax_last(x);
+  CHECK(compare(&y, 1, 1e-5) == 0);
+  release_all();
+}
+
+TEST(dot_blas_and_fallback) {
+  int64_t a[3] = {3, 33, 17}, b[3] = {3, 17, 45}, a2[2] = {64, 0}, b2s[2] = {0, 5};
+  for (int d = 0; d < 4; d++) {
+    ir_node *in[2] = {data(all_dt[d], 3, a), data(all_dt[d], 3, b)};
+    ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+    int64_t osh[3] = {3, 33, 45};
+    ir_node *bias = data(all_dt[d], 1, (int64_t[]){45});
+    ir_node *z = b2(IR_ADD, y, bcast(bias, 3, osh));
+    if (dtype_is_float(all_dt[d])) z = b2(IR_MAX, z, cnst(all_dt[d], 0, 3, osh));
+    ir_node *r[2] = {y, z};
+    CHECK(compare(r, 2, dtype_is_float(all_dt[d]) ? 1e-5 : 0) == 0);
+    release_all();
+  }
+  ir_node *in[2] = {data(GRAFT_F32, 2, a2), data(GRAFT_F32, 2, b2s)};
+  ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL); /* K = 0 */
+  CHECK(compare(&y, 1, 0) == 0);
+  release_all();
+}
+
+TEST(fallbacks_counted) {
+  int64_t sh[2] = {6, 10};
+  uint64_t before_f16 = cpu_stats.fallback[IR_ADD], before_am = cpu_stats.fallback[IR_ARGMAX];
+  ir_node *h = data(GRAFT_F16, 2, sh);
+  ir_node *y = b2(IR_ADD, h, h);
+  ir_node *f = u1(IR_EXP, convert(y, GRAFT_F32));
+  ir_attrs am = {0};
+  am.a[0] = 1;
+  ir_node *amx = mk(IR_ARGMAX, 1, &f, &am, 0, 0, NULL);
+  ir_node *r[3] = {y, f, amx};
+  CHECK(compare(r, 3, 1e-6) == 0);
+  CHECK(cpu_stats.fallback[IR_ADD] == before_f16 + 1);
+  CHECK(cpu_stats.fallback[IR_ARGMAX] == before_am + 1);
+  /* conv2d, gather, reduce_window, rng through the boundary */
+  int64_t xs[4] = {1, 2, 5, 5}, ws[4] = {3, 2, 3, 3};
+  ir_node *cin[2] = {data(GRAFT_F32, 4, xs), data(GRAFT_F32, 4, ws)};
+  ir_attrs ca = {0};
+  ca.a[0] = ca.a[1] = 1; ca.a[6] = ca.a[7] = 1; ca.a[8] = ca.a[9] = 1; ca.a[10] = 1;
+  ir_node *cv = mk(IR_CONV2D, 2, cin, &ca, 0, 0, NULL);
+  ir_node *cr = u1(IR_TANH, cv);
+  CHECK(compare(&cr, 1, 1e-6) == 0);
+  release_all();
+}
+
+TEST(compiler_failure_is_an_error) {
+  int64_t sh[1] = {10};
+  ir_node *x = data(GRAFT_F32, 1, sh);
+  ir_node *y = u1(IR_EXP, b2(IR_ADD, x, cnst(GRAFT_F32, 0.123456789, 1, sh)));
+  capture_run(&cap, &y, 1);
+  exec_program *p = capture_lower(&cap);
+  const char *old = getenv("GRAFT_CC");
+  char *saved = old ? strdup(old) : NULL;
+  setenv("GRAFT_CC", "/nonexistent/cc", 1);
+  graft_clear_error();
+  void *exe = cpu_backend.compile(p);
+  CHECK(exe == NULL);
+  CHECK(graft_last_status() == GRAFT_ERR_COMPILE);
+  CHECK(strstr(graft_last_error(), "compiler") != NULL);
+  setenv("GRAFT_CC", "false", 1);
+  graft_clear_error();
+  exe = cpu_backend.compile(p);
+  CHECK(exe == NULL && graft_last_status() == GRAFT_ERR_COMPILE);
+  if (saved) setenv("GRAFT_CC", saved, 1);
+  else unsetenv("GRAFT_CC");
+  free(saved);
+  graft_clear_error();
+  program_free(p);
+  release_all();
+}
+
+static char cache_root[256];
+
+static exec_program *cache_prog(double c) {
+  int64_t sh[1] = {100};
+  ir_node *x = data(GRAFT_F32, 1, sh);
+  ir_node *y = u1(IR_TANH, b2(IR_MUL, x, cnst(GRAFT_F32, c, 1, sh)));
+  capture_run(&cap, &y, 1);
+  return capture_lower(&cap);
+}
+
+TEST(disk_cache) {
+  exec_program *p = cache_prog(3.25);
+  uint64_t c0 = cpu_stats.compiles, h0 = cpu_stats.disk_hits;
+  void *e1 = cpu_backend.compile(p);
+  CHECK(e1 && cpu_stats.compiles == c0 + 1);
+  void *e2 = cpu_backend.compile(p);
+  CHECK(e2 && cpu_stats.compiles == c0 + 1 && cpu_stats.disk_hits == h0 + 1);
+  cpu_backend.free_exe(e1);
+  cpu_backend.free_exe(e2);
+  /* a second process compiles nothing */
+  pid_t pid = fork();
+  if (pid == 0) {
+    uint64_t cc = cpu_stats.compiles, hh = cpu_stats.disk_hits;
+    void *e = cpu_backend.compile(p);
+    _exit(e && cpu_stats.compiles == cc && cpu_stats.disk_hits == hh + 1 ? 0 : 1);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  /* a truncated entry is detected and rebuilt */
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "for f in %s/graft/*.so; do : > \"$f\"; done", cache_root);
+  CHECK(system(cmd) == 0);
+  uint64_t k0 = cpu_stats.disk_corrupt;
+  void *e3 = cpu_backend.compile(p);
+  CHECK(e3 && cpu_stats.disk_corrupt > k0 && cpu_stats.compiles == c0 + 2);
+  cpu_backend.free_exe(e3);
+  /* a directory others can write is refused (and compiling still works) */
+  char dir[400];
+  snprintf(dir, sizeof dir, "%s/graft", cache_root);
+  chmod(dir, 0777);
+  uint64_t r0 = cpu_stats.disk_refused, hits = cpu_stats.disk_hits;
+  void *e4 = cpu_backend.compile(p);
+  CHECK(e4 && cpu_stats.disk_refused == r0 + 1 && cpu_stats.disk_hits == hits);
+  cpu_backend.free_exe(e4);
+  chmod(dir, 0700);
+  struct stat sb;
+  CHECK(stat(dir, &sb) == 0 && (sb.st_mode & 0777) == 0700);
+  program_free(p);
+  release_all();
+}
+
+/* ---- the random-graph generator ---- */
+typedef struct {
+  ir_node *n;
+  int exact; /* computed exactly like the reference (bit-exact expected) */
+} gnode;
+
+static bool can_bcast(const ir_node *a, int nd, const int64_t *shape) {
+  if (a->ndim > nd) return false;
+  for (int d = 0; d < a->ndim; d++) {
+    int64_t x = a->shape[d], y = shape[d + nd - a->ndim];
+    if (x != 1 && x != y) return false;
+  }
+  return true;
+}
+
+static const graft_dtype fuzz_dt[] = {GRAFT_F32, GRAFT_F32, GRAFT_F64, GRAFT_I32, GRAFT_I64,
+                                      GRAFT_U8, GRAFT_BOOL, GRAFT_F16};
+
+static int fuzz_one(uint64_t seed, int verbose) {
+  rng_state = seed * 0x9E3779B97F4A7C15ull + 12345;
+  gnode g[96];
+  int n = 0;
+  int nd = rndi(5);
+  int64_t base[GRAFT_MAX_DIMS];
+  for (int d = 0; d < nd; d++) base[d] = rndi(4) == 0 ? 1 : 1 + rndi(7);
+  if (rndi(6) == 0 && nd) base[nd - 1] = 300 + rndi(200);
+  graft_dtype mdt = fuzz_dt[rndi(8)];
+  int nleaves = 2 + rndi(3);
+  for (int l = 0; l < nleaves; l++) {
+    int64_t sh[GRAFT_MAX_DIMS];
+    int lnd = nd - (rndi(3) == 0 ? rndi(nd + 1) : 0);
+    for (int d = 0; d < lnd; d++) sh[d] = rndi(3) == 0 ? 1 : base[d + nd - lnd];
+    graft_dtype dt = rndi(4) == 0 ? fuzz_dt[rndi(8)] : mdt;
+    g[n++] = (gnode){data(dt, lnd, sh), 1};
+  }
+  int steps = 4 + rndi(20);
+  for (int s = 0; s < steps && n < 90; s++) {
+    gnode A = g[rndi(n)];
+    ir_node *a = A.n, *r = NULL;
+    graft_dtype dt = a->dtype;
+    bool fl = dtype_is_float(dt);
+    int ex = A.exact;
+    switch (rndi(12)) {
+    case 0: case 1: { /* unary */
+      static const ir_op fo[] = {IR_NEG, IR_ABS, IR_EXP, IR_LOG, IR_SQRT, IR_RSQRT, IR_TANH,
+                                 IR_ERF, IR_SIGMOID, IR_SIN, IR_COS, IR_RECIPROCAL, IR_LOG1P,
+                                 IR_EXPM1, IR_FLOOR, IR_CEIL, IR_ROUND, IR_SIGN};
+      static const ir_op io[] = {IR_NEG, IR_ABS, IR_SIGN, IR_NOT};
+      ir_op op;
+      if (fl) {
+        op = fo[rndi(ex ? 18 : 14)];
+        if (dt == GRAFT_F32 && (op == IR_EXP || op == IR_LOG || op == IR_TANH || op == IR_ERF ||
+                                op == IR_SIGMOID)) ex = 0;
+      } else op = dt == GRAFT_BOOL ? IR_NOT : io[rndi(4)];
+      r = u1(op, a);
+      break;
+    }
+    case 2: case 3: case 4: { /* binary with broadcasting */
+      gnode B = g[rndi(n)];
+      ir_node *b = B.n;
+      if (b->dtype != dt) {
+        if (!B.exact && !dtype_is_float(dt)) b = cnst(dt, 3, a->ndim, a->shape);
+        else b = convert(b, dt);
+      }
+      if (b->ndim != a->ndim || memcmp(b->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim)) {
+        if (can_bcast(b, a->ndim, a->shape)) b = bcast(b, a->ndim, a->shape);
+        else if (can_bcast(a, b->ndim, b->shape)) a = bcast(a, b->ndim, b->shape);
+        else b = cnst(dt, rndu() * 3 - 1, a->ndim, a->shape);
+      }
+      static const ir_op fo[] = {IR_ADD, IR_SUB, IR_MUL, IR_DIV, IR_MAX, IR_MIN, IR_POW, IR_REM};
+      static const ir_op io[] = {IR_ADD, IR_SUB, IR_MUL, IR_DIV, IR_MAX, IR_MIN, IR_REM, IR_AND,
+                                 IR_OR, IR_XOR};
+      ir_op op = fl ? fo[rndi(ex && B.exact ? 8 : 6)]
+                    : dt == GRAFT_BOOL ? io[7 + rndi(3)] : io[rndi(10)];
+      r = b2(op, a, b);
+      ex = ex && B.exact;
+      break;
+    }
+    case 5: { /* compare + select */
+      if (!ex) break;
+      ir_node *b = cnst(dt, fl ? rndu() - 0.5 : 1, a->ndim, a->shape);
+      static const ir_op co[] = {IR_EQ, IR_NE, IR_LT, IR_LE, IR_GT, IR_GE};
+      ir_node *c = b2(co[rndi(6)], a, b);
+      gnode B = g[rndi(n)];
+      ir_node *o = B.n;
+      if (o->dtype != dt || o->ndim != a->ndim || memcmp(o->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim))
+        o = cnst(dt, 2, a->ndim, a->shape);
+      ir_node *in[3] = {c, rndi(2) ? a : o, rndi(2) ? o : a};
+      r = mk(IR_SELECT, 3, in, NULL, 0, 0, NULL);
+      ex = ex && B.exact;
+      break;
+    }
+    case 6: { /* convert */
+      graft_dtype to = fuzz_dt[rndi(8)];
+      if (!ex && !dtype_is_float(to)) break;
+      r = convert(a, to);
+      break;
+    }
+    case 7: { /* transpose / slice */
+      if (a->ndim < 1) break;
+      ir_attrs at = {0};
+      if (rndi(2)) {
+        for (int d = 0; d < a->ndim; d++) at.a[d] = d;
+        for (int d = a->ndim - 1; d > 0; d--) {
+          int j = rndi(d + 1);
+          int64_t t = at.a[d]; at.a[d] = at.a[j]; at.a[j] = t;
+        }
+        r = mk(IR_TRANSPOSE, 1, &a, &at, 0, 0, NULL);
+      } else {
+        for (int d = 0; d < a->ndim; d++) {
+          int64_t sz = a->shape[d];
+          at.a[d] = sz ? rndi((int)sz) : 0;
+          at.a[8 + d] = at.a[d] + (sz - at.a[d] > 0 ? 1 + rndi((int)(sz - at.a[d])) : 0);
+          if (at.a[8 + d] > sz) at.a[8 + d] = sz;
+          at.a[16 + d] = 1 + rndi(2);
+        }
+        r = mk(IR_SLICE, 1, &a, &at, 0, 0, NULL);
+      }
+      break;
+    }
+    case 8: { /* pad / concat */
+      if (a->ndim < 1) break;
+      ir_attrs at = {0};
+      if (rndi(2)) {
+        for (int d = 0; d < a->ndim; d++) { at.a[d] = rndi(3); at.a[8 + d] = rndi(3); }
+        at.f = rndi(3) - 1;
+        r = mk(IR_PAD, 1, &a, &at, 0, 0, NULL);
+      } else {
+        at.a[0] = rndi(a->ndim);
+        ir_node *in[3] = {a, u1(fl || dt != GRAFT_BOOL ? IR_NEG : IR_NOT, a), a};
+        if (dt == GRAFT_U8 || dt == GRAFT_BOOL) in[1] = a;
+        r = mk(IR_CONCAT, 2 + rndi(2), in, &at, 0, 0, NULL);
+      }
+      break;
+    }
+    case 9: { /* reshape / broadcast */
+      if (rndi(2)) {
+        int64_t sh[GRAFT_MAX_DIMS];
+        int k = 0;
+        if (rndi(2) || a->ndim == 0) { sh[k++] = a->numel; }
+        else {
+          for (int d = 0; d < a->ndim && k < 7; d++) { if (rndi(3) == 0) sh[k++] = 1; sh[k++] = a->shape[d]; }
+        }
+        r = reshape(a, k, sh);
+      } else if (a->ndim < 6) {
+        int64_t sh[GRAFT_MAX_DIMS];
+        sh[0] = 1 + rndi(3);
+        for (int d = 0; d < a->ndim; d++) sh[d + 1] = a->shape[d] == 1 ? 1 + rndi(4) : a->shape[d];
+        r = bcast(a, a->ndim + 1, sh);
+      }
+      break;
+    }
+    case 10: { /* reduce */
+      if (dt == GRAFT_BOOL && rndi(2)) break;
+      static const ir_op ro[] = {IR_REDUCE_SUM, IR_REDUCE_MAX, IR_REDUCE_MIN, IR_REDUCE_PROD};
+      ir_op op = ro[rndi(4)];
+      if (dt == GRAFT_BOOL) op = IR_REDUCE_MAX;
+      int64_t mask = a->ndim ? (int64_t)rnd() & (((int64_t)1 << a->ndim) - 1) : 0;
+      if (op == IR_REDUCE_PROD && fl) a = u1(IR_TANH, a); /* keep products bounded */
+      r = reduce(op, a, mask, rndi(2));
+      if (fl && (op == IR_REDUCE_SUM || op == IR_REDUCE_PROD || (op == IR_REDUCE_PROD && !ex))) ex = 0;
+      if (fl && op == IR_REDUCE_PROD) ex = 0;
+      break;
+    }
+    case 11: { /* dot */
+      if (!fl || a->ndim < 2 || dt == GRAFT_F16) break;
+      int64_t bs[GRAFT_MAX_DIMS];
+      memcpy(bs, a->shape, sizeof bs);
+      bs[a->ndim - 2] = a->shape[a->ndim - 1];
+      bs[a->ndim - 1] = 1 + rndi(9);
+      ir_node *in[2] = {a, data(dt, a->ndim, bs)};
+      r = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+      ex = 0;
+      break;
+    }
+    }
+    graft_clear_error();
+    if (r && r->numel <= 200000) g[n++] = (gnode){r, ex};
+  }
+  ir_node *roots[4];
+  double tol[4];
+  int nr = 0;
+  for (int k = 0; k < 3 && n > nleaves; k++) {
+    int i = k == 0 ? n - 1 : nleaves + rndi(n - nleaves);
+    if (g[i].n->op == IR_DATA) continue;
+    roots[nr] = g[i].n;
+    graft_dtype odt = g[i].n->dtype;
+    tol[nr++] = g[i].exact ? 0 : odt == GRAFT_F16 || odt == GRAFT_BF16 ? 1e-2 : 2e-4; /* f64 may carry f32-level error from an upstream convert */
+  }
+  if (verbose > 1) g_mismatch_verbose = 2;
+  int bad = nr ? compare_tol(roots, nr, tol) : 0;
+  if (bad && verbose) fprintf(stderr, "fuzz seed %llu: %d mismatches\n", (unsigned long long)seed, bad);
+  release_all();
+  return bad;
+}
+
+TEST(fuzz_300_seeds) {
+  int failed = 0;
+  for (uint64_t s = 1; s <= 300; s++) failed += fuzz_one(s, 1) != 0;
+  CHECK(failed == 0);
+}
+
+static void setup_cache_root(void) {
+  snprintf(cache_root, sizeof cache_root, "/tmp/graft-test-cache-%d", (int)getpid());
+  mkdir(cache_root, 0700);
+  setenv("XDG_CACHE_HOME", cache_root, 1);
+}
+static void cleanup_cache_root(void) {
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", cache_root);
+  if (system(cmd)) fprintf(stderr, "could not remove %s\n", cache_root);
+}
+
+#ifndef CPU_FUZZ_MAIN
+int main(void) {
+  setup_cache_root();
+  RUN(math_sweep);
+  RUN(unary_all_dtypes);
+  RUN(binary_compare_select_all_dtypes);
+  RUN(convert_all_pairs);
+  RUN(movement_fused);
+  RUN(reductions);
+  RUN(softmax_layernorm_rows);
+  RUN(dot_blas_and_fallback);
+  RUN(fallbacks_counted);
+  RUN(compiler_failure_is_an_error);
+  RUN(disk_cache);
+  RUN(fuzz_300_seeds);
+  capture_free(&cap);
+  cpu_pool_shutdown();
+  cleanup_cache_root();
+  return CHECK_DONE();
+}
+#endif
