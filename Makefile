@@ -7,17 +7,19 @@ PREFIX  ?= /usr/local
 CFLAGS  ?= -O2 -g
 WARN    := -Wall -Wextra -Werror=implicit-function-declaration
 BASE    := -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc/core -fPIC -pthread
-LIBS    := -lm -lpthread
+LIBS    := -lm -lpthread -ldl
 
-SRC     := $(sort $(wildcard src/core/*.c src/graph/*.c src/passes/*.c src/backends/ref/*.c src/api/*.c))
-HDR     := $(wildcard include/*.h src/*/*.h src/backends/*/*.h src/core/ops.def)
+SRC     := $(sort $(wildcard src/core/*.c src/graph/*.c src/passes/*.c src/backends/ref/*.c \
+             src/backends/cpu/*.c src/api/*.c))
+HDR     := $(wildcard include/*.h src/*/*.h src/backends/*/*.h src/core/ops.def tests/*.h)
 TESTS   := $(sort $(wildcard tests/test_*.c))
 
 # One build tree per flavour: release (build/), sanitizers (build/asan), threads (build/tsan).
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TSAN    := -fsanitize=thread
 
-.PHONY: all lib torch demo test bench install deps clean check-asan check-valgrind check-tsan check-torch
+.PHONY: all lib torch demo test bench fuzz install deps clean check-asan check-compiled check-valgrind \
+        check-tsan check-torch
 
 all: lib
 
@@ -70,8 +72,23 @@ build/tsan/tests/test_threads: tests/test_threads.c build/tsan/libgraft.a
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) -O1 -g $(TSAN) $< build/tsan/libgraft.a -o $@ $(LIBS)
 
+# Every test on the reference backend alone (deterministic), then the op and composite tests
+# again with each graph compiled to native code before it runs (GRAFT_COMPILE=sync).
+COMPILED_TESTS := test_composite test_grad test_passes test_ops_elementwise test_ops_shape test_ops_nn
+
 check-asan: $(TESTS:tests/%.c=build/asan/tests/%)
-	@set -e; for t in $^; do echo "== $$t"; ASAN_OPTIONS=detect_leaks=1 ./$$t; done
+	@set -e; for t in $^; do echo "== $$t"; GRAFT_COMPILE=off ASAN_OPTIONS=detect_leaks=1 ./$$t; done
+
+check-compiled: $(COMPILED_TESTS:%=build/asan/tests/%)
+	@set -e; for t in $^; do echo "== $$t (compiled)"; GRAFT_COMPILE=sync ASAN_OPTIONS=detect_leaks=1 ./$$t; done
+
+build/fuzz_graphs: tests/fuzz_graphs.c build/libgraft.a
+	$(CC) $(BASE) $(WARN) -O2 -g $< build/libgraft.a -o $@ $(LIBS)
+
+# make fuzz N=10000: random graphs, compiled vs reference.
+N ?= 1000
+fuzz: build/fuzz_graphs
+	./build/fuzz_graphs $(N)
 
 check-valgrind: build/examples/mlp
 	valgrind --leak-check=full --errors-for-leak-kinds=definite,indirect --error-exitcode=1 -q ./build/examples/mlp > /dev/null
@@ -87,14 +104,15 @@ check-torch: torch
 	PYTHONPATH=torch /usr/bin/python3 -m pytest -q tests/torch
 
 test: deps
-	@$(MAKE) --no-print-directory check-asan check-tsan check-valgrind check-torch
+	@$(MAKE) --no-print-directory check-asan check-compiled check-tsan check-valgrind check-torch
 	@echo "all test suites passed"
 
 demo: deps build/examples/mlp
 	./build/examples/mlp
 
-bench: deps build/bench/bench_core
+bench: deps build/bench/bench_core build/bench/bench_compiler
 	./build/bench/bench_core
+	./build/bench/bench_compiler
 
 build/bench/%: bench/%.c build/libgraft.a
 	@mkdir -p $(dir $@)

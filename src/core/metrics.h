@@ -8,6 +8,10 @@ typedef struct {
 } metrics_state;
 
 extern metrics_state metrics;
+/* The most recent compile reasons (a ring of METRICS_NREASONS). */
+#define METRICS_NREASONS 8
+extern char metrics_reasons[METRICS_NREASONS][512];
+extern int metrics_nreasons;
 /* Remembers a compile reason for the report (keeps the most recent few). */
 void metrics_add_reason(const char *reason);
 double metrics_now_ms(void);

@@ -33,6 +33,13 @@ typedef struct {
 
 void program_free(exec_program *p);
 
+/* Counters a backend keeps, read into graft's metrics. */
+typedef struct {
+  uint64_t compiles;                 /* native compiler runs that succeeded */
+  uint64_t disk_hits;                /* executables loaded from the disk cache */
+  uint64_t fallbacks[IR_OP_COUNT];   /* per op: instructions run on the reference kernels */
+} backend_stats;
+
 /* A backend: what it supports, how it compiles a program and runs the result. */
 typedef struct backend {
   const char *name;
@@ -42,6 +49,8 @@ typedef struct backend {
   /* params[i] binds p->param_slot[i]; outs[i] receives a new reference for output i. */
   int (*execute)(void *exe, const exec_program *p, exec_buffer *const *params, exec_buffer **outs);
   void (*free_exe)(void *exe);
+  void (*stats)(backend_stats *out); /* optional */
+  void (*shutdown)(void);            /* optional: stop threads, drop caches */
 } backend;
 
 extern const backend ref_backend;

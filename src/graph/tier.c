@@ -1,7 +1,8 @@
 /* Tiered execution. A graph seen for the first time runs at once on the reference backend
  * while the compiling backend builds it on a background thread; later executions switch to the
  * compiled code, so the first step never waits for the compiler.
- * GRAFT_COMPILE=async (default) | sync (compile before the first run; tests) | off. */
+ * GRAFT_COMPILE=async (default) | sync (compile before the first run; tests) | off;
+ * GRAFT_MAX_COMPILE_NODES (default 20000): larger graphs stay on the reference backend. */
 #include "graph.h"
 #include "../core/error.h"
 #include "../core/metrics.h"
@@ -10,8 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Weak until the CPU backend is linked in: without it every graph stays on the reference. */
-extern const backend cpu_backend __attribute__((weak));
+extern const backend cpu_backend;
 
 typedef enum { TIER_MODE_ASYNC, TIER_MODE_SYNC, TIER_MODE_OFF } tier_mode;
 
@@ -79,7 +79,10 @@ static void *tier_worker(void *arg) {
 void tier_submit(cache_entry *e) {
   tier_mode mode = tier_get_mode();
   e->fast = &cpu_backend;
-  if (mode == TIER_MODE_OFF || !e->fast) {
+  /* A huge graph would stall the compiler for long; it stays on the reference backend. */
+  const char *cap = getenv("GRAFT_MAX_COMPILE_NODES");
+  int max_nodes = cap && atoi(cap) > 0 ? atoi(cap) : 20000;
+  if (mode == TIER_MODE_OFF || e->prog->ninstr > max_nodes) {
     e->tier = TIER_OFF;
     return;
   }
@@ -117,7 +120,7 @@ void graft_wait_compiles(void) {
   pthread_mutex_unlock(&q_mu);
 }
 
-void tier_shutdown(void) {
+static void tier_stop_thread(void) {
   pthread_mutex_lock(&q_mu);
   if (!q_started) {
     pthread_mutex_unlock(&q_mu);
@@ -130,4 +133,9 @@ void tier_shutdown(void) {
   pthread_join(q_thread, NULL);
   q_started = 0;
   q_busy = 0;
+}
+
+void tier_shutdown(void) {
+  tier_stop_thread();
+  if (cpu_backend.shutdown) cpu_backend.shutdown();
 }

@@ -9,11 +9,6 @@ import graft
 
 DEV = graft.device()
 
-# Known fallbacks (no lowering yet): transposed convolution is missing from the C API, and the
-# pooling ops that need argmax indices / adaptive windows.
-CNN_ALLOWED_FALLBACKS = {"aten::convolution_backward", "aten::max_pool2d_with_indices",
-                         "aten::max_pool2d_with_indices_backward", "aten::_adaptive_avg_pool2d",
-                         "aten::_adaptive_avg_pool2d_backward"}
 
 
 class CNN(nn.Module):
@@ -56,13 +51,13 @@ def test_cnn_parity_batchnorm_train_eval():
     torch.manual_seed(0)
     X, Y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
     mc, mg = parity(CNN(), X, Y, F.cross_entropy, 20)
-    fb = set(graft.fallbacks())
-    assert fb <= CNN_ALLOWED_FALLBACKS, fb - CNN_ALLOWED_FALLBACKS
+    assert graft.fallbacks() == {}
     torch.testing.assert_close(mg.bn.running_mean.cpu(), mc.bn.running_mean, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(mg.bn.running_var.cpu(), mc.bn.running_var, rtol=1e-4, atol=1e-5)
     mc.eval()
     mg.eval()
     torch.testing.assert_close(mg(X.to(DEV)).cpu(), mc(X), rtol=1e-4, atol=1e-5)
+    assert graft.fallbacks() == {}
 
 
 def test_encoder_layer_parity_no_fallback():

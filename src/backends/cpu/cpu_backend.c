@@ -3,6 +3,7 @@
  * accounting, release at last use, reference-kernel fallbacks, the thread pool, BLAS). */
 #include "cpu_internal.h"
 #include "../ref/ref.h"
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,7 +27,36 @@ static bool cpu_supports(const exec_instr *ins) {
   return ins->op == IR_DATA || ref_kernels[ins->op] != NULL; /* what it doesn't generate, it falls back on */
 }
 
+/* Compiles may come from the background compile thread and from a caller at once (sync mode):
+ * one at a time, and the counters they write are read under the same lock. */
+static pthread_mutex_t cpu_compile_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *cpu_compile_locked(const exec_program *p);
+
 static void *cpu_compile(const exec_program *p) {
+  pthread_mutex_lock(&cpu_compile_mu);
+  void *e = cpu_compile_locked(p);
+  pthread_mutex_unlock(&cpu_compile_mu);
+  return e;
+}
+
+static void cpu_backend_stats(backend_stats *out) {
+  pthread_mutex_lock(&cpu_compile_mu);
+  out->compiles = cpu_stats.compiles;
+  out->disk_hits = cpu_stats.disk_hits;
+  memcpy(out->fallbacks, cpu_stats.fallback, sizeof out->fallbacks);
+  pthread_mutex_unlock(&cpu_compile_mu);
+}
+
+static void cpu_backend_shutdown(void) {
+  cpu_pool_shutdown();
+  pthread_mutex_lock(&cpu_compile_mu);
+  free(cpu_last_src);
+  cpu_last_src = NULL;
+  pthread_mutex_unlock(&cpu_compile_mu);
+}
+
+static void *cpu_compile_locked(const exec_program *p) {
   const cpu_blas_fns *bl = cpu_blas();
   cpu_plan pl;
   if (cpu_plan_build(p, bl->sgemm && bl->dgemm, &pl)) return NULL;
@@ -159,4 +189,6 @@ const backend cpu_backend = {
     .compile = cpu_compile,
     .execute = cpu_execute,
     .free_exe = cpu_free_exe,
+    .stats = cpu_backend_stats,
+    .shutdown = cpu_backend_shutdown,
 };

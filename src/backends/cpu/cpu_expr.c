@@ -333,9 +333,14 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
       cpu_pos_coords(g, &pos);
       cpu_sb cond = {0};
       for (int d = 0; d < ins->ndim; d++) {
-        int64_t lo = ins->attr.a[d], hi = ins->attr.a[8 + d];
-        if (lo == 0 && hi == 0) { q.c[d] = pos.c[d]; continue; }
+        int64_t lo = ins->attr.a[d], hi = ins->attr.a[8 + d], step = ins->attr.a[16 + d] + 1;
+        if (lo == 0 && hi == 0 && step == 1) { q.c[d] = pos.c[d]; continue; }
         const char *r = cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[d], lo);
+        if (step > 1) { /* interior padding: only every step-th position holds an element */
+          cpu_sb_printf(&cond, "%s%s >= 0 && %s %% %" PRId64 " == 0", cond.n ? " && " : "", r, r,
+                        step);
+          r = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", r, step);
+        }
         cpu_sb_printf(&cond, "%s(uint64_t)%s < %" PRId64 "ull", cond.n ? " && " : "", r, x->shape[d]);
         q.c[d] = cpu_clamp(g, r, x->shape[d]);
       }

@@ -39,6 +39,8 @@ static bool cpu_computes(ir_op op) {
   return k == IR_K_UNARY || k == IR_K_BINARY || k == IR_K_COMPARE || k == IR_K_SELECT;
 }
 
+#define CPU_MAX_INLINE_DEPTH 64
+
 int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl) {
   int n = p->ninstr;
   pl->n = n;
@@ -83,6 +85,29 @@ int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl) {
     if (pl->role[s] == CPU_INLINE && cpu_computes(p->instr[s].op) && p->instr[s].numel < ins->numel)
       pl->role[s] = CPU_KERNEL;
   }
+  /* Long chains of inlined values would become deeply nested expressions (and deep recursion
+   * in the generator): materialize one value every CPU_MAX_INLINE_DEPTH levels. */
+  int *depth = calloc((size_t)n + 1, sizeof(int));
+  if (!depth) {
+    free(live);
+    cpu_plan_free(pl);
+    err_set(GRAFT_ERR_OOM, "cpu: out of memory planning a graph");
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    if (pl->role[i] != CPU_INLINE) continue;
+    int d = 0;
+    for (int k = 0; k < p->instr[i].nin; k++) {
+      int s = p->instr[i].in[k];
+      if (pl->role[s] == CPU_INLINE && depth[s] > d) d = depth[s];
+    }
+    depth[i] = d + 1;
+    if (depth[i] >= CPU_MAX_INLINE_DEPTH) {
+      pl->role[i] = CPU_KERNEL;
+      depth[i] = 0;
+    }
+  }
+  free(depth);
   free(live);
   return 0;
 }

@@ -1,0 +1,86 @@
+/* Metrics read-out: counters from the core, gauges, and the backends' own counters (native
+ * compiles, disk hits, reference fallbacks per op), as a struct and as a text report. */
+#include "graph.h"
+#include "../core/buffer.h"
+#include "../core/metrics.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern const backend cpu_backend;
+
+static void report_backend_stats(backend_stats *bs) {
+  memset(bs, 0, sizeof *bs);
+  if (cpu_backend.stats) cpu_backend.stats(bs);
+}
+
+void graft_metrics_get(graft_metrics *m) {
+  if (!m) return;
+  graft_lock();
+  *m = metrics.m;
+  m->live_tensors = (uint64_t)tensor_live_count();
+  m->pending_nodes = (uint64_t)ir_pending_count();
+  m->bytes_in_use = buffer_bytes_in_use();
+  m->bytes_peak = buffer_bytes_peak();
+  backend_stats bs;
+  report_backend_stats(&bs);
+  m->native_disk_hits = bs.disk_hits;
+  m->fallback_ops = 0;
+  for (int i = 0; i < IR_OP_COUNT; i++) m->fallback_ops += bs.fallbacks[i];
+  graft_unlock();
+}
+
+char *graft_metrics_report(void) {
+  graft_metrics m;
+  graft_metrics_get(&m);
+  size_t cap = 8192 + METRICS_NREASONS * 520;
+  char *s = malloc(cap);
+  if (!s) return NULL;
+  graft_lock();
+  int k = snprintf(s, cap,
+      "graft metrics\n"
+      "  graphs compiled      %llu\n"
+      "  cache hits           %llu\n"
+      "  executions           %llu\n"
+      "  auto syncs           %llu\n"
+      "  nodes traced         %llu\n"
+      "  last / max graph     %llu / %llu nodes\n"
+      "  live tensors         %llu\n"
+      "  pending nodes        %llu\n"
+      "  bytes in use / peak  %llu / %llu\n"
+      "  to device            %llu transfers, %llu bytes\n"
+      "  to host              %llu transfers, %llu bytes\n"
+      "  native compiles      %llu (%llu failed), %.1f ms in the compiler\n"
+      "  compiled executions  %llu\n"
+      "  disk cache hits      %llu\n"
+      "  graph build time     %.3f ms (capture miss, lowering, passes)\n"
+      "  execute time         %.3f ms\n"
+      "  sync overhead        %.3f ms over %llu syncs\n",
+      (unsigned long long)m.graphs_compiled, (unsigned long long)m.cache_hits,
+      (unsigned long long)m.executions, (unsigned long long)m.auto_syncs,
+      (unsigned long long)m.nodes_traced, (unsigned long long)m.last_graph_nodes,
+      (unsigned long long)m.max_graph_nodes, (unsigned long long)m.live_tensors,
+      (unsigned long long)m.pending_nodes, (unsigned long long)m.bytes_in_use,
+      (unsigned long long)m.bytes_peak, (unsigned long long)m.transfers_to_device,
+      (unsigned long long)m.bytes_to_device, (unsigned long long)m.transfers_to_host,
+      (unsigned long long)m.bytes_to_host, (unsigned long long)m.native_compiles,
+      (unsigned long long)m.native_compile_failures, m.native_compile_ms,
+      (unsigned long long)m.compiled_executions, (unsigned long long)m.native_disk_hits,
+      m.compile_ms, m.execute_ms, m.sync_overhead_ms,
+      (unsigned long long)m.syncs);
+  backend_stats bs;
+  report_backend_stats(&bs);
+  if (m.fallback_ops) {
+    k += snprintf(s + k, cap - (size_t)k, "  reference fallbacks inside compiled graphs, per op:\n");
+    for (int i = 0; i < IR_OP_COUNT && (size_t)k < cap; i++)
+      if (bs.fallbacks[i])
+        k += snprintf(s + k, cap - (size_t)k, "    %-14s %llu\n", ir_ops[i].name,
+                      (unsigned long long)bs.fallbacks[i]);
+  }
+  int first = metrics_nreasons > METRICS_NREASONS ? metrics_nreasons - METRICS_NREASONS : 0;
+  if (metrics_nreasons) k += snprintf(s + k, cap - (size_t)k, "  recent compile reasons:\n");
+  for (int i = first; i < metrics_nreasons && (size_t)k < cap; i++)
+    k += snprintf(s + k, cap - (size_t)k, "    - %s\n", metrics_reasons[i % METRICS_NREASONS]);
+  graft_unlock();
+  return s;
+}
