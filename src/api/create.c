@@ -333,5 +333,6 @@ void graft_shutdown(void) {
   tensor_free_all();
   cache_clear();
   exec_shutdown();
+  buffer_pool_trim();
   graft_unlock();
 }

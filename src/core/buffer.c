@@ -1,9 +1,85 @@
-/* Device data allocation with exact accounting (bytes in use, peak, optional limit). */
+/* Device data allocation with exact accounting (bytes in use, peak, optional limit), and a
+ * pool of released large blocks: a steady loop allocates the same sizes every step, and a
+ * fresh 64 MB block costs ~16 ms of page faults here, more than the kernel that fills it. */
 #include "buffer.h"
 #include "error.h"
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POOL_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define POOL_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define POOL_POISON(p, n) ((void)(p), (void)(n))
+#define POOL_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+#define POOL_MIN_BYTES (64u << 10) /* smaller blocks come cheap from malloc */
+#define POOL_SLOTS 64
+#define POOL_MAX_BYTES ((size_t)2 << 30)
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct { void *p; size_t size; } pool[POOL_SLOTS];
+static int pool_n;
+static size_t pool_bytes;
+
+static size_t round_size(size_t bytes) { return (bytes + 4095) & ~(size_t)4095; }
+
+/* A pooled block of exactly this rounded size, or NULL. */
+static void *pool_take(size_t size) {
+  void *p = NULL;
+  pthread_mutex_lock(&pool_mu);
+  for (int i = pool_n - 1; i >= 0; i--)
+    if (pool[i].size == size) {
+      p = pool[i].p;
+      pool[i] = pool[--pool_n];
+      pool_bytes -= size;
+      break;
+    }
+  pthread_mutex_unlock(&pool_mu);
+  if (p) POOL_UNPOISON(p, size);
+  return p;
+}
+
+/* Keeps a released block for reuse; false if the pool is full (the caller frees it). */
+static int pool_put(void *p, size_t size) {
+  int kept = 0;
+  pthread_mutex_lock(&pool_mu);
+  if (pool_bytes + size > POOL_MAX_BYTES && pool_n) { /* evict the oldest */
+    free(pool[0].p);
+    pool_bytes -= pool[0].size;
+    pool[0] = pool[--pool_n];
+  }
+  if (pool_n < POOL_SLOTS && pool_bytes + size <= POOL_MAX_BYTES) {
+    POOL_POISON(p, size);
+    pool[pool_n].p = p;
+    pool[pool_n++].size = size;
+    pool_bytes += size;
+    kept = 1;
+  }
+  pthread_mutex_unlock(&pool_mu);
+  return kept;
+}
+
+void buffer_pool_trim(void) {
+  pthread_mutex_lock(&pool_mu);
+  for (int i = 0; i < pool_n; i++) {
+    POOL_UNPOISON(pool[i].p, pool[i].size);
+    free(pool[i].p);
+  }
+  pool_n = 0;
+  pool_bytes = 0;
+  pthread_mutex_unlock(&pool_mu);
+}
+
+size_t buffer_pool_bytes(void) {
+  pthread_mutex_lock(&pool_mu);
+  size_t n = pool_bytes;
+  pthread_mutex_unlock(&pool_mu);
+  return n;
+}
 
 static _Atomic size_t buf_in_use, buf_peak, buf_limit;
 
@@ -18,8 +94,15 @@ exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what) {
   exec_buffer *b = malloc(sizeof *b);
   void *p = NULL;
   if (bytes) {
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    p = rounded < bytes ? NULL : aligned_alloc(64, rounded);
+    size_t rounded = round_size(bytes);
+    if (rounded >= bytes) {
+      if (rounded >= POOL_MIN_BYTES) p = pool_take(rounded);
+      if (!p) p = aligned_alloc(64, rounded);
+      if (!p && buffer_pool_bytes()) { /* memory is short: give the pool back, try once more */
+        buffer_pool_trim();
+        p = aligned_alloc(64, rounded);
+      }
+    }
   }
   if (!b || (bytes && !p)) {
     free(b);
@@ -45,7 +128,8 @@ void buffer_retain(exec_buffer *b) {
 void buffer_release(exec_buffer *b) {
   if (!b || __atomic_sub_fetch(&b->refcnt, 1, __ATOMIC_ACQ_REL) != 0) return;
   atomic_fetch_sub(&buf_in_use, b->bytes);
-  free(b->ptr);
+  size_t rounded = round_size(b->bytes);
+  if (!b->ptr || rounded < POOL_MIN_BYTES || !pool_put(b->ptr, rounded)) free(b->ptr);
   free(b);
 }
 

@@ -21,4 +21,8 @@ size_t buffer_bytes_in_use(void);
 size_t buffer_bytes_peak(void);
 void buffer_reset_peak(void);
 void buffer_set_limit(size_t bytes);
+/* Frees the pool of released blocks kept for reuse (graft_shutdown, or when memory is short). */
+void buffer_pool_trim(void);
+/* Bytes held in the pool (not in use, not returned to the system). */
+size_t buffer_pool_bytes(void);
 #endif

@@ -3,7 +3,9 @@
  * accounting, release at last use, reference-kernel fallbacks, the thread pool, BLAS). */
 #include "cpu_internal.h"
 #include "../ref/ref.h"
+#include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +72,16 @@ static void *cpu_compile_locked(const exec_program *p) {
   }
   free(cpu_last_src);
   cpu_last_src = strdup(src.s);
+  const char *dir = getenv("GRAFT_DUMP_DIR"); /* the generated source beside the IR dumps */
+  if (dir && *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/graph_%016" PRIx64 ".c", dir, p->hash);
+    FILE *f = fopen(path, "w");
+    if (f) {
+      fputs(src.s, f);
+      fclose(f);
+    }
+  }
   cpu_exe *e = calloc(1, sizeof *e);
   if (!e) {
     cpu_sb_free(&src);

@@ -20,6 +20,14 @@ static void cpu_blas_load(void) {
     if (s && d) {
       memcpy(&cpu_blas_tab.sgemm, &s, sizeof s);
       memcpy(&cpu_blas_tab.dgemm, &d, sizeof d);
+      /* GEMM runs between the pool's parallel regions, so BLAS may use as many threads as the
+       * pool (it was found running on one here, at half the machine's rate). */
+      void *nt = dlsym(h, "openblas_set_num_threads");
+      if (nt) {
+        void (*set)(int);
+        memcpy(&set, &nt, sizeof nt);
+        set(cpu_pool_threads());
+      }
       return; /* kept loaded for the life of the process */
     }
     dlclose(h);
