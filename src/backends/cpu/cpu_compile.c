@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ctype.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -24,8 +25,18 @@
 
 extern char **environ;
 
-#define CPU_CFLAGS "-std=c11 -O3 -march=native -fPIC -shared -fopenmp-simd -fno-math-errno " \
+#define CPU_CFLAGS "-std=c11 -O3 -fPIC -shared -fopenmp-simd -fno-math-errno " \
                    "-ffp-contract=off -w"
+
+/* The target: -march=native, or $GRAFT_MARCH (e.g. x86-64-v3 for code that must run under
+ * valgrind, which has no AVX-512). Only plain names pass into the shell command. */
+static const char *cpu_march(void) {
+  const char *m = getenv("GRAFT_MARCH");
+  if (!m || !*m || strlen(m) > 64) return "native";
+  for (const char *c = m; *c; c++)
+    if (!isalnum((unsigned char)*c) && *c != '-' && *c != '_' && *c != '.') return "native";
+  return m;
+}
 
 static pthread_mutex_t cpu_cc_mu = PTHREAD_MUTEX_INITIALIZER;
 static char cpu_cc_id[600], cpu_cc_for[256];
@@ -192,8 +203,8 @@ int cpu_compile_source(const char *src, cpu_object *obj) {
   cpu_compiler_id(id, sizeof id);
   size_t sn = strlen(src);
   uint64_t h1 = cpu_hash_bytes(src, sn, 1), h2 = cpu_hash_bytes(src, sn, 2);
-  const char *tags[] = {id, CPU_CFLAGS, GRAFT_VERSION};
-  for (int t = 0; t < 3; t++) {
+  const char *tags[] = {id, CPU_CFLAGS, cpu_march(), GRAFT_VERSION};
+  for (int t = 0; t < 4; t++) {
     h1 = cpu_hash_bytes(tags[t], strlen(tags[t]), h1);
     h2 = cpu_hash_bytes(tags[t], strlen(tags[t]), h2 ^ 0x5bd1e995);
   }
@@ -234,7 +245,8 @@ int cpu_compile_source(const char *src, cpu_object *obj) {
     err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling");
     goto done;
   }
-  snprintf(cmd, cl, "%s " CPU_CFLAGS " -o '%s' '%s' > '%s' 2>&1", cpu_cc(), out, tmp, errf);
+  snprintf(cmd, cl, "%s " CPU_CFLAGS " -march=%s -o '%s' '%s' > '%s' 2>&1", cpu_cc(), cpu_march(),
+           out, tmp, errf);
   double t0 = cpu_now_ms();
   int st = cpu_sh(cmd);
   cpu_stats.compile_ms += cpu_now_ms() - t0;
