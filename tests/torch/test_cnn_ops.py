@@ -59,6 +59,23 @@ CASES = {
     "adaptive_avg_pool2d_divisible": (lambda x: F.adaptive_avg_pool2d(x, (3, 2)), torch.randn(2, 3, 9, 8)),
     "adaptive_avg_pool2d_general": (lambda x: F.adaptive_avg_pool2d(x, (4, 3)), X),
     "adaptive_avg_pool2d_3d": (lambda x: F.adaptive_avg_pool2d(x, (4, 5)), torch.randn(3, 7, 9)),
+    "max_pool2d_ceil_mode": (lambda x: F.max_pool2d(x, 2, 2, 0, ceil_mode=True, return_indices=True), X),
+    "max_pool2d_ceil_mode_pad": (lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True, return_indices=True),
+                                 torch.randn(2, 3, 10, 10)),
+    "avg_pool2d_ceil_mode": (lambda x: F.avg_pool2d(x, 2, 2, 0, ceil_mode=True), X),
+    "avg_pool2d_ceil_mode_pad": (lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True), torch.randn(2, 3, 10, 10)),
+    "avg_pool2d_ceil_mode_exclude_pad": (lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+                                         torch.randn(2, 3, 10, 10)),
+    "avg_pool2d_ceil_mode_divisor": (lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, divisor_override=2),
+                                     torch.randn(2, 3, 10, 10)),
+    "cross_entropy_2d": (lambda x, t: F.cross_entropy(x, t, reduction="none"), torch.randn(2, 3, 4, 5),
+                         torch.randint(0, 3, (2, 4, 5))),
+    "cross_entropy_2d_weighted_mean": (lambda x, t, w: F.cross_entropy(x, t, weight=w.detach()), torch.randn(2, 3, 4, 5),
+                                       torch.randint(0, 3, (2, 4, 5)), torch.rand(3)),
+    "max_pool2d_dilation": (lambda x: F.max_pool2d(x, 3, 2, 1, dilation=2, return_indices=True),
+                            torch.randn(2, 3, 10, 11)),
+    "max_pool2d_dilation_ceil_pad": (lambda x: F.max_pool2d(x, 3, 2, 1, dilation=(1, 2), ceil_mode=True,
+                                                            return_indices=True), torch.randn(1, 2, 3, 6)),
     "relu": (lambda x: F.relu(x), X),
     "dropout_p0": (lambda x: F.dropout(x, 0.0, training=True), X),
 }
@@ -82,9 +99,9 @@ def test_max_pool_ties_pick_first():
 
 
 def test_unsupported_config_falls_back_correctly():
-    # dilation in max_pool2d is not lowered: it runs on PyTorch's CPU kernel and is counted.
-    fb = check(lambda t: F.max_pool2d(t, 2, dilation=2), X)
-    assert fb.get("aten::max_pool2d_with_indices") == 1
+    # 3-D pooling is not lowered: it runs on PyTorch's CPU kernel and is counted.
+    fb = check(lambda t: F.max_pool3d(t, 2), torch.randn(1, 2, 4, 4, 4))
+    assert fb.get("aten::max_pool3d_with_indices") == 1
 
 
 @pytest.mark.parametrize("layer", ["conv2d", "batch_norm_train", "batch_norm_eval", "max_pool2d",
@@ -129,3 +146,23 @@ def test_cnn_layer_training_no_fallback(layer):
             lc.backward()
             oc.step()
         torch.testing.assert_close(loss.detach().cpu(), lc.detach(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("env", [{"GRAFT_TORCH_CONV": "native"}, {"GRAFT_TORCH_POOL": "slices"}])
+def test_alternative_lowerings_match_cpu(env):
+    """The conv/pool lowerings the knobs select (read once per process): a subprocess runs every
+    layer case with them."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys; sys.argv = ['x']; import test_cnn_ops as t\n"
+            "for n in sorted(t.CASES):\n"
+            "    fn, *ins = t.CASES[n]\n"
+            "    assert t.check(fn, *ins) == {}, n\n"
+            "print('ok', len(t.CASES))\n")
+    here = os.path.dirname(os.path.abspath(__file__))
+    pkg = os.path.join(here, "..", "..", "torch")
+    r = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=pkg + os.pathsep + here, GRAFT_COMPILE="off", **env),
+                       timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr

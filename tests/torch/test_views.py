@@ -121,3 +121,30 @@ def test_reshape_noncontiguous():
     def f(x):
         return x.t().reshape(12), x.t().contiguous().view(2, 6)
     both(f, (3, 4))
+
+
+def test_fallback_view_op_keeps_aliasing():
+    """A view op with no lowering (unfold) runs on the CPU but its result stays a view of the
+    graft tensor: writes through it reach the base, as on CPU."""
+    import graft as _g
+    dev = _g.device()
+    c = torch.zeros(3, 6)
+    g = torch.zeros(3, 6, device=dev)
+    _g.reset_metrics()
+    c.unfold(1, 2, 2)[:, 1].fill_(1.0)
+    g.unfold(1, 2, 2)[:, 1].fill_(1.0)
+    torch.testing.assert_close(g.cpu(), c)
+    assert "aten::unfold" in _g.fallbacks()
+
+
+def test_inplace_view_ops_change_geometry():
+    import graft as _g
+    dev = _g.device()
+    for f in [lambda t: t.unsqueeze_(0), lambda t: t.t_(), lambda t: t.transpose_(0, 1),
+              lambda t: t.unsqueeze_(1).squeeze_(1), lambda t: t[:1].squeeze_(0)]:
+        c = torch.arange(6.0).reshape(2, 3)
+        g = c.clone().to(dev)
+        rc, rg = f(c), f(g)
+        assert rg.shape == rc.shape
+        torch.testing.assert_close(rg.cpu(), rc)
+        torch.testing.assert_close(g.cpu(), c)

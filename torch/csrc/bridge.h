@@ -54,6 +54,7 @@ struct GraftImpl : public c10::TensorImpl {
   ~GraftImpl() override;
 
   bool is_identity() const;
+  bool is_full_reshape() const;
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion &version_counter, bool allow_tensor_metadata_change) const override;
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
@@ -98,6 +99,14 @@ using Lowering = void (*)(const c10::OperatorHandle &op, torch::jit::Stack *stac
 bool try_lower(const std::string &key, const c10::OperatorHandle &op, torch::jit::Stack *stack);
 // Names ("aten::add.Tensor") of every op with a lowering.
 std::vector<std::string> lowered_ops();
+// A resolved lowering (fn == nullptr: none); inplace: run fn and write the result into self.
+struct Resolved {
+  Lowering fn = nullptr;
+  bool inplace = false;
+  bool view_inplace = false;  // squeeze_, t_, ...: changes self's geometry, not its data
+};
+Resolved resolve_lowering(const std::string &key, const c10::OperatorHandle &op);
+void run_lowering(const Resolved &r, const c10::OperatorHandle &op, torch::jit::Stack *stack);
 void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
 
 }  // namespace graftpt

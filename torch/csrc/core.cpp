@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <unordered_map>
 #include <sstream>
 
 namespace graftpt {
@@ -102,6 +103,22 @@ bool GraftImpl::is_identity() const {
   return true;
 }
 
+// A view that covers its whole root contiguously in row-major order (e.g. [1,10] seen as [10]):
+// its value is a reshape of the root and a write through it replaces the root.
+bool GraftImpl::is_full_reshape() const {
+  if (storage_offset() != 0) return false;
+  int64_t n = 1, total = 1;
+  for (auto v : sizes()) n *= v;
+  for (auto v : store->shape) total *= v;
+  if (n != total) return false;
+  auto sz = sizes();
+  auto st = strides();
+  auto cs = contig_strides(sz);
+  for (size_t i = 0; i < sz.size(); ++i)
+    if (sz[i] != 1 && st[i] != cs[i]) return false;
+  return true;
+}
+
 c10::intrusive_ptr<c10::TensorImpl> GraftImpl::shallow_copy_and_detach(
     const c10::VariableVersion &vc, bool allow) const {
   auto impl = c10::make_intrusive<GraftImpl>(store, dtype(), sizes(), strides(), storage_offset());
@@ -176,6 +193,14 @@ G value(const at::Tensor &t) {
     return G(graft_retain(g->store->val));
   }
   if (g->cache && g->cache_gen == g->store->gen) return G(graft_retain(g->cache));
+  if (g->is_full_reshape()) {
+    auto sz = g->sizes().vec();
+    G out = chk(graft_reshape(g->store->val, (int)sz.size(), sz.data()), "view");
+    if (g->cache) graft_release(g->cache);
+    g->cache = graft_retain(out.get());
+    g->cache_gen = g->store->gen;
+    return out;
+  }
   // Stale or never computed: gather from the root.
   auto idx = view_indices(g);
   int64_t n = (int64_t)idx.size();
@@ -225,20 +250,33 @@ void write(const at::Tensor &dst, G v) {
     g->store->gen++;
     return;
   }
-  // Scatter the view's new values into the root.
+  if (g->is_full_reshape()) {
+    G nb = chk(graft_reshape(v.get(), (int)g->store->shape.size(), g->store->shape.data()), "view write");
+    if (g->store->val) graft_release(g->store->val);
+    g->store->val = nb.release();
+    g->store->gen++;
+    if (g->cache) graft_release(g->cache);
+    g->cache = v.release();
+    g->cache_gen = g->store->gen;
+    return;
+  }
+  // Write the view's new values into the root: each root position a view element maps to takes
+  // the value of the LAST such element (overlapping views: last write wins, as on CPU).
   auto idx = view_indices(g);
   int64_t n = (int64_t)idx.size();
   int64_t total = prod(g->store->shape);
   std::vector<uint8_t> mask((size_t)total, 0);
-  for (auto i : idx) mask[(size_t)i] = 1;
-  graft_dtype dt = graft_get_dtype(v.get());
+  std::vector<int64_t> src((size_t)total, 0);
+  for (int64_t k = 0; k < n; ++k) {
+    mask[(size_t)idx[(size_t)k]] = 1;
+    src[(size_t)idx[(size_t)k]] = k;
+  }
   G flat = chk(graft_reshape(g->store->val, 1, &total), "view write");
   G vflat = chk(graft_reshape(v.get(), 1, &n), "view write");
-  G gi = chk(graft_from_host(idx.data(), GRAFT_I64, 1, &n, 0), "view write");
+  G gi = chk(graft_from_host(src.data(), GRAFT_I64, 1, &total, 0), "view write");
   G gm = chk(graft_from_host(mask.data(), GRAFT_BOOL, 1, &total, 0), "view write");
-  G z = chk(graft_zeros(dt, 1, &total), "view write");
-  G sc = chk(graft_scatter_add(z.get(), 0, gi.get(), vflat.get()), "view write");
-  G nb = chk(graft_where(gm.get(), sc.get(), flat.get()), "view write");
+  G picked = n ? chk(graft_gather(vflat.get(), 0, gi.get()), "view write") : flat;
+  G nb = chk(graft_where(gm.get(), picked.get(), flat.get()), "view write");
   nb = chk(graft_reshape(nb.get(), (int)g->store->shape.size(), g->store->shape.data()), "view write");
   if (g->store->val) graft_release(g->store->val);
   g->store->val = nb.release();
@@ -289,9 +327,12 @@ at::Tensor to_cpu(const at::Tensor &t) {
 
 G from_cpu(const at::Tensor &cpu) {
   graft_dtype dt = to_gdt(cpu.scalar_type());
-  at::Tensor c = cpu.contiguous();
-  auto sz = c.sizes().vec();
+  auto sz = cpu.sizes().vec();
   TORCH_CHECK(sz.size() <= GRAFT_MAX_DIMS, "graft: at most ", GRAFT_MAX_DIMS, " dims are supported");
+  // No data to copy: empty tensors and PyTorch's storage-less zero tensors (_efficientzerotensor).
+  if (cpu.numel() == 0 || cpu._is_zerotensor())
+    return chk(graft_zeros(dt, (int)sz.size(), sz.data()), "copy to device");
+  at::Tensor c = cpu.contiguous();
   return chk(graft_from_host(c.data_ptr(), dt, (int)sz.size(), sz.data(), 0), "copy to device");
 }
 
@@ -359,8 +400,9 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
       for (const auto &e : iv.toListRef()) {
         if (e.isTensor()) {
           at::Tensor t = e.toTensor();
+          // CPU index tensors are allowed with device tensors (as PyTorch allows on CUDA).
           if (is_graft(t)) { any_graft = true; nl.push_back(to_cpu(t)); }
-          else { if (t.defined() && t.dim() > 0) any_cpu = true; nl.push_back(t); }
+          else nl.push_back(t);
         } else {
           nl.push_back(c10::nullopt);
         }
@@ -408,6 +450,21 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
           }
         }
       }
+      // A returned view of an argument (unfold, diagonal, ...): keep the aliasing when the
+      // argument is a whole root, so writes through the view reach it as on CPU.
+      if (!done && ret.alias_info() && !ret.alias_info()->isWrite() && t.defined()) {
+        for (size_t i = 0; i < nargs; ++i) {
+          const auto &ai = schema.arguments()[i].alias_info();
+          if (!orig[i].defined() || !ai || ai->beforeSets() != ret.alias_info()->beforeSets()) continue;
+          GraftImpl *gi = gimpl(orig[i]);
+          if ((gi->is_identity() || gi->is_full_reshape()) && t.is_alias_of(cpu_of[i]) &&
+              t.scalar_type() == orig[i].scalar_type()) {
+            iv = make_view(orig[i], t.sizes(), t.strides(), t.storage_offset(), from_cpu(t));
+            done = true;
+          }
+          break;
+        }
+      }
       if (!done && t.defined() && any_graft && t.device().type() == c10::DeviceType::CPU)
         iv = wrap(from_cpu(t));
     } else if (iv.isTensorList() && any_graft) {
@@ -424,12 +481,25 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
 }
 
 // ---------------------------------------------------------------- the boxed kernel
+// The lowering of each operator is resolved once and cached by the address of its
+// OperatorName, which lives in the dispatcher's operator entry for the process lifetime: the
+// per-op cost is one hash lookup, no name strings.
+static Resolved lookup(const c10::OperatorHandle &op) {
+  static std::unordered_map<const void *, Resolved> cache;
+  const c10::OperatorName *key = &op.operator_name();
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  std::string name = key->name;
+  if (!key->overload_name.empty()) name += "." + key->overload_name;
+  Resolved r = resolve_lowering(name, op);
+  cache.emplace(key, r);
+  return r;
+}
+
 static void graft_kernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
-  const auto &on = op.schema().operator_name();
-  std::string key = on.name;
-  if (!on.overload_name.empty()) key += "." + on.overload_name;
-  if (try_lower(key, op, stack)) return;
+  Resolved r = lookup(op);
+  if (r.fn) return run_lowering(r, op, stack);
   cpu_fallback(op, stack);
 }
 
@@ -479,6 +549,8 @@ TORCH_LIBRARY_IMPL(aten, XLA, m) {
     std::string name = k.substr(0, dot), ov = dot == std::string::npos ? "" : k.substr(dot + 1);
     for (const std::string &n : {name, name + "_"}) {
       if (std::find(std::begin(views), std::end(views), n + (ov.empty() ? "" : "." + ov)) != std::end(views)) continue;
+      // functorch registers index_put_ on this key already (it forwards to _index_put_impl_).
+      if (n == "index_put_") continue;
       if (!disp.findSchema(c10::OperatorName("aten::" + n, ov))) continue;
       static std::vector<std::unique_ptr<std::string>> names;  // kept alive for the registry
       names.push_back(std::make_unique<std::string>(n + (ov.empty() ? "" : "." + ov)));
@@ -518,7 +590,13 @@ static std::string py_metrics_json() {
      << ",\"bytes_peak\":" << m.bytes_peak << ",\"transfers_to_device\":" << m.transfers_to_device
      << ",\"bytes_to_device\":" << m.bytes_to_device << ",\"transfers_to_host\":" << m.transfers_to_host
      << ",\"bytes_to_host\":" << m.bytes_to_host << ",\"compile_ms\":" << m.compile_ms
-     << ",\"execute_ms\":" << m.execute_ms << ",\"fallbacks\":" << fallback_json() << "}";
+     << ",\"execute_ms\":" << m.execute_ms << ",\"native_compiles\":" << m.native_compiles
+     << ",\"native_compile_failures\":" << m.native_compile_failures
+     << ",\"native_compile_ms\":" << m.native_compile_ms
+     << ",\"compiled_executions\":" << m.compiled_executions
+     << ",\"native_disk_hits\":" << m.native_disk_hits << ",\"fallback_ops\":" << m.fallback_ops
+     << ",\"syncs\":" << m.syncs
+     << ",\"sync_overhead_ms\":" << m.sync_overhead_ms << ",\"fallbacks\":" << fallback_json() << "}";
   return os.str();
 }
 
@@ -534,6 +612,11 @@ static std::string py_report() {
   std::string s = r ? r : "";
   free(r);
   return s;
+}
+
+static void py_wait_compiles() {
+  // Not under the bridge lock: background compiles do not need it, and tracing may go on.
+  graft_wait_compiles();
 }
 
 static std::string py_last_compile_reason() { return graft_last_compile_reason(); }
@@ -558,4 +641,5 @@ TORCH_LIBRARY(graft, m) {
   m.def("last_compile_reason() -> str", &py_last_compile_reason);
   m.def("manual_seed(int seed) -> ()", &py_manual_seed);
   m.def("is_pending(Tensor t) -> bool", &py_is_pending);
+  m.def("wait_compiles() -> ()", &py_wait_compiles);
 }

@@ -1,13 +1,17 @@
 // graft's PyTorch bridge: the lowering table (aten op -> graft C API calls).
 #include "bridge.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/InferSize.h>
 #include <ATen/TensorUtils.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/WrapDimMinimal.h>
+#include <c10/util/accumulate.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <unordered_map>
 
 namespace graftpt {
@@ -32,6 +36,18 @@ struct Args {
 };
 
 inline void push(Stack *s, at::Tensor t) { s->emplace_back(std::move(t)); }
+
+// Lowerings that may hand an unsupported configuration to the CPU fallback: Args::v holds the
+// popped arguments; this puts them back and runs PyTorch's kernel (counted as a fallback).
+void fall_back(const c10::OperatorHandle &op, Stack *s, Args &a) {
+  for (auto &iv : a.v) s->push_back(std::move(iv));
+  cpu_fallback(op, s);
+}
+
+G fullc(double v, graft_dtype dt, std::vector<int64_t> shape = {}) {
+  return chk(graft_full(v, dt, (int)shape.size(), shape.data()), "constant");
+}
+
 
 at::ScalarType default_float() { return c10::get_default_dtype_as_scalartype(); }
 
@@ -113,7 +129,9 @@ void binop(const c10::OperatorHandle &op, Stack *s) {
   at::ScalarType st = promote({&a.v[0], &a.v[1]});
   if (ToFloat && !at::isFloatingType(st)) st = default_float();
   G x = operand(a.v[0], st), y = operand(a.v[1], st);
-  push(s, wrap(chk(F(x.get(), y.get()), op.schema().name().c_str())));
+  Bin f = F;
+  if (st == at::kBool && F == &graft_mul) f = &graft_logical_and;  // bool * bool is and
+  push(s, wrap(chk(f(x.get(), y.get()), op.schema().name().c_str())));
 }
 
 // add/sub with alpha: out = x (+|-) alpha*y
@@ -122,6 +140,10 @@ void addsub(const c10::OperatorHandle &op, Stack *s) {
   Args a(op, s);
   at::ScalarType st = promote({&a.v[0], &a.v[1]});
   G x = operand(a.v[0], st), y = operand(a.v[1], st);
+  if (st == at::kBool && F == &graft_add) {  // bool + bool is or
+    push(s, wrap(chk(graft_logical_or(x.get(), y.get()), "add")));
+    return;
+  }
   if (!a.none(2) && a.d(2) != 1.0) y = chk(graft_mul(y.get(), scal(a.d(2), st).get()), "alpha");
   push(s, wrap(chk(F(x.get(), y.get()), op.schema().name().c_str())));
 }
@@ -908,7 +930,8 @@ void minmax_dim(const c10::OperatorHandle &op, Stack *s) {  // max.dim(self, dim
   push(s, wrap(std::move(idx)));
 }
 
-void argmax(const c10::OperatorHandle &op, Stack *s) {  // argmax(self, dim?, keepdim)
+template <bool Max>
+void argmaxmin(const c10::OperatorHandle &op, Stack *s) {  // argmax/argmin(self, dim?, keepdim)
   Args a(op, s);
   const at::Tensor &t = a.t(0);
   G x = tv(t);
@@ -916,7 +939,7 @@ void argmax(const c10::OperatorHandle &op, Stack *s) {  // argmax(self, dim?, ke
   if (a.none(1)) {
     int64_t n = t.numel();
     x = reshape_to(x, {n});
-    G r = chk(graft_argmax(x.get(), 0, false), "argmax");
+    G r = chk((Max ? graft_argmax : graft_argmin)(x.get(), 0, false), "argmax");
     if (keep) r = reshape_to(r, std::vector<int64_t>(t.dim(), 1));
     push(s, wrap(std::move(r)));
     return;
@@ -926,7 +949,7 @@ void argmax(const c10::OperatorHandle &op, Stack *s) {  // argmax(self, dim?, ke
     push(s, wrap(chk(graft_zeros(GRAFT_I64, 0, nullptr), "argmax")));
     return;
   }
-  push(s, wrap(chk(graft_argmax(x.get(), d, keep), "argmax")));
+  push(s, wrap(chk((Max ? graft_argmax : graft_argmin)(x.get(), d, keep), "argmax")));
 }
 
 // var / std with correction (var.correction(self, dim?, correction?, keepdim))
@@ -1207,7 +1230,11 @@ void cat(const c10::OperatorHandle &op, Stack *s) {  // cat(Tensor[] tensors, di
     use.push_back(t);
   }
   at::ScalarType st = at::native::result_type(rs);
-  TORCH_CHECK(!use.empty(), "graft: cat of only empty tensors");
+  if (use.empty()) {  // only empty 1-D tensors: an empty 1-D result
+    int64_t zero = 0;
+    push(s, wrap(chk(graft_zeros(to_gdt(st), 1, &zero), "cat")));
+    return;
+  }
   int d = (int)c10::maybe_wrap_dim(a.i(1), use[0].dim());
   std::vector<G> vals;
   std::vector<graft_tensor *> ptrs;
@@ -1223,6 +1250,28 @@ void cat(const c10::OperatorHandle &op, Stack *s) {  // cat(Tensor[] tensors, di
 void gather(const c10::OperatorHandle &op, Stack *s) {  // gather(self, dim, index, sparse_grad)
   Args a(op, s);
   const at::Tensor &t = a.t(0);
+  auto ist = a.t(2).scalar_type();
+  if (a.t(2).numel() == 0) {
+    c10::maybe_wrap_dim(a.i(1), std::max<int64_t>(t.dim(), 1));
+    auto is = a.t(2).sizes().vec();
+    push(s, wrap(chk(graft_zeros(to_gdt(t.scalar_type()), (int)is.size(), is.data()), "gather")));
+    return;
+  }
+  if (ist != at::kLong && ist != at::kInt) return fall_back(op, s, a);
+  if (t.dim() == 0 || a.t(2).dim() == 0) {
+    // 0-dim operands: gather over [1]-shaped views, result in the index's shape.
+    if (t.dim() > 1 || a.t(2).dim() > 1) return fall_back(op, s, a);
+    c10::maybe_wrap_dim(a.i(1), std::max<int64_t>(t.dim(), 1));
+    auto is = a.t(2).sizes().vec();
+    int64_t n = a.t(2).numel();
+    if (n == 0) {
+      push(s, wrap(chk(graft_zeros(to_gdt(t.scalar_type()), (int)is.size(), is.data()), "gather")));
+      return;
+    }
+    G x = reshape_to(tv(t), {t.numel()}), idx = reshape_to(tv(a.t(2)), {n});
+    push(s, wrap(reshape_to(chk(graft_gather(x.get(), 0, idx.get()), "gather"), is)));
+    return;
+  }
   int d = (int)c10::maybe_wrap_dim(a.i(1), t.dim());
   G x = tv(t), idx = tv(a.t(2));
   push(s, wrap(chk(graft_gather(x.get(), d, idx.get()), "gather")));
@@ -1231,6 +1280,8 @@ void gather(const c10::OperatorHandle &op, Stack *s) {  // gather(self, dim, ind
 void scatter_add(const c10::OperatorHandle &op, Stack *s) {  // scatter_add(self, dim, index, src)
   Args a(op, s);
   const at::Tensor &t = a.t(0);
+  auto ist = a.t(2).scalar_type();
+  if (t.dim() == 0 || a.t(2).dim() == 0 || (ist != at::kLong && ist != at::kInt)) return fall_back(op, s, a);
   int d = (int)c10::maybe_wrap_dim(a.i(1), t.dim());
   G x = tv(t), idx = tv(a.t(2)), src = conv(tv(a.t(3)), t.scalar_type());
   push(s, wrap(chk(graft_scatter_add(x.get(), d, idx.get(), src.get()), "scatter_add")));
@@ -1306,28 +1357,6 @@ void embedding_dense_backward(const c10::OperatorHandle &op, Stack *s) {
 }
 
 // NN ------------------------------------------------------------------------------
-// convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
-void convolution(const c10::OperatorHandle &op, Stack *s) {
-  Args a(op, s);
-  const at::Tensor &x = a.t(0), &w = a.t(1);
-  TORCH_CHECK(x.dim() == 4 && w.dim() == 4 && !a.b(6),
-              "graft: only non-transposed 2-D convolution is lowered");
-  auto st = a.il(3), pd = a.il(4), dl = a.il(5);
-  auto two = [](std::vector<int64_t> v) {
-    if (v.size() == 1) v.push_back(v[0]);
-    return std::vector<int>{(int)v[0], (int)v[1]};
-  };
-  auto s2 = two(st), p2 = two(pd), d2 = two(dl);
-  same_dtype(x, w, "convolution");
-  G gx = tv(x), gw = tv(w);
-  G r = chk(graft_conv2d(gx.get(), gw.get(), s2.data(), p2.data(), d2.data(), (int)a.i(8)), "conv2d");
-  if (!a.none(2) && a.t(2).defined()) {
-    G b = reshape_to(tv(a.t(2)), {1, a.t(2).numel(), 1, 1});
-    r = chk(graft_add(r.get(), b.get()), "conv2d");
-  }
-  push(s, wrap(std::move(r)));
-}
-
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
 void native_layer_norm(const c10::OperatorHandle &op, Stack *s) {
   Args a(op, s);
@@ -1448,8 +1477,9 @@ void native_batch_norm(const c10::OperatorHandle &op, Stack *s) {
     is = chk(graft_rsqrt(is.get()), "batch_norm");
     G dx = chk(graft_sub(gx.get(), rm.get()), "batch_norm");
     y = chk(graft_mul(dx.get(), is.get()), "batch_norm");
-    mean = chk(graft_zeros(to_gdt(st), 1, &C), "batch_norm");
-    invstd = chk(graft_zeros(to_gdt(st), 1, &C), "batch_norm");
+    int64_t zero = 0;  // PyTorch returns empty save_mean / save_invstd in eval mode
+    mean = chk(graft_zeros(to_gdt(st), 1, &zero), "batch_norm");
+    invstd = chk(graft_zeros(to_gdt(st), 1, &zero), "batch_norm");
   }
   if (!a.none(1) && a.t(1).defined()) y = chk(graft_mul(y.get(), reshape_to(tv(a.t(1)), bshape).get()), "batch_norm");
   if (!a.none(2) && a.t(2).defined()) y = chk(graft_add(y.get(), reshape_to(tv(a.t(2)), bshape).get()), "batch_norm");
@@ -1521,17 +1551,944 @@ std::vector<int> pair(const std::vector<int64_t> &v, int64_t dflt) {
   return {(int)v[0], (int)v[1]};
 }
 
+// Sum over every kernel offset of g [..., OH, OW] placed back at its window positions in an
+// input of spatial size H, W (padding p, plus ceil_mode's extra rows/cols e past the high
+// padding; stride st): the adjoint of a sliding-window gather.
+G window_scatter(const G &g, int64_t H, int64_t W, const std::vector<int> &k,
+                 const std::vector<int> &st, const std::vector<int> &p,
+                 const std::vector<int> &e = {0, 0}) {
+  auto gs = gshape(g);
+  int nd = (int)gs.size();
+  int64_t OH = gs[nd - 2], OW = gs[nd - 1];
+  if (k[0] == st[0] && k[1] == st[1] && p[0] == 0 && p[1] == 0 && OH * k[0] == H && OW * k[1] == W) {
+    // Non-overlapping windows tiling the input: broadcast each cell over its window.
+    std::vector<int64_t> s6(gs.begin(), gs.end() - 2), b6;
+    s6.insert(s6.end(), {OH, 1, OW, 1});
+    b6 = s6;
+    b6[nd - 1] = k[0];
+    b6[nd + 1] = k[1];
+    G r = reshape_to(g, s6);
+    r = chk(graft_broadcast_to(r.get(), (int)b6.size(), b6.data()), "pool backward");
+    std::vector<int64_t> os(gs.begin(), gs.end() - 2);
+    os.insert(os.end(), {H, W});
+    return reshape_to(r, os);
+  }
+  int64_t HP = H + 2 * p[0] + e[0], WP = W + 2 * p[1] + e[1];
+  std::vector<int64_t> lo(nd, 0), hi(nd, 0), in(nd, 0);
+  in[nd - 2] = st[0] - 1;
+  in[nd - 1] = st[1] - 1;
+  G acc;
+  for (int i = 0; i < k[0]; ++i)
+    for (int j = 0; j < k[1]; ++j) {
+      lo[nd - 2] = i;
+      hi[nd - 2] = HP - (i + (OH - 1) * st[0] + 1);
+      lo[nd - 1] = j;
+      hi[nd - 1] = WP - (j + (OW - 1) * st[1] + 1);
+      if (hi[nd - 2] < 0 || hi[nd - 1] < 0) continue;  // offset past the padded input
+      G t = chk(graft_pad_ex(g.get(), lo.data(), hi.data(), in.data(), 0.0), "pool backward");
+      acc = acc ? chk(graft_add(acc.get(), t.get()), "pool backward") : t;
+    }
+  std::vector<int64_t> a0(nd, 0), a1 = gshape(acc);
+  a0[nd - 2] = p[0];
+  a0[nd - 1] = p[1];
+  a1[nd - 2] = p[0] + H;
+  a1[nd - 1] = p[1] + W;
+  return chk(graft_slice(acc.get(), a0.data(), a1.data(), nullptr), "pool backward");
+}
+
+// PyTorch's pooling output size (with ceil_mode).
+int64_t pool_out(int64_t H, int k, int s, int p, int d, bool ceil) {
+  int64_t num = H + 2 * p - (int64_t)d * (k - 1) - 1;
+  int64_t o = (ceil ? (num + s - 1) / s : num / s) + 1;
+  if (ceil && (o - 1) * s >= H + p) --o;
+  return o;
+}
+
+// Pads the last two dims: lo = p, hi = p + e, with value.
+G pad_hw(const G &v, const std::vector<int> &p, const std::vector<int> &e, double value) {
+  auto sh = gshape(v);
+  int nd = (int)sh.size();
+  std::vector<int64_t> lo(nd, 0), hi(nd, 0);
+  for (int d = 0; d < 2; ++d) {
+    lo[nd - 2 + d] = p[d];
+    hi[nd - 2 + d] = p[d] + e[d];
+  }
+  return chk(graft_pad(v.get(), lo.data(), hi.data(), value), "pool");
+}
+
+bool use_im2col(int groups) {
+  static const char *m = getenv("GRAFT_TORCH_CONV");
+  return groups == 1 && !(m && std::string(m) == "native");
+}
+
+// Pooling windows as sums / maxima of k*k strided slices when GRAFT_TORCH_POOL=slices (all
+// natively compiled, but today's fusion recomputes the pooled producer inside a following
+// im2col: 15 ms instead of 1 in the demo CNN); graft's pooling primitives by default.
+bool use_slices(const std::vector<int> &k) {
+  static const char *m = getenv("GRAFT_TORCH_POOL");
+  return m && std::string(m) == "slices" && k[0] * k[1] <= 64;
+}
+
+// Mean over each window of an (already padded) x: sum of the offsets' strided slices / (kh*kw).
+G window_avg(const G &x, const std::vector<int> &k, const std::vector<int> &st) {
+  if (!use_slices(k)) {
+    std::vector<int> z = {0, 0};
+    return chk(graft_avg_pool2d(x.get(), k.data(), st.data(), z.data()), "avg_pool2d");
+  }
+  auto xs = gshape(x);
+  int nd = (int)xs.size();
+  int64_t OH = (xs[nd - 2] - k[0]) / st[0] + 1, OW = (xs[nd - 1] - k[1]) / st[1] + 1;
+  std::vector<int64_t> a0(nd, 0), a1 = xs, step(nd, 1);
+  step[nd - 2] = st[0];
+  step[nd - 1] = st[1];
+  G acc;
+  for (int i = 0; i < k[0]; ++i)
+    for (int j = 0; j < k[1]; ++j) {
+      a0[nd - 2] = i;
+      a1[nd - 2] = i + (OH - 1) * st[0] + 1;
+      a0[nd - 1] = j;
+      a1[nd - 1] = j + (OW - 1) * st[1] + 1;
+      G v = chk(graft_slice(x.get(), a0.data(), a1.data(), step.data()), "avg_pool2d");
+      acc = acc ? chk(graft_add(acc.get(), v.get()), "avg_pool2d") : v;
+    }
+  return chk(graft_mul(acc.get(), fullc(1.0 / ((double)k[0] * k[1]), graft_get_dtype(acc.get())).get()), "avg_pool2d");
+}
+
+// Rows/cols past the high padding that ceil_mode's last window reaches (0 without ceil_mode).
+std::vector<int> ceil_extra(const at::Tensor &x, const std::vector<int> &k, const std::vector<int> &st,
+                            const std::vector<int> &p, bool ceil, const std::vector<int> &dl = {1, 1}) {
+  std::vector<int> e = {0, 0};
+  for (int d = 0; d < 2 && ceil; ++d) {
+    int64_t n = x.size(x.dim() - 2 + d), o = pool_out(n, k[d], st[d], p[d], dl[d], true);
+    e[d] = (int)std::max<int64_t>(0, (o - 1) * st[d] + (int64_t)dl[d] * (k[d] - 1) + 1 - (n + 2 * p[d]));
+  }
+  return e;
+}
+
+// Dilated max pooling (graft's pooling has no dilation): the window offsets' strided slices of
+// the padded input; out = their max; first-max hits give indices and the gradient.
+struct DilatedPool {
+  G xpad, out;
+  std::vector<G> hits;  // per offset, in window order: this offset holds the first maximum
+  std::vector<int64_t> lin;  // per offset: (i*dl0 - p0)*W + (j*dl1 - p1)
+};
+
+DilatedPool dilated_max_pool(const G &gx, int64_t W, const std::vector<int> &k, const std::vector<int> &st,
+                             const std::vector<int> &p, const std::vector<int> &dl, const std::vector<int> &e,
+                             double ninf, bool want_hits) {
+  DilatedPool r;
+  r.xpad = pad_hw(gx, p, e, ninf);
+  auto xs = gshape(r.xpad);
+  int nd = (int)xs.size();
+  int64_t OH = (xs[nd - 2] - (int64_t)dl[0] * (k[0] - 1) - 1) / st[0] + 1;
+  int64_t OW = (xs[nd - 1] - (int64_t)dl[1] * (k[1] - 1) - 1) / st[1] + 1;
+  std::vector<int64_t> a0(nd, 0), a1 = xs, step(nd, 1);
+  step[nd - 2] = st[0];
+  step[nd - 1] = st[1];
+  std::vector<G> views;
+  for (int i = 0; i < k[0]; ++i)
+    for (int j = 0; j < k[1]; ++j) {
+      a0[nd - 2] = (int64_t)i * dl[0];
+      a1[nd - 2] = a0[nd - 2] + (OH - 1) * st[0] + 1;
+      a0[nd - 1] = (int64_t)j * dl[1];
+      a1[nd - 1] = a0[nd - 1] + (OW - 1) * st[1] + 1;
+      views.push_back(chk(graft_slice(r.xpad.get(), a0.data(), a1.data(), step.data()), "max_pool2d"));
+      r.lin.push_back(((int64_t)i * dl[0] - p[0]) * W + ((int64_t)j * dl[1] - p[1]));
+      r.out = r.out ? chk(graft_maximum(r.out.get(), views.back().get()), "max_pool2d") : views.back();
+    }
+  if (!want_hits) return r;
+  auto os = gshape(r.out);
+  G taken = fullc(0, GRAFT_BOOL, os);
+  for (auto &v : views) {
+    G eq = chk(graft_eq(v.get(), r.out.get()), "max_pool2d");
+    G nt = chk(graft_logical_not(taken.get()), "max_pool2d");
+    G hit = chk(graft_logical_and(eq.get(), nt.get()), "max_pool2d");
+    taken = chk(graft_logical_or(taken.get(), hit.get()), "max_pool2d");
+    r.hits.push_back(hit);
+  }
+  return r;
+}
+
+bool pool_ok(const at::Tensor &x, const std::vector<int> &k, const std::vector<int> &st,
+             const std::vector<int> &p, const std::vector<int> &dl) {
+  if ((x.dim() != 3 && x.dim() != 4) || x.numel() == 0) return false;
+  for (int d = 0; d < 2; ++d) {
+    if (dl[d] < 1 || k[d] <= 0 || st[d] <= 0 || p[d] < 0 || p[d] > k[d] / 2) return false;
+    if (pool_out(x.size(x.dim() - 2 + d), k[d], st[d], p[d], dl[d], false) < 1) return false;
+  }
+  return true;
+}
+
+// Cells each average-pooling window divides by, as PyTorch counts them: the window clipped to
+// the padded input (count_include_pad) or to the input itself; a constant (folded) tensor.
+G pool_counts(const at::Tensor &x, const std::vector<int> &k, const std::vector<int> &st,
+              const std::vector<int> &p, const std::vector<int> &e, bool include_pad) {
+  graft_dtype dt = to_gdt(x.scalar_type());
+  int64_t H = x.size(-2), W = x.size(-1);
+  G m;
+  if (include_pad) {
+    m = fullc(1, dt, {H + 2 * p[0], W + 2 * p[1]});
+    m = pad_hw(m, {0, 0}, e, 0.0);
+  } else {
+    m = pad_hw(fullc(1, dt, {H, W}), p, e, 0.0);
+  }
+  std::vector<int> z = {0, 0};
+  G c = chk(graft_avg_pool2d(m.get(), k.data(), st.data(), z.data()), "avg_pool2d");
+  return chk(graft_mul(c.get(), fullc((double)k[0] * k[1], dt).get()), "avg_pool2d");
+}
+
 // avg_pool2d(self, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override?)
 void avg_pool2d(const c10::OperatorHandle &op, Stack *s) {
   Args a(op, s);
-  TORCH_CHECK(!a.b(4) && a.b(5) && a.none(6),
-              "graft: avg_pool2d lowered only for ceil_mode=False, count_include_pad=True");
   auto k = pair(a.il(1), 1);
   auto st = a.il(2).empty() ? k : pair(a.il(2), 1);
   auto p = pair(a.il(3), 0);
-  TORCH_CHECK(a.t(0).dim() == 4, "graft: avg_pool2d lowered for 4-D input only");
-  G x = tv(a.t(0));
-  push(s, wrap(chk(graft_avg_pool2d(x.get(), k.data(), st.data(), p.data()), "avg_pool2d")));
+  const at::Tensor &x = a.t(0);
+  if (!pool_ok(x, k, st, p, {1, 1}) || !at::isFloatingType(x.scalar_type()) || (!a.none(6) && a.i(6) == 0))
+    return fall_back(op, s, a);
+  auto e = ceil_extra(x, k, st, p, a.b(4));
+  bool include_pad = a.b(5);
+  G gx = tv(x);
+  graft_dtype dt = to_gdt(x.scalar_type());
+  if (e[0] == 0 && e[1] == 0 && a.none(6) && (include_pad || (p[0] == 0 && p[1] == 0))) {
+    push(s, wrap(window_avg((p[0] || p[1]) ? pad_hw(gx, p, {0, 0}, 0.0) : gx, k, st)));
+    return;
+  }
+  std::vector<int> z = {0, 0};
+  G xp = pad_hw(gx, p, e, 0.0);
+  G sum = window_avg(xp, k, st);
+  sum = chk(graft_mul(sum.get(), fullc((double)k[0] * k[1], dt).get()), "avg_pool2d");
+  G r = a.none(6) ? chk(graft_div(sum.get(), pool_counts(x, k, st, p, e, include_pad).get()), "avg_pool2d")
+                  : chk(graft_mul(sum.get(), fullc(1.0 / (double)a.i(6), dt).get()), "avg_pool2d");
+  push(s, wrap(std::move(r)));
+}
+
+// avg_pool2d_backward(grad_output, self, kernel, stride, padding, ceil_mode, count_include_pad, divisor?)
+void avg_pool2d_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  auto k = pair(a.il(2), 1);
+  auto st = a.il(3).empty() ? k : pair(a.il(3), 1);
+  auto p = pair(a.il(4), 0);
+  const at::Tensor &x = a.t(1);
+  if (!pool_ok(x, k, st, p, {1, 1}) || !at::isFloatingType(x.scalar_type()) || (!a.none(7) && a.i(7) == 0))
+    return fall_back(op, s, a);
+  auto e = ceil_extra(x, k, st, p, a.b(5));
+  graft_dtype dt = to_gdt(x.scalar_type());
+  G g = conv(tv(a.t(0)), x.scalar_type());
+  if (!a.none(7)) g = chk(graft_mul(g.get(), fullc(1.0 / (double)a.i(7), dt).get()), "avg_pool2d_backward");
+  else if (e[0] == 0 && e[1] == 0 && (a.b(6) || (p[0] == 0 && p[1] == 0)))
+    g = chk(graft_mul(g.get(), fullc(1.0 / ((double)k[0] * k[1]), dt).get()), "avg_pool2d_backward");
+  else
+    g = chk(graft_div(g.get(), pool_counts(x, k, st, p, e, a.b(6)).get()), "avg_pool2d_backward");
+  push(s, wrap(window_scatter(g, x.size(-2), x.size(-1), k, st, p, e)));
+}
+
+// max_pool2d_with_indices(self, kernel, stride, padding, dilation, ceil_mode) -> (out, indices)
+// The indices (flat positions in each H*W plane of the first maximum, as PyTorch's CPU kernel
+// picks) are computed in graft from the window offsets; lazily, so nothing runs unless used.
+void max_pool2d_with_indices(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  auto k = pair(a.il(1), 1);
+  auto st = a.il(2).empty() ? k : pair(a.il(2), 1);
+  auto p = pair(a.il(3), 0);
+  auto dl = pair(a.il(4), 1);
+  const at::Tensor &x = a.t(0);
+  if (!pool_ok(x, k, st, p, dl) || x.scalar_type() == at::kBool) return fall_back(op, s, a);
+  auto e = ceil_extra(x, k, st, p, a.b(5), dl);
+  G gx = tv(x);
+  double ninf = at::isFloatingType(x.scalar_type()) ? -INFINITY : -9.2e18;  // pads never win
+  if (dl[0] != 1 || dl[1] != 1 || use_slices(k)) {
+    DilatedPool dp = dilated_max_pool(gx, x.size(-1), k, st, p, dl, e, ninf, true);
+    auto os = gshape(dp.out);
+    int nd = (int)os.size();
+    std::vector<int64_t> sp = {os[nd - 2], os[nd - 1]};
+    G rows = chk(graft_iota(GRAFT_I64, 2, sp.data(), 0), "max_pool2d");
+    G cols = chk(graft_iota(GRAFT_I64, 2, sp.data(), 1), "max_pool2d");
+    rows = chk(graft_mul(rows.get(), fullc((double)st[0] * x.size(-1), GRAFT_I64).get()), "max_pool2d");
+    cols = chk(graft_mul(cols.get(), fullc(st[1], GRAFT_I64).get()), "max_pool2d");
+    G base = chk(graft_add(rows.get(), cols.get()), "max_pool2d");
+    G idx = fullc(0, GRAFT_I64, os);
+    for (size_t q = 0; q < dp.hits.size(); ++q) {
+      G lin = chk(graft_add(base.get(), fullc((double)dp.lin[q], GRAFT_I64).get()), "max_pool2d");
+      idx = chk(graft_where(dp.hits[q].get(), lin.get(), idx.get()), "max_pool2d");
+    }
+    push(s, wrap(std::move(dp.out)));
+    push(s, wrap(std::move(idx)));
+    return;
+  }
+  bool padded = p[0] || p[1] || e[0] || e[1];
+  G xpad = padded ? pad_hw(gx, p, e, ninf) : gx;
+  std::vector<int> z = {0, 0};
+  G out = chk(graft_max_pool2d(xpad.get(), k.data(), st.data(), z.data()), "max_pool2d");
+  auto os = gshape(out);
+  int nd = (int)os.size();
+  int64_t W = x.size(-1), OH = os[nd - 2], OW = os[nd - 1];
+  std::vector<int64_t> sp = {OH, OW};
+  G rows = chk(graft_iota(GRAFT_I64, 2, sp.data(), 0), "max_pool2d");
+  G cols = chk(graft_iota(GRAFT_I64, 2, sp.data(), 1), "max_pool2d");
+  rows = chk(graft_mul(rows.get(), fullc(st[0], GRAFT_I64).get()), "max_pool2d");
+  cols = chk(graft_mul(cols.get(), fullc(st[1], GRAFT_I64).get()), "max_pool2d");
+  G base = chk(graft_mul(rows.get(), fullc((double)W, GRAFT_I64).get()), "max_pool2d");
+  base = chk(graft_add(base.get(), cols.get()), "max_pool2d");  // (oh*s0)*W + ow*s1
+  G idx = fullc(0, GRAFT_I64, os), taken = fullc(0, GRAFT_BOOL, os);
+  std::vector<int64_t> a0(nd, 0), a1 = gshape(xpad), step(nd, 1);
+  step[nd - 2] = st[0];
+  step[nd - 1] = st[1];
+  for (int i = 0; i < k[0]; ++i)
+    for (int j = 0; j < k[1]; ++j) {
+      a0[nd - 2] = i;
+      a1[nd - 2] = i + (OH - 1) * st[0] + 1;
+      a0[nd - 1] = j;
+      a1[nd - 1] = j + (OW - 1) * st[1] + 1;
+      G xv = chk(graft_slice(xpad.get(), a0.data(), a1.data(), step.data()), "max_pool2d");
+      G eq = chk(graft_eq(xv.get(), out.get()), "max_pool2d");
+      G nt = chk(graft_logical_not(taken.get()), "max_pool2d");
+      G hit = chk(graft_logical_and(eq.get(), nt.get()), "max_pool2d");
+      taken = chk(graft_logical_or(taken.get(), hit.get()), "max_pool2d");
+      G lin = chk(graft_add(base.get(), fullc((double)((i - p[0]) * W + (j - p[1])), GRAFT_I64).get()), "max_pool2d");
+      idx = chk(graft_where(hit.get(), lin.get(), idx.get()), "max_pool2d");
+    }
+  push(s, wrap(std::move(out)));
+  push(s, wrap(std::move(idx)));
+}
+
+// max_pool2d_with_indices_backward(grad_output, self, kernel, stride, padding, dilation, ceil_mode,
+// indices): graft's own gradient (first maximum of each window) from self; indices unused.
+void max_pool2d_with_indices_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  auto k = pair(a.il(2), 1);
+  auto st = a.il(3).empty() ? k : pair(a.il(3), 1);
+  auto p = pair(a.il(4), 0);
+  auto dl = pair(a.il(5), 1);
+  const at::Tensor &x = a.t(1);
+  if (!pool_ok(x, k, st, p, dl) || !at::isFloatingType(x.scalar_type())) return fall_back(op, s, a);
+  auto e = ceil_extra(x, k, st, p, a.b(6), dl);
+  G gx = tv(x), g = conv(tv(a.t(0)), x.scalar_type());
+  if (dl[0] != 1 || dl[1] != 1 || use_slices(k)) {
+    DilatedPool dp = dilated_max_pool(gx, x.size(-1), k, st, p, dl, e, -INFINITY, true);
+    auto xs = gshape(dp.xpad), gs = gshape(g);
+    int nd = (int)xs.size();
+    int64_t OH = gs[nd - 2], OW = gs[nd - 1];
+    std::vector<int64_t> lo(nd, 0), hi(nd, 0), in(nd, 0);
+    in[nd - 2] = st[0] - 1;
+    in[nd - 1] = st[1] - 1;
+    G z = fullc(0, to_gdt(x.scalar_type()));
+    G acc;
+    size_t q = 0;
+    for (int i = 0; i < k[0]; ++i)
+      for (int j = 0; j < k[1]; ++j, ++q) {
+        lo[nd - 2] = (int64_t)i * dl[0];
+        hi[nd - 2] = xs[nd - 2] - (lo[nd - 2] + (OH - 1) * st[0] + 1);
+        lo[nd - 1] = (int64_t)j * dl[1];
+        hi[nd - 1] = xs[nd - 1] - (lo[nd - 1] + (OW - 1) * st[1] + 1);
+        G gq = chk(graft_where(dp.hits[q].get(), g.get(), z.get()), "max_pool2d_backward");
+        G t = chk(graft_pad_ex(gq.get(), lo.data(), hi.data(), in.data(), 0.0), "max_pool2d_backward");
+        acc = acc ? chk(graft_add(acc.get(), t.get()), "max_pool2d_backward") : t;
+      }
+    std::vector<int64_t> a0(nd, 0), a1 = xs;
+    a0[nd - 2] = p[0];
+    a0[nd - 1] = p[1];
+    a1[nd - 2] = p[0] + x.size(-2);
+    a1[nd - 1] = p[1] + x.size(-1);
+    push(s, wrap(chk(graft_slice(acc.get(), a0.data(), a1.data(), nullptr), "max_pool2d_backward")));
+    return;
+  }
+  if (e[0] == 0 && e[1] == 0) {
+    push(s, wrap(chk(graft_max_pool2d_backward(gx.get(), g.get(), k.data(), st.data(), p.data()),
+                     "max_pool2d_backward")));
+    return;
+  }
+  // ceil_mode windows past the padding: the gradient for the explicitly padded input, cropped.
+  std::vector<int> z = {0, 0};
+  G xp = pad_hw(gx, p, e, -INFINITY);
+  G r = chk(graft_max_pool2d_backward(xp.get(), g.get(), k.data(), st.data(), z.data()), "max_pool2d_backward");
+  auto rs = gshape(r);
+  int nd = (int)rs.size();
+  std::vector<int64_t> a0(nd, 0), a1 = rs;
+  a0[nd - 2] = p[0];
+  a0[nd - 1] = p[1];
+  a1[nd - 2] = p[0] + x.size(-2);
+  a1[nd - 1] = p[1] + x.size(-1);
+  push(s, wrap(chk(graft_slice(r.get(), a0.data(), a1.data(), nullptr), "max_pool2d_backward")));
+}
+
+// Adaptive average pooling. Output cell i of a dim of size n -> m covers [floor(i*n/m),
+// ceil((i+1)*n/m)). Divisible sizes are avg_pool with kernel = stride = n/m; otherwise a
+// pooling matrix P [m, n] (built from iota in the graph, so constant-folded) and P x P^T.
+G adaptive_matrix(int64_t n, int64_t m, graft_dtype dt) {
+  std::vector<int64_t> sh = {m, n};
+  G io = chk(graft_iota(GRAFT_I64, 2, sh.data(), 0), "adaptive_avg_pool2d");
+  G ih = chk(graft_iota(GRAFT_I64, 2, sh.data(), 1), "adaptive_avg_pool2d");
+  G N = fullc((double)n, GRAFT_I64), M = fullc((double)m, GRAFT_I64);
+  G start = chk(graft_mul(io.get(), N.get()), "adaptive_avg_pool2d");
+  start = chk(graft_div(start.get(), M.get()), "adaptive_avg_pool2d");
+  G end = chk(graft_add(io.get(), fullc(1, GRAFT_I64).get()), "adaptive_avg_pool2d");
+  end = chk(graft_mul(end.get(), N.get()), "adaptive_avg_pool2d");
+  end = chk(graft_add(end.get(), fullc((double)(m - 1), GRAFT_I64).get()), "adaptive_avg_pool2d");
+  end = chk(graft_div(end.get(), M.get()), "adaptive_avg_pool2d");
+  G in1 = chk(graft_ge(ih.get(), start.get()), "adaptive_avg_pool2d");
+  G in2 = chk(graft_lt(ih.get(), end.get()), "adaptive_avg_pool2d");
+  G in = chk(graft_logical_and(in1.get(), in2.get()), "adaptive_avg_pool2d");
+  G len = chk(graft_sub(end.get(), start.get()), "adaptive_avg_pool2d");
+  len = chk(graft_convert(len.get(), dt), "adaptive_avg_pool2d");
+  G w = chk(graft_reciprocal(len.get()), "adaptive_avg_pool2d");
+  return chk(graft_where(in.get(), w.get(), fullc(0, dt).get()), "adaptive_avg_pool2d");
+}
+
+// _adaptive_avg_pool2d(self, output_size)
+void adaptive_avg_pool2d(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &x = a.t(0);
+  auto os = a.il(1);
+  if ((x.dim() != 3 && x.dim() != 4) || os.size() != 2 || !at::isFloatingType(x.scalar_type()) ||
+      os[0] <= 0 || os[1] <= 0 || x.numel() == 0)
+    return fall_back(op, s, a);
+  int64_t H = x.size(-2), W = x.size(-1);
+  G gx = tv(x);
+  if (H % os[0] == 0 && W % os[1] == 0) {
+    std::vector<int> k = {(int)(H / os[0]), (int)(W / os[1])}, p = {0, 0};
+    push(s, wrap(window_avg(gx, k, k)));
+    return;
+  }
+  graft_dtype dt = to_gdt(x.scalar_type());
+  G ph = adaptive_matrix(H, os[0], dt), pw = adaptive_matrix(W, os[1], dt);
+  G pwt = chk(graft_t(pw.get()), "adaptive_avg_pool2d");
+  G r = chk(graft_matmul(ph.get(), gx.get()), "adaptive_avg_pool2d");
+  push(s, wrap(chk(graft_matmul(r.get(), pwt.get()), "adaptive_avg_pool2d")));
+}
+
+// _adaptive_avg_pool2d_backward(grad_output, self)
+void adaptive_avg_pool2d_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &x = a.t(1), &go = a.t(0);
+  if ((x.dim() != 3 && x.dim() != 4) || !at::isFloatingType(x.scalar_type()) || x.numel() == 0)
+    return fall_back(op, s, a);
+  int64_t H = x.size(-2), W = x.size(-1), OH = go.size(-2), OW = go.size(-1);
+  G g = conv(tv(go), x.scalar_type());
+  if (H % OH == 0 && W % OW == 0) {
+    std::vector<int> k = {(int)(H / OH), (int)(W / OW)}, p = {0, 0};
+    g = chk(graft_mul(g.get(), fullc(1.0 / ((double)k[0] * k[1]), graft_get_dtype(g.get())).get()),
+            "adaptive_avg_pool2d_backward");
+    push(s, wrap(window_scatter(g, H, W, k, k, p)));
+    return;
+  }
+  graft_dtype dt = to_gdt(x.scalar_type());
+  G ph = adaptive_matrix(H, OH, dt), pw = adaptive_matrix(W, OW, dt);
+  G pht = chk(graft_t(ph.get()), "adaptive_avg_pool2d_backward");
+  G r = chk(graft_matmul(pht.get(), g.get()), "adaptive_avg_pool2d_backward");
+  push(s, wrap(chk(graft_matmul(r.get(), pw.get()), "adaptive_avg_pool2d_backward")));
+}
+
+std::vector<int> two_ints(std::vector<int64_t> v, int64_t dflt) {
+  if (v.empty()) v.push_back(dflt);
+  if (v.size() == 1) v.push_back(v[0]);
+  return {(int)v[0], (int)v[1]};
+}
+
+// 1-D convolutions run as 2-D ones over [N, C, 1, L].
+G as_4d(const G &v) {
+  auto sh = gshape(v);
+  if (sh.size() == 4) return v;
+  sh.insert(sh.end() - 1, 1);
+  return reshape_to(v, sh);
+}
+
+// im2col lowering of a (groups=1, non-transposed) convolution: the k*k window offsets of the
+// padded input as strided slices, stacked into a [C*KH*KW, N*OH*OW] matrix, so the convolution,
+// its weight gradient and its input gradient are single matrix products plus data movement
+// (which graft's compiling backend generates natively). GRAFT_TORCH_CONV=native uses graft's
+// conv2d primitives instead.
+struct ConvGeom {
+  int64_t N, C, H, W, O, KH, KW, OH, OW, HP, WP;
+};
+
+ConvGeom conv_geom(const std::vector<int64_t> &xs, const std::vector<int64_t> &ws, const std::vector<int> &st,
+                   const std::vector<int> &p, const std::vector<int> &dl) {
+  ConvGeom g;
+  g.N = xs[0], g.C = xs[1], g.H = xs[2], g.W = xs[3], g.O = ws[0], g.KH = ws[2], g.KW = ws[3];
+  g.HP = g.H + 2 * p[0], g.WP = g.W + 2 * p[1];
+  g.OH = (g.HP - (int64_t)dl[0] * (g.KH - 1) - 1) / st[0] + 1;
+  g.OW = (g.WP - (int64_t)dl[1] * (g.KW - 1) - 1) / st[1] + 1;
+  return g;
+}
+
+// cols [C*KH*KW, N*OH*OW] of x [N,C,H,W].
+G im2col(const G &x, const ConvGeom &g, const std::vector<int> &st, const std::vector<int> &p,
+         const std::vector<int> &dl) {
+  int perm[4] = {1, 0, 2, 3};
+  G xt = chk(graft_transpose(x.get(), perm), "conv2d");  // [C,N,H,W]
+  if (p[0] || p[1]) xt = pad_hw(xt, p, {0, 0}, 0.0);
+  std::vector<G> parts;
+  std::vector<graft_tensor *> ptrs;
+  int64_t NL = g.N * g.OH * g.OW;
+  for (int i = 0; i < g.KH; ++i)
+    for (int j = 0; j < g.KW; ++j) {
+      int64_t a0[4] = {0, 0, (int64_t)i * dl[0], (int64_t)j * dl[1]};
+      int64_t a1[4] = {g.C, g.N, a0[2] + (g.OH - 1) * st[0] + 1, a0[3] + (g.OW - 1) * st[1] + 1};
+      int64_t step[4] = {1, 1, st[0], st[1]};
+      G v = chk(graft_slice(xt.get(), a0, a1, step), "conv2d");
+      parts.push_back(reshape_to(v, {g.C, 1, NL}));
+      ptrs.push_back(parts.back().get());
+    }
+  G c = ptrs.size() == 1 ? parts[0] : chk(graft_concat(ptrs.data(), (int)ptrs.size(), 1), "conv2d");
+  return reshape_to(c, {g.C * g.KH * g.KW, NL});
+}
+
+// dy [N,O,OH,OW] as [O, N*OH*OW].
+G dy_rows(const G &dy, const ConvGeom &g) {
+  int perm[4] = {1, 0, 2, 3};
+  G t = chk(graft_transpose(dy.get(), perm), "conv2d");
+  return reshape_to(t, {g.O, g.N * g.OH * g.OW});
+}
+
+G im2col_conv(const G &x, const G &w, const std::vector<int> &st, const std::vector<int> &p,
+              const std::vector<int> &dl) {
+  ConvGeom g = conv_geom(gshape(x), gshape(w), st, p, dl);
+  TORCH_CHECK(g.OH > 0 && g.OW > 0, "graft: convolution output would be empty");
+  G cols = im2col(x, g, st, p, dl);
+  G w2 = reshape_to(w, {g.O, g.C * g.KH * g.KW});
+  G y = chk(graft_matmul(w2.get(), cols.get()), "conv2d");  // [O, N*L]
+  y = reshape_to(y, {g.O, g.N, g.OH, g.OW});
+  int perm[4] = {1, 0, 2, 3};
+  return chk(graft_transpose(y.get(), perm), "conv2d");
+}
+
+G im2col_conv_bwd_weight(const G &x, const G &dy, const std::vector<int64_t> &ws, const std::vector<int> &st,
+                         const std::vector<int> &p, const std::vector<int> &dl) {
+  ConvGeom g = conv_geom(gshape(x), ws, st, p, dl);
+  G cols = im2col(x, g, st, p, dl);
+  G ct = chk(graft_t(cols.get()), "conv2d_backward_weight");
+  G dw = chk(graft_matmul(dy_rows(dy, g).get(), ct.get()), "conv2d_backward_weight");  // [O, CKK]
+  return reshape_to(dw, ws);
+}
+
+G im2col_conv_bwd_input(const G &dy, const G &w, const std::vector<int64_t> &xs, const std::vector<int> &st,
+                        const std::vector<int> &p, const std::vector<int> &dl) {
+  ConvGeom g = conv_geom(xs, gshape(w), st, p, dl);
+  G w2 = reshape_to(w, {g.O, g.C * g.KH * g.KW});
+  G wt = chk(graft_t(w2.get()), "conv2d_backward_input");
+  G dc = chk(graft_matmul(wt.get(), dy_rows(dy, g).get()), "conv2d_backward_input");  // [CKK, N*L]
+  dc = reshape_to(dc, {g.C, g.KH * g.KW, g.N, g.OH, g.OW});
+  G acc;
+  for (int i = 0; i < g.KH; ++i)
+    for (int j = 0; j < g.KW; ++j) {
+      int64_t q = i * g.KW + j;
+      int64_t a0[5] = {0, q, 0, 0, 0}, a1[5] = {g.C, q + 1, g.N, g.OH, g.OW};
+      G part = reshape_to(chk(graft_slice(dc.get(), a0, a1, nullptr), "conv2d_backward_input"),
+                          {g.C, g.N, g.OH, g.OW});
+      int64_t lo[4] = {0, 0, (int64_t)i * dl[0], (int64_t)j * dl[1]};
+      int64_t hi[4] = {0, 0, g.HP - (lo[2] + (g.OH - 1) * st[0] + 1), g.WP - (lo[3] + (g.OW - 1) * st[1] + 1)};
+      int64_t in[4] = {0, 0, st[0] - 1, st[1] - 1};
+      G t = chk(graft_pad_ex(part.get(), lo, hi, in, 0.0), "conv2d_backward_input");
+      acc = acc ? chk(graft_add(acc.get(), t.get()), "conv2d_backward_input") : t;
+    }
+  if (p[0] || p[1]) {
+    int64_t a0[4] = {0, 0, p[0], p[1]}, a1[4] = {g.C, g.N, p[0] + g.H, p[1] + g.W};
+    acc = chk(graft_slice(acc.get(), a0, a1, nullptr), "conv2d_backward_input");
+  }
+  int perm[4] = {1, 0, 2, 3};
+  return chk(graft_transpose(acc.get(), perm), "conv2d_backward_input");
+}
+
+// convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
+void convolution(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &x = a.t(0), &w = a.t(1);
+  bool one_d = x.dim() == 3 && w.dim() == 3;
+  if (!((x.dim() == 4 && w.dim() == 4) || one_d) || !at::isFloatingType(x.scalar_type()))
+    return fall_back(op, s, a);
+  same_dtype(x, w, "convolution");
+  auto fix = [&](std::vector<int64_t> v, int64_t dflt) {
+    if (v.empty()) v.push_back(dflt);
+    auto r = two_ints(v, dflt);
+    if (one_d) r[0] = (int)dflt;
+    return r;
+  };
+  auto s2 = fix(a.il(3), 1), p2 = fix(a.il(4), 0), d2 = fix(a.il(5), 1), op2 = fix(a.il(7), 0);
+  int groups = (int)a.i(8);
+  bool transposed = a.b(6);
+  G gx = as_4d(tv(x)), gw = as_4d(tv(w));
+  G r;
+  if (!transposed && use_im2col(groups)) {
+    r = im2col_conv(gx, gw, s2, p2, d2);
+  } else if (!transposed) {
+    r = chk(graft_conv2d(gx.get(), gw.get(), s2.data(), p2.data(), d2.data(), groups), "conv2d");
+  } else {
+    // conv_transpose(x, w) is the input-gradient of conv(., w) with x as dy.
+    auto ws = gshape(gw), xs = gshape(gx);
+    std::vector<int64_t> osz = {xs[0], ws[1] * groups, 0, 0};
+    for (int d = 0; d < 2; ++d)
+      osz[2 + d] = (xs[2 + d] - 1) * s2[d] - 2 * p2[d] + (int64_t)d2[d] * (ws[2 + d] - 1) + op2[d] + 1;
+    std::vector<int> zp = {0, 0};
+    std::vector<int64_t> big = osz;
+    big[2] += 2 * p2[0];
+    big[3] += 2 * p2[1];
+    r = use_im2col(groups)
+            ? im2col_conv_bwd_input(gx, gw, big, s2, zp, d2)
+            : chk(graft_conv2d_backward_input(gx.get(), gw.get(), big.data(), s2.data(), zp.data(), d2.data(), groups),
+                  "conv_transpose2d");
+    if (p2[0] || p2[1]) {
+      std::vector<int64_t> a0 = {0, 0, p2[0], p2[1]}, a1 = {osz[0], osz[1], p2[0] + osz[2], p2[1] + osz[3]};
+      r = chk(graft_slice(r.get(), a0.data(), a1.data(), nullptr), "conv_transpose2d");
+    }
+  }
+  if (!a.none(2) && a.t(2).defined()) {
+    G b = reshape_to(conv(tv(a.t(2)), x.scalar_type()), {1, a.t(2).numel(), 1, 1});
+    r = chk(graft_add(r.get(), b.get()), "conv2d");
+  }
+  if (one_d) {
+    auto rs = gshape(r);
+    r = reshape_to(r, {rs[0], rs[1], rs[3]});
+  }
+  push(s, wrap(std::move(r)));
+}
+
+// Input gradient of a (non-transposed) conv, also when padding exceeds dilation*(kernel-1):
+// computed for the explicitly padded input with no padding, then cropped.
+G conv_bwd_input(const G &dy, const G &w, std::vector<int64_t> xs, const std::vector<int> &st,
+                 const std::vector<int> &p, const std::vector<int> &dl, int groups) {
+  auto ws = gshape(w);
+  bool direct = p[0] <= dl[0] * (ws[2] - 1) && p[1] <= dl[1] * (ws[3] - 1);
+  if (direct)
+    return chk(graft_conv2d_backward_input(dy.get(), w.get(), xs.data(), st.data(), p.data(), dl.data(), groups),
+               "conv2d_backward_input");
+  std::vector<int64_t> big = xs;
+  big[2] += 2 * p[0];
+  big[3] += 2 * p[1];
+  std::vector<int> zp = {0, 0};
+  G r = chk(graft_conv2d_backward_input(dy.get(), w.get(), big.data(), st.data(), zp.data(), dl.data(), groups),
+            "conv2d_backward_input");
+  std::vector<int64_t> a0 = {0, 0, p[0], p[1]}, a1 = {xs[0], xs[1], p[0] + xs[2], p[1] + xs[3]};
+  return chk(graft_slice(r.get(), a0.data(), a1.data(), nullptr), "conv2d_backward_input");
+}
+
+// convolution_backward(grad_output, input, weight, bias_sizes?, stride, padding, dilation,
+//   transposed, output_padding, groups, output_mask[3]) -> (grad_input, grad_weight, grad_bias)
+void convolution_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &go = a.t(0), &x = a.t(1), &w = a.t(2);
+  bool one_d = x.dim() == 3 && w.dim() == 3 && go.dim() == 3;
+  if (!((x.dim() == 4 && w.dim() == 4 && go.dim() == 4) || one_d) || !at::isFloatingType(x.scalar_type()))
+    return fall_back(op, s, a);
+  auto fix = [&](std::vector<int64_t> v, int64_t dflt) {
+    if (v.empty()) v.push_back(dflt);
+    auto r = two_ints(v, dflt);
+    if (one_d) r[0] = (int)dflt;
+    return r;
+  };
+  auto s2 = fix(a.il(4), 1), p2 = fix(a.il(5), 0), d2 = fix(a.il(6), 1), op2 = fix(a.il(8), 0);
+  bool transposed = a.b(7);
+  int groups = (int)a.i(9);
+  auto mask = a.v[10].toBoolList();
+  at::ScalarType stp = x.scalar_type();
+  G g = as_4d(conv(tv(go), stp)), gx = as_4d(tv(x)), gw = as_4d(conv(tv(w), stp));
+  auto xs = gshape(gx), ws = gshape(gw), ys = gshape(g);
+  auto back3 = [&](G v) {
+    if (!one_d) return v;
+    auto sh = gshape(v);
+    return reshape_to(v, {sh[0], sh[1], sh[3]});
+  };
+  at::Tensor gi, gwt, gb;
+  if (mask[0]) {
+    G r = transposed ? (use_im2col(groups) ? im2col_conv(g, gw, s2, p2, d2)
+                                           : chk(graft_conv2d(g.get(), gw.get(), s2.data(), p2.data(), d2.data(), groups),
+                                                 "conv_transpose backward"))
+          : use_im2col(groups) ? im2col_conv_bwd_input(g, gw, xs, s2, p2, d2)
+                               : conv_bwd_input(g, gw, xs, s2, p2, d2, groups);
+    if (transposed) {  // output_padding >= stride (possible with dilation) leaves extra rows: crop
+      auto rs = gshape(r);
+      if (rs[2] != xs[2] || rs[3] != xs[3]) {
+        std::vector<int64_t> a0 = {0, 0, 0, 0}, a1 = {rs[0], rs[1], xs[2], xs[3]};
+        r = chk(graft_slice(r.get(), a0.data(), a1.data(), nullptr), "conv_transpose backward");
+      }
+    }
+    gi = wrap(back3(std::move(r)));
+  }
+  if (mask[1]) {
+    G r;
+    if (!transposed && use_im2col(groups)) {
+      r = im2col_conv_bwd_weight(gx, g, ws, s2, p2, d2);
+    } else if (transposed && use_im2col(groups)) {
+      r = im2col_conv_bwd_weight(g, gx, ws, s2, p2, d2);
+    } else if (!transposed) {
+      r = chk(graft_conv2d_backward_weight(gx.get(), g.get(), ws.data(), s2.data(), p2.data(), d2.data(), groups),
+              "conv2d_backward_weight");
+    } else {
+      // y = conv_transpose(x, w) = adjoint of conv(., w): dw = backward_weight(input = dy, dy = x)
+      r = chk(graft_conv2d_backward_weight(g.get(), gx.get(), ws.data(), s2.data(), p2.data(), d2.data(), groups),
+              "conv_transpose backward_weight");
+    }
+    gwt = wrap(back3(std::move(r)));
+  }
+  if (mask[2]) {
+    std::vector<int> dims = {0, 2, 3};
+    gb = wrap(chk(graft_sum(g.get(), dims.data(), 3, false), "convolution_backward (bias)"));
+  }
+  (void)ys;
+  (void)op2;
+  push(s, gi);
+  push(s, gwt);
+  push(s, gb);
+}
+
+// Shared by index / index_put: the indexed dims, the flat row index (broadcast, negatives
+// wrapped), the permutation putting indexed dims first, and the sizes of the rest.
+struct IndexPlan {
+  std::vector<int> dims, perm;
+  std::vector<int64_t> bshape, rest;
+  int64_t V = 1, D = 1;
+  bool adjacent = false;
+  G flat;
+};
+
+bool plan_index(const at::Tensor &x, const c10::IValue &ilist, IndexPlan &p) {
+  std::vector<at::Tensor> idx;
+  for (const auto &e : ilist.toListRef()) idx.push_back(e.isTensor() ? e.toTensor() : at::Tensor());
+  int64_t nd = x.dim();
+  for (size_t k = 0; k < idx.size(); ++k) {
+    if (!idx[k].defined()) continue;
+    auto st = idx[k].scalar_type();
+    if (st != at::kLong && st != at::kInt) return false;
+    p.dims.push_back((int)k);
+  }
+  if (p.dims.empty() || (int64_t)idx.size() > nd || nd == 0 || x.numel() == 0) return false;
+  p.adjacent = p.dims.back() - p.dims.front() + 1 == (int)p.dims.size();
+  for (int d : p.dims) p.bshape = at::infer_size(p.bshape, idx[d].sizes());
+  for (int d : p.dims) p.V *= x.size(d);
+  int64_t stride = p.V;
+  for (int d : p.dims) {
+    stride /= x.size(d);
+    // Index tensors may live on the CPU (as PyTorch allows for accelerator tensors).
+    G i = conv(is_graft(idx[d]) ? value(idx[d]) : from_cpu(idx[d]), at::kLong);
+    G n = fullc((double)x.size(d), GRAFT_I64), z = fullc(0, GRAFT_I64);
+    G neg = chk(graft_lt(i.get(), z.get()), "index");
+    G iw = chk(graft_add(i.get(), n.get()), "index");
+    i = chk(graft_where(neg.get(), iw.get(), i.get()), "index");
+    if (stride != 1) i = chk(graft_mul(i.get(), fullc((double)stride, GRAFT_I64).get()), "index");
+    p.flat = p.flat ? chk(graft_add(p.flat.get(), i.get()), "index") : i;
+  }
+  p.flat = chk(graft_broadcast_to(p.flat.get(), (int)p.bshape.size(), p.bshape.data()), "index");
+  p.perm.assign(p.dims.begin(), p.dims.end());
+  for (int d = 0; d < nd; ++d)
+    if (std::find(p.dims.begin(), p.dims.end(), d) == p.dims.end()) {
+      p.perm.push_back(d);
+      p.rest.push_back(x.size(d));
+      p.D *= x.size(d);
+    }
+  return true;
+}
+
+// Permutation between the [bshape, rest] layout and PyTorch's result layout (bshape in the
+// middle when the indexed dims are adjacent and not first); empty when they agree.
+std::vector<int> result_perm(const IndexPlan &p) {
+  std::vector<int> p2;
+  if (!(p.adjacent && p.dims.front() > 0)) return p2;
+  int nb = (int)p.bshape.size(), first = p.dims.front(), tot = nb + (int)p.rest.size();
+  for (int k = 0; k < first; ++k) p2.push_back(nb + k);
+  for (int k = 0; k < nb; ++k) p2.push_back(k);
+  for (int k = nb + first; k < tot; ++k) p2.push_back(k);
+  return p2;
+}
+
+G permuted_rows(const at::Tensor &x, const IndexPlan &p) {
+  G gx = tv(x);
+  bool ident = true;
+  for (size_t d = 0; d < p.perm.size(); ++d) ident &= p.perm[d] == (int)d;
+  if (!ident) gx = chk(graft_transpose(gx.get(), p.perm.data()), "index");
+  return reshape_to(gx, {p.V, p.D});
+}
+
+// index.Tensor(self, Tensor?[] indices): advanced indexing with integer index tensors (bool masks
+// have data-dependent shapes and fall back): one row gather over the flattened indexed dims.
+void index_tensor(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  IndexPlan p;
+  if (!plan_index(a.t(0), a.v[1], p)) return fall_back(op, s, a);
+  G r = chk(graft_embedding(permuted_rows(a.t(0), p).get(), p.flat.get()), "index");  // bshape + [D]
+  std::vector<int64_t> os = p.bshape;
+  os.insert(os.end(), p.rest.begin(), p.rest.end());
+  r = reshape_to(r, os);
+  auto p2 = result_perm(p);
+  if (!p2.empty()) r = chk(graft_transpose(r.get(), p2.data()), "index");
+  push(s, wrap(std::move(r)));
+}
+
+// The new value of self after index_put(self, indices, values, accumulate).
+G index_put_value(const at::Tensor &x, const IndexPlan &p, const at::Tensor &vals, bool accumulate) {
+  // values broadcast to the result layout, then brought to [B, D]
+  std::vector<int64_t> os = p.bshape;
+  os.insert(os.end(), p.rest.begin(), p.rest.end());
+  auto p2 = result_perm(p);
+  std::vector<int64_t> ros = os;
+  if (!p2.empty())
+    for (size_t k = 0; k < p2.size(); ++k) ros[k] = os[p2[k]];
+  G v = conv(tv(vals), x.scalar_type());
+  v = chk(graft_broadcast_to(v.get(), (int)ros.size(), ros.data()), "index_put");
+  if (!p2.empty()) {
+    std::vector<int> inv(p2.size());
+    for (size_t k = 0; k < p2.size(); ++k) inv[p2[k]] = (int)k;
+    v = chk(graft_transpose(v.get(), inv.data()), "index_put");
+  }
+  int64_t B = 1;
+  for (auto b : p.bshape) B *= b;
+  v = reshape_to(v, {B, p.D});
+  G fi = reshape_to(p.flat, {B, 1});
+  int64_t bd[2] = {B, p.D}, vd[2] = {p.V, p.D};
+  fi = chk(graft_broadcast_to(fi.get(), 2, bd), "index_put");
+  graft_dtype dt = to_gdt(x.scalar_type());
+  G rows = permuted_rows(x, p);
+  G sc = chk(graft_scatter_add(fullc(0, dt, {p.V, p.D}).get(), 0, fi.get(), v.get()), "index_put");
+  G nv;
+  if (accumulate) {
+    nv = chk(graft_add(rows.get(), sc.get()), "index_put");
+  } else {  // duplicates are undefined behaviour in PyTorch too
+    G ones = fullc(1, GRAFT_I32, {B, p.D});
+    G cnt = chk(graft_scatter_add(fullc(0, GRAFT_I32, {p.V, p.D}).get(), 0, fi.get(), ones.get()), "index_put");
+    G hit = chk(graft_gt(cnt.get(), fullc(0, GRAFT_I32).get()), "index_put");
+    nv = chk(graft_where(hit.get(), sc.get(), rows.get()), "index_put");
+  }
+  (void)vd;
+  // back to x's layout
+  std::vector<int64_t> ps;
+  for (int d : p.perm) ps.push_back(x.size(d));
+  nv = reshape_to(nv, ps);
+  std::vector<int> inv(p.perm.size());
+  for (size_t k = 0; k < p.perm.size(); ++k) inv[p.perm[k]] = (int)k;
+  return chk(graft_transpose(nv.get(), inv.data()), "index_put");
+}
+
+// index_put(self, indices, values, accumulate) -> new tensor
+void index_put(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  IndexPlan p;
+  if (!is_graft(a.t(2)) && a.t(2).dim() > 0) return fall_back(op, s, a);
+  if (!plan_index(a.t(0), a.v[1], p)) return fall_back(op, s, a);
+  push(s, wrap(index_put_value(a.t(0), p, a.t(2), a.b(3))));
+}
+
+// index_put_ / _index_put_impl_(self, indices, values, accumulate[, unsafe]) -> self
+void index_put_(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  IndexPlan p;
+  if (!is_graft(a.t(2)) && a.t(2).dim() > 0) return fall_back(op, s, a);
+  if (!plan_index(a.t(0), a.v[1], p)) return fall_back(op, s, a);
+  write(a.t(0), index_put_value(a.t(0), p, a.t(2), a.b(3)));
+  push(s, a.t(0));
+}
+
+// repeat(self, repeats): each dim i of the (left-padded) input tiled repeats[i] times:
+// broadcast [1, s0, 1, s1, ...] to [r0, s0, r1, s1, ...], then merge the pairs.
+void repeat(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &x = a.t(0);
+  auto r = a.il(1);
+  int64_t nd = x.dim(), nr = (int64_t)r.size();
+  TORCH_CHECK(nr >= nd, "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor");
+  for (auto v : r) TORCH_CHECK(v >= 0, "Trying to create tensor with negative dimension ", v, ": ", r);
+  std::vector<int64_t> xs(nr - nd, 1);
+  for (auto v : x.sizes()) xs.push_back(v);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < nr; ++i) out.push_back(xs[i] * r[i]);
+  if (x.numel() == 0 || c10::multiply_integers(out) == 0) {
+    push(s, wrap(chk(graft_zeros(to_gdt(x.scalar_type()), (int)out.size(), out.data()), "repeat")));
+    return;
+  }
+  if (2 * nr > GRAFT_MAX_DIMS) return fall_back(op, s, a);
+  std::vector<int64_t> s1, s2;
+  for (int64_t i = 0; i < nr; ++i) {
+    s1.insert(s1.end(), {1, xs[i]});
+    s2.insert(s2.end(), {r[i], xs[i]});
+  }
+  G v = reshape_to(tv(x), s1);
+  v = chk(graft_broadcast_to(v.get(), (int)s2.size(), s2.data()), "repeat");
+  push(s, wrap(reshape_to(v, out)));
+}
+
+// nll_loss2d_forward / _backward: the class dim moved last and the rest flattened into rows,
+// then the 1-D lowerings (same argument layout) on those rows.
+void nll2d_rows(const at::Tensor &x, const at::Tensor &t, at::Tensor &x2, at::Tensor &t2) {
+  int64_t nd = x.dim(), C = x.size(1);
+  std::vector<int> perm = {0};
+  for (int i = 2; i < nd; ++i) perm.push_back(i);
+  perm.push_back(1);
+  G gx = chk(graft_transpose(tv(x).get(), perm.data()), "nll_loss2d");
+  int64_t M = x.numel() / std::max<int64_t>(C, 1);
+  x2 = wrap(reshape_to(gx, {M, C}));
+  t2 = wrap(reshape_to(tv(t), {M}));
+}
+
+void nll_loss2d_forward(const c10::OperatorHandle &op, Stack *s) {  // (self, target, weight?, reduction, ignore_index)
+  Args a(op, s);
+  at::Tensor x = a.t(0), t = a.t(1);  // copies: a.v is rewritten below
+  if (x.dim() != 4 || t.dim() != 3 || x.numel() == 0 || x.size(0) != t.size(0) ||
+      x.size(2) != t.size(1) || x.size(3) != t.size(2))
+    return fall_back(op, s, a);
+  at::Tensor x2, t2;
+  nll2d_rows(x, t, x2, t2);
+  int64_t red = a.i(3);
+  a.v[0] = x2;
+  a.v[1] = t2;
+  for (auto &iv : a.v) s->push_back(iv);
+  nll_loss_forward(op, s);
+  if (red == 0) {
+    at::Tensor tw = s->back().toTensor();
+    s->pop_back();
+    at::Tensor out = s->back().toTensor();
+    s->pop_back();
+    push(s, wrap(reshape_to(value(out), t.sizes().vec())));
+    push(s, tw);
+  }
+}
+
+// (grad_output, self, target, weight?, reduction, ignore_index, total_weight)
+void nll_loss2d_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  at::Tensor x = a.t(1), t = a.t(2);  // copies: a.v is rewritten below
+  if (x.dim() != 4 || t.dim() != 3 || x.numel() == 0) return fall_back(op, s, a);
+  at::Tensor x2, t2;
+  nll2d_rows(x, t, x2, t2);
+  if (a.i(4) == 0) a.v[0] = wrap(reshape_to(tv(a.t(0)), {t.numel()}));
+  a.v[1] = x2;
+  a.v[2] = t2;
+  for (auto &iv : a.v) s->push_back(iv);
+  nll_loss_backward(op, s);
+  at::Tensor g2 = s->back().toTensor();
+  s->pop_back();
+  int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  G g = reshape_to(value(g2), {N, H, W, C});
+  int perm[4] = {0, 3, 1, 2};
+  push(s, wrap(chk(graft_transpose(g.get(), perm), "nll_loss2d_backward")));
+}
+
+// embedding_renorm_(self, indices, max_norm, norm_type): rows named by indices whose p-norm
+// exceeds max_norm are scaled to max_norm / (norm + 1e-7), in place.
+void embedding_renorm_(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &w = a.t(0);
+  if (w.dim() != 2 || w.numel() == 0 || !at::isFloatingType(w.scalar_type())) return fall_back(op, s, a);
+  double maxn = a.d(2), p = a.d(3);
+  at::ScalarType st = w.scalar_type();
+  graft_dtype dt = to_gdt(st);
+  int64_t V = w.size(0), n = a.t(1).numel();
+  G gw = tv(w);
+  G ab = chk(graft_abs(gw.get()), "embedding_renorm_");
+  G pw = p == 1.0 ? ab : p == 2.0 ? chk(graft_mul(ab.get(), ab.get()), "embedding_renorm_")
+                                   : chk(graft_pow_scalar(ab.get(), p), "embedding_renorm_");
+  int ax = 1;
+  G norm = chk(graft_sum(pw.get(), &ax, 1, true), "embedding_renorm_");  // [V,1]
+  if (p == 2.0) norm = chk(graft_sqrt(norm.get()), "embedding_renorm_");
+  else if (p != 1.0) norm = chk(graft_pow_scalar(norm.get(), 1.0 / p), "embedding_renorm_");
+  G idx = reshape_to(conv(tv(a.t(1)), at::kLong), {n, 1});
+  G hits = chk(graft_scatter_add(fullc(0, GRAFT_I32, {V, 1}).get(), 0, idx.get(), fullc(1, GRAFT_I32, {n, 1}).get()),
+               "embedding_renorm_");
+  G used = chk(graft_gt(hits.get(), fullc(0, GRAFT_I32).get()), "embedding_renorm_");
+  G big = chk(graft_gt(norm.get(), fullc(maxn, dt).get()), "embedding_renorm_");
+  G sel = chk(graft_logical_and(used.get(), big.get()), "embedding_renorm_");
+  G den = chk(graft_add(norm.get(), fullc(1e-7, dt).get()), "embedding_renorm_");
+  G scale = chk(graft_div(fullc(maxn, dt).get(), den.get()), "embedding_renorm_");
+  G scaled = chk(graft_mul(gw.get(), scale.get()), "embedding_renorm_");
+  write(w, chk(graft_where(sel.get(), scaled.get(), gw.get()), "embedding_renorm_"));
+  push(s, w);
 }
 
 // The table ---------------------------------------------------------------------------
@@ -1576,6 +2533,12 @@ const std::unordered_map<std::string, Lowering> &table() {
       {"aten::masked_fill.Scalar", &masked_fill},
       {"aten::masked_fill.Tensor", &masked_fill},
       {"aten::clamp", &clamp},
+      {"aten::clamp.Tensor", &clamp},
+      {"aten::clamp_min.Tensor", &clamp_min},
+      {"aten::clamp_max.Tensor", &clamp_max},
+      {"aten::nll_loss2d_forward", &nll_loss2d_forward},
+      {"aten::nll_loss2d_backward", &nll_loss2d_backward},
+      {"aten::embedding_renorm_", &embedding_renorm_},
       {"aten::clamp_min", &clamp_min},
       {"aten::clamp_max", &clamp_max},
       {"aten::neg", &unop<graft_neg, false>},
@@ -1647,7 +2610,8 @@ const std::unordered_map<std::string, Lowering> &table() {
       {"aten::amin", &amaxmin<graft_min>},
       {"aten::max.dim", &minmax_dim<true>},
       {"aten::min.dim", &minmax_dim<false>},
-      {"aten::argmax", &argmax},
+      {"aten::argmax", &argmaxmin<true>},
+      {"aten::argmin", &argmaxmin<false>},
       {"aten::var.correction", &var_corr<false>},
       {"aten::std.correction", &var_corr<true>},
       {"aten::mm", &mm},
@@ -1682,6 +2646,17 @@ const std::unordered_map<std::string, Lowering> &table() {
       {"aten::native_batch_norm", &native_batch_norm},
       {"aten::native_batch_norm_backward", &native_batch_norm_backward},
       {"aten::avg_pool2d", &avg_pool2d},
+      {"aten::avg_pool2d_backward", &avg_pool2d_backward},
+      {"aten::max_pool2d_with_indices", &max_pool2d_with_indices},
+      {"aten::max_pool2d_with_indices_backward", &max_pool2d_with_indices_backward},
+      {"aten::_adaptive_avg_pool2d", &adaptive_avg_pool2d},
+      {"aten::_adaptive_avg_pool2d_backward", &adaptive_avg_pool2d_backward},
+      {"aten::convolution_backward", &convolution_backward},
+      {"aten::index.Tensor", &index_tensor},
+      {"aten::repeat", &repeat},
+      {"aten::index_put", &index_put},
+      {"aten::index_put_", &index_put_},
+      {"aten::_index_put_impl_", &index_put_},
   };
   return t;
 }
@@ -1705,25 +2680,60 @@ std::vector<std::string> lowered_ops() {
   return out;
 }
 
-bool try_lower(const std::string &key, const c10::OperatorHandle &op, Stack *s) {
+// An in-place view op (squeeze_, t_, ...): the functional view's geometry and value become self's.
+void inplace_view_via(Lowering fn, const c10::OperatorHandle &op, Stack *s) {
+  size_t n = op.schema().arguments().size();
+  at::Tensor self = (*s)[s->size() - n].toTensor();
+  fn(op, s);
+  at::Tensor r = s->back().toTensor();
+  s->pop_back();
+  G v = value(r);
+  GraftImpl *g = gimpl(self);
+  g->set_sizes_and_strides(r.sizes(), r.strides());
+  g->set_storage_offset(r.storage_offset());
+  if (g->cache) graft_release(g->cache);
+  g->cache = nullptr;
+  g->cache_gen = ~0ull;
+  if (!g->is_identity()) {
+    g->cache = v.release();
+    g->cache_gen = g->store->gen;
+  }
+  push(s, self);
+}
+
+// The lowering for an op: its own entry, or the functional form of an in-place op
+// (aten::add_.Tensor -> aten::add.Tensor, written back into self).
+Resolved resolve_lowering(const std::string &key, const c10::OperatorHandle &op) {
   const auto &t = table();
   auto it = t.find(key);
-  if (it != t.end()) {
-    it->second(op, s);
-    return true;
-  }
-  // in-place variant: aten::add_.Tensor -> aten::add.Tensor
+  if (it != t.end()) return {it->second, false};
+  static const std::unordered_map<std::string, std::string> inplace_views = {
+      {"aten::squeeze_", "aten::squeeze"},     {"aten::squeeze_.dim", "aten::squeeze.dim"},
+      {"aten::unsqueeze_", "aten::unsqueeze"}, {"aten::t_", "aten::t"},
+      {"aten::transpose_", "aten::transpose.int"}, {"aten::as_strided_", "aten::as_strided"}};
+  auto iv = inplace_views.find(key);
+  if (iv != inplace_views.end()) return {t.at(iv->second), false, true};
   auto dot = key.find('.');
   std::string base = key.substr(0, dot);
   if (base.size() > 1 && base.back() == '_' && base[base.size() - 2] != '_') {
     std::string fk = base.substr(0, base.size() - 1) + (dot == std::string::npos ? "" : key.substr(dot));
     auto jt = t.find(fk);
-    if (jt != t.end() && op.schema().returns().size() == 1) {
-      inplace_via(jt->second, op, s);
-      return true;
-    }
+    if (jt != t.end() && op.schema().returns().size() == 1) return {jt->second, true};
   }
-  return false;
+  return {nullptr, false};
+}
+
+void run_lowering(const Resolved &r, const c10::OperatorHandle &op, Stack *s) {
+  if (r.view_inplace) inplace_view_via(r.fn, op, s);
+  else if (r.inplace) inplace_via(r.fn, op, s);
+  else r.fn(op, s);
+}
+
+bool try_lower(const std::string &key, const c10::OperatorHandle &op, Stack *s) {
+  Resolved r = resolve_lowering(key, op);
+  if (!r.fn) return false;
+  run_lowering(r, op, s);
+  return true;
 }
 
 }  // namespace graftpt

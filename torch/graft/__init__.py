@@ -97,9 +97,41 @@ def set_dump_dir(path):
         os.environ["GRAFT_DUMP_DIR"] = str(path)
 
 
+def _seed64(seed):
+    s = int(seed) & 0xFFFFFFFFFFFFFFFF
+    return s - (1 << 64) if s >= (1 << 63) else s  # passed as int64, read back as uint64
+
+
 def manual_seed(seed):
     """Seeds graft's random generator (dropout, rand, randn on the device)."""
-    _ops.manual_seed(int(seed))
+    _ops.manual_seed(_seed64(seed))
+
+
+def wait_compiles():
+    """Blocks until graft's background native compiles are done (benchmarks, tests): after it,
+    a graph seen before runs compiled code."""
+    _ops.wait_compiles()
+
+
+def _hook_torch_manual_seed():
+    """torch.manual_seed(s) seeds graft's generator too (device dropout/rand become reproducible)."""
+    import torch.random as _tr
+    orig = _tr.manual_seed
+    if getattr(orig, "_graft_hooked", False):
+        return
+
+    def manual_seed_all(seed):
+        r = orig(seed)
+        _ops.manual_seed(_seed64(seed))
+        return r
+
+    manual_seed_all.__doc__ = orig.__doc__
+    manual_seed_all._graft_hooked = True
+    _tr.manual_seed = manual_seed_all
+    torch.manual_seed = manual_seed_all
+
+
+_hook_torch_manual_seed()
 
 
 def is_pending(t):
@@ -108,4 +140,4 @@ def is_pending(t):
 
 
 __all__ = ["device", "step", "sync", "metrics", "fallbacks", "reset_metrics", "metrics_report",
-           "set_dump_dir", "manual_seed", "is_pending", "last_compile_reason", "is_graft"]
+           "set_dump_dir", "manual_seed", "wait_compiles", "is_pending", "last_compile_reason", "is_graft"]
