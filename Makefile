@@ -18,7 +18,7 @@ TESTS   := $(sort $(wildcard tests/test_*.c))
 SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TSAN    := -fsanitize=thread
 
-.PHONY: all lib torch demo test bench fuzz install deps clean check-asan check-compiled check-valgrind \
+.PHONY: all lib torch demo demo-c test bench fuzz install deps clean check-asan check-compiled check-valgrind \
         check-tsan check-torch
 
 all: lib
@@ -110,12 +110,18 @@ test: deps
 	@$(MAKE) --no-print-directory check-asan check-compiled check-tsan check-valgrind check-torch
 	@echo "all test suites passed"
 
-demo: deps build/examples/mlp
+# The main job: a CNN trained on scikit-learn's bundled digits on graft's PyTorch device.
+demo: deps torch
+	PYTHONPATH=torch /usr/bin/python3 examples/digits_cnn.py
+
+# The C example a C user starts from.
+demo-c: deps build/examples/mlp
 	./build/examples/mlp
 
-bench: deps build/bench/bench_core build/bench/bench_compiler
+bench: deps build/bench/bench_core build/bench/bench_compiler torch
 	./build/bench/bench_core
 	./build/bench/bench_compiler
+	PYTHONPATH=torch /usr/bin/python3 bench/torch_bench.py
 
 build/bench/%: bench/%.c build/libgraft.a
 	@mkdir -p $(dir $@)
