@@ -129,9 +129,10 @@ static int cpu_rt_fallback(void *ctx, int i) {
     a[k] = (ref_arg){r->S[ins->in[k]], src->dtype, src->ndim, src->shape, src->numel};
   }
   int rc = cpu_rt_alloc(ctx, i);
-  if (!rc) rc = ref_kernels[ins->op](ins, a, r->S[i]);
+  cpu_host_fn host = cpu_host_kernel(ins, a);
+  if (!rc) rc = host ? host(ins, a, r->S[i]) : ref_kernels[ins->op](ins, a, r->S[i]);
   if (a != args) free(a);
-  cpu_stats.fallback[ins->op]++;
+  if (!host) cpu_stats.fallback[ins->op]++; /* only true reference runs count */
   return rc;
 }
 

@@ -3,6 +3,7 @@
 #define GRAFT_CPU_INTERNAL_H
 #include "cpu.h"
 #include "cpu_rt.h"
+#include "../ref/ref.h"
 #include "error.h"
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,11 +32,15 @@ typedef struct {
   int n;
   unsigned char *role; /* CPU_* per instruction */
   int *nuse;           /* consumers per instruction */
+  unsigned char *tview;/* an inlined transpose of the last two dims read by a GEMM: BLAS reads
+                          its operand with the transpose flag (no copy) */
   bool have_blas;
 } cpu_plan;
 int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl);
 void cpu_plan_free(cpu_plan *pl);
 bool cpu_op_generated(const exec_program *p, int i, bool have_blas);
+/* The slot a GEMM reads for its operand s, and whether it is read transposed. */
+int cpu_gemm_operand(const exec_program *p, const cpu_plan *pl, int s, int *trans);
 
 /* ---- cpu_codegen.c: the translation unit ---- */
 /* Renders the program; returns 0 or -1 (error set). Fills *nkernels. */
@@ -60,4 +65,9 @@ typedef struct {
                 double, double *, int);
 } cpu_blas_fns;
 const cpu_blas_fns *cpu_blas(void); /* NULL fields when OpenBLAS cannot be loaded */
+
+/* ---- cpu_kernels.c: typed host kernels for ops without generated code ---- */
+typedef int (*cpu_host_fn)(const exec_instr *ins, const ref_arg *in, void *out);
+/* A host kernel for this instruction, or NULL (the reference kernel runs it). */
+cpu_host_fn cpu_host_kernel(const exec_instr *ins, const ref_arg *in);
 #endif

@@ -1,0 +1,177 @@
+/* Host-side kernels for ops the generator emits no code for: conv2d as im2col + GEMM, pooling
+ * windows over the last two dims, gather and scatter_add, as typed loops instead of the
+ * reference kernels' per-element dtype dispatch. Results equal the reference kernels' up to
+ * the order of float summation. An instruction none of these covers runs on the reference. */
+#include "cpu_internal.h"
+#include "../ref/ref.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- conv2d: per image and group, W_g [Og, Cg*KH*KW] x col [Cg*KH*KW, OH*OW] ---- */
+#define CONV_BODY(T, GEMM)                                                                       \
+  do {                                                                                           \
+    const T *x = in[0].data, *w = in[1].data;                                                    \
+    T *y = out;                                                                                  \
+    T *col = malloc(sizeof(T) * (size_t)(Cg * KH * KW * OH * OW));                               \
+    if (!col) return err_set(GRAFT_ERR_OOM, "cpu: out of memory for conv2d columns"), -1;        \
+    for (int64_t n = 0; n < N; n++)                                                              \
+      for (int64_t g = 0; g < G; g++) {                                                          \
+        T *c = col;                                                                              \
+        for (int64_t ci = 0; ci < Cg; ci++) {                                                    \
+          const T *xp = x + ((n * C) + g * Cg + ci) * H * W;                                     \
+          for (int64_t kh = 0; kh < KH; kh++)                                                    \
+            for (int64_t kw = 0; kw < KW; kw++)                                                  \
+              for (int64_t oh = 0; oh < OH; oh++) {                                              \
+                int64_t hd = oh * sh + kh * dh - ph; /* in the dilated, padded input */          \
+                int64_t hi = hd / lh;                                                            \
+                int hok = hd >= 0 && hd % lh == 0 && hi < H;                                     \
+                for (int64_t ow = 0; ow < OW; ow++) {                                            \
+                  int64_t wd = ow * sw + kw * dw - pw, wi = wd / lw;                             \
+                  *c++ = hok && wd >= 0 && wd % lw == 0 && wi < W ? xp[hi * W + wi] : (T)0;      \
+                }                                                                                \
+              }                                                                                  \
+        }                                                                                        \
+        GEMM(101, 111, 111, (int)Og, (int)(OH * OW), (int)(Cg * KH * KW), 1,                     \
+             w + g * Og * Cg * KH * KW, (int)(Cg * KH * KW), col, (int)(OH * OW), 0,             \
+             y + (n * O + g * Og) * OH * OW, (int)(OH * OW));                                    \
+      }                                                                                          \
+    free(col);                                                                                   \
+  } while (0)
+
+static int cpu_k_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
+  const cpu_blas_fns *bl = cpu_blas();
+  const int64_t *a = ins->attr.a;
+  int64_t N = in[0].shape[0], C = in[0].shape[1], H = in[0].shape[2], W = in[0].shape[3];
+  int64_t O = in[1].shape[0], KH = in[1].shape[2], KW = in[1].shape[3], G = a[10];
+  int64_t Cg = C / G, Og = O / G, OH = ins->shape[2], OW = ins->shape[3];
+  int64_t sh = a[0], sw = a[1], ph = a[2], pw = a[3], dh = a[6], dw = a[7], lh = a[8], lw = a[9];
+  if (ins->dtype == GRAFT_F32) CONV_BODY(float, bl->sgemm);
+  else CONV_BODY(double, bl->dgemm);
+  return 0;
+}
+
+/* ---- reduce_window over the last two dims (pooling); leading dims are planes ---- */
+#define POOL_BODY(T)                                                                             \
+  do {                                                                                           \
+    const T *x = in[0].data;                                                                     \
+    T *y = out;                                                                                  \
+    for (int64_t p = 0; p < planes; p++, x += H * W)                                             \
+      for (int64_t oh = 0; oh < OH; oh++)                                                        \
+        for (int64_t ow = 0; ow < OW; ow++) {                                                    \
+          T acc = is_max ? (T)-INFINITY : (T)0;                                                  \
+          int nan = 0;                                                                           \
+          for (int64_t kh = 0; kh < KH; kh++) {                                                  \
+            int64_t h = oh * SH + kh - PH;                                                       \
+            if (h < 0 || h >= H) continue;                                                       \
+            for (int64_t kw = 0; kw < KW; kw++) {                                                \
+              int64_t w = ow * SW + kw - PW;                                                     \
+              if (w < 0 || w >= W) continue;                                                     \
+              T v = x[h * W + w];                                                                \
+              if (is_max) { nan |= v != v; acc = v > acc ? v : acc; }                            \
+              else acc += v;                                                                     \
+            }                                                                                    \
+          }                                                                                      \
+          *y++ = nan ? (T)NAN : acc;                                                             \
+        }                                                                                        \
+  } while (0)
+
+static int cpu_k_pool(const exec_instr *ins, const ref_arg *in, void *out) {
+  const int64_t *a = ins->attr.a;
+  int nd = in[0].ndim, is_max = a[0] == 0;
+  int64_t H = in[0].shape[nd - 2], W = in[0].shape[nd - 1];
+  int64_t OH = ins->shape[nd - 2], OW = ins->shape[nd - 1];
+  int64_t KH = a[8 + nd - 2], KW = a[8 + nd - 1], SH = a[16 + nd - 2], SW = a[16 + nd - 1];
+  int64_t PH = a[24 + nd - 2], PW = a[24 + nd - 1];
+  int64_t planes = H && W ? in[0].numel / (H * W) : 0;
+  if (ins->dtype == GRAFT_F32) POOL_BODY(float);
+  else POOL_BODY(double);
+  return 0;
+}
+
+/* Windows only over the last two dims, no reduction across leading ones. */
+static bool cpu_pool_ok(const exec_instr *ins, const ref_arg *in) {
+  int nd = in[0].ndim;
+  if (nd < 2) return false;
+  for (int d = 0; d < nd - 2; d++)
+    if (ins->attr.a[8 + d] != 1 || ins->attr.a[16 + d] != 1 || ins->attr.a[24 + d] ||
+        ins->attr.a[32 + d])
+      return false;
+  return true;
+}
+
+/* ---- gather / scatter_add: an odometer over the index's coordinates ---- */
+static int cpu_bad_index(const char *op, int64_t v, int64_t n, int axis) {
+  err_set(GRAFT_ERR_ARG, "%s: index %lld out of range [0, %lld) on axis %d", op, (long long)v,
+          (long long)n, axis);
+  return -1;
+}
+
+static int64_t cpu_idx(const ref_arg *ix, int64_t i) {
+  return ix->dtype == GRAFT_I64 ? ((const int64_t *)ix->data)[i] : ((const int32_t *)ix->data)[i];
+}
+
+/* Calls body(i, src_offset) for each element i of the index, with the source offset in x. */
+#define ODOMETER(ix, xshape, xnd, axis, body)                                                    \
+  do {                                                                                           \
+    int64_t st_[GRAFT_MAX_DIMS], c_[GRAFT_MAX_DIMS] = {0}, base_ = 0;                            \
+    st_[(xnd) - 1] = 1;                                                                          \
+    for (int d_ = (xnd) - 2; d_ >= 0; d_--) st_[d_] = st_[d_ + 1] * (xshape)[d_ + 1];            \
+    for (int64_t i_ = 0; i_ < (ix)->numel; i_++) {                                               \
+      int64_t v_ = cpu_idx(ix, i_);                                                              \
+      if (v_ < 0 || v_ >= (xshape)[axis]) return cpu_bad_index(nm, v_, (xshape)[axis], axis);    \
+      int64_t off_ = base_ + v_ * st_[axis];                                                     \
+      body(i_, off_);                                                                            \
+      for (int d_ = (xnd) - 1; d_ >= 0; d_--) { /* next coordinate; base skips the axis */       \
+        if (++c_[d_] < (ix)->shape[d_]) { if (d_ != (axis)) base_ += st_[d_]; break; }           \
+        if (d_ != (axis)) base_ -= (c_[d_] - 1) * st_[d_];                                       \
+        c_[d_] = 0;                                                                              \
+      }                                                                                          \
+    }                                                                                            \
+  } while (0)
+
+static int cpu_k_gather(const exec_instr *ins, const ref_arg *in, void *out) {
+  const char *nm = "gather";
+  int axis = (int)ins->attr.a[0];
+  size_t es = graft_dtype_size(ins->dtype);
+  const char *x = in[0].data;
+  char *y = out;
+  if (!ins->numel) return 0;
+#define GATHER_EL(i, off) memcpy(y + (size_t)(i) * es, x + (size_t)(off) * es, es)
+  ODOMETER(&in[1], in[0].shape, in[0].ndim, axis, GATHER_EL);
+#undef GATHER_EL
+  return 0;
+}
+
+static int cpu_k_scatter_add(const exec_instr *ins, const ref_arg *in, void *out) {
+  const char *nm = "scatter_add";
+  int axis = (int)ins->attr.a[0];
+  memcpy(out, in[0].data, (size_t)ins->numel * graft_dtype_size(ins->dtype));
+  if (!in[1].numel) return 0;
+  if (ins->dtype == GRAFT_F32) {
+    float *y = out;
+    const float *s = in[2].data;
+#define SCATTER_F(i, off) (y[off] += s[i])
+    ODOMETER(&in[1], ins->shape, ins->ndim, axis, SCATTER_F);
+  } else {
+    double *y = out;
+    const double *s = in[2].data;
+    ODOMETER(&in[1], ins->shape, ins->ndim, axis, SCATTER_F);
+#undef SCATTER_F
+  }
+  return 0;
+}
+
+cpu_host_fn cpu_host_kernel(const exec_instr *ins, const ref_arg *in) {
+  bool fl = ins->dtype == GRAFT_F32 || ins->dtype == GRAFT_F64;
+  switch (ins->op) {
+  case IR_CONV2D: {
+    const cpu_blas_fns *bl = cpu_blas();
+    return fl && bl->sgemm && bl->dgemm ? cpu_k_conv2d : NULL;
+  }
+  case IR_REDUCE_WINDOW: return fl && cpu_pool_ok(ins, in) ? cpu_k_pool : NULL;
+  case IR_GATHER: return in[0].ndim ? cpu_k_gather : NULL;
+  case IR_SCATTER_ADD: return fl && in[0].ndim ? cpu_k_scatter_add : NULL;
+  default: return NULL;
+  }
+}
