@@ -76,6 +76,27 @@ static void *tier_worker(void *arg) {
   return NULL;
 }
 
+/* Rough cost of a program on the reference kernels: ~50M multiply-adds or elements per second. */
+static double tier_ref_cost_ms(const exec_program *p) {
+  double work = 0;
+  for (int i = 0; i < p->ninstr; i++) {
+    const exec_instr *ins = &p->instr[i];
+    double n = (double)ins->numel;
+    if (ins->op == IR_DOT) {
+      const exec_instr *a = &p->instr[ins->in[0]];
+      n *= (double)a->shape[a->ndim - 1];
+    } else if (ins->op == IR_CONV2D) {
+      const exec_instr *w = &p->instr[ins->in[1]];
+      n *= (double)(w->shape[1] * w->shape[2] * w->shape[3]);
+    }
+    work += n;
+  }
+  return work / 50e3;
+}
+
+/* Rough cost of a native compile here: gcc's start plus a little per instruction. */
+static double tier_compile_cost_ms(const exec_program *p) { return 60 + 2.0 * p->ninstr; }
+
 void tier_submit(cache_entry *e) {
   tier_mode mode = tier_get_mode();
   e->fast = &cpu_backend;
@@ -86,7 +107,9 @@ void tier_submit(cache_entry *e) {
     e->tier = TIER_OFF;
     return;
   }
-  if (mode == TIER_MODE_SYNC) {
+  /* Running first on the reference kernels only pays when they beat the compiler: a graph with
+   * big contractions (a 256x784x1024 matmul takes seconds there) is compiled before its first run. */
+  if (mode == TIER_MODE_SYNC || tier_ref_cost_ms(e->prog) > tier_compile_cost_ms(e->prog)) {
     double t0 = metrics_now_ms();
     void *exe = e->fast->compile(e->prog);
     char err[512];

@@ -1,13 +1,87 @@
 /* OpenBLAS, loaded at run time so libgraft has no link-time BLAS dependency: a machine without
- * it runs dot on the reference kernel. GRAFT_BLAS=0 disables it. */
+ * it runs dot on the reference kernel. GRAFT_BLAS=0 disables it.
+ *
+ * GEMMs are split by rows over graft's own thread pool, each part a single-threaded BLAS call:
+ * OpenBLAS's threads spin (sched_yield) after each call and fought the pool's next kernel for
+ * the two cores. The process's BLAS thread count (shared with PyTorch, which links the same
+ * library) is set to 1 only for the duration of a call and restored after. */
 #include "cpu_internal.h"
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+typedef void (*cpu_sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
+                             const float *, int, float, float *, int);
+typedef void (*cpu_dgemm_fn)(int, int, int, int, int, int, double, const double *, int,
+                             const double *, int, double, double *, int);
+
 static cpu_blas_fns cpu_blas_tab;
+static cpu_sgemm_fn raw_sgemm;
+static cpu_dgemm_fn raw_dgemm;
+static void (*set_threads)(int);
+static int (*get_threads)(void);
 static pthread_once_t cpu_blas_once = PTHREAD_ONCE_INIT;
+
+typedef struct {
+  int dbl, ta, tb, m, n, k, lda, ldb, ldc, parts;
+  double alpha, beta;
+  const void *A, *B;
+  void *C;
+} cpu_gemm_job;
+
+enum { CPU_ROW_MAJOR = 101, CPU_NO_TRANS = 111 };
+
+static void cpu_gemm_part(void **S, int64_t lo, int64_t hi) {
+  const cpu_gemm_job *j = (const cpu_gemm_job *)S;
+  for (int64_t part = lo; part < hi; part++) {
+    int r0 = (int)(part * j->m / j->parts), r1 = (int)((part + 1) * j->m / j->parts);
+    if (r1 <= r0) continue;
+    /* Rows r0..r1 of op(A): row offsets when A is stored as is, column offsets if transposed. */
+    size_t aoff = j->ta == CPU_NO_TRANS ? (size_t)r0 * (size_t)j->lda : (size_t)r0;
+    size_t coff = (size_t)r0 * (size_t)j->ldc;
+    if (j->dbl)
+      raw_dgemm(CPU_ROW_MAJOR, j->ta, j->tb, r1 - r0, j->n, j->k, j->alpha,
+                (const double *)j->A + aoff, j->lda, j->B, j->ldb, j->beta, (double *)j->C + coff,
+                j->ldc);
+    else
+      raw_sgemm(CPU_ROW_MAJOR, j->ta, j->tb, r1 - r0, j->n, j->k, (float)j->alpha,
+                (const float *)j->A + aoff, j->lda, j->B, j->ldb, (float)j->beta,
+                (float *)j->C + coff, j->ldc);
+  }
+}
+
+static void cpu_gemm_run(cpu_gemm_job *j) {
+  int saved = get_threads && set_threads ? get_threads() : 0;
+  if (saved > 1) set_threads(1);
+  /* Small products are not worth a second thread. */
+  double flops = 2.0 * j->m * j->n * j->k;
+  j->parts = flops < 4e6 || j->m < 32 ? 1 : cpu_pool_threads();
+  if (j->parts == 1) cpu_gemm_part((void **)j, 0, 1);
+  else cpu_parallel_run(cpu_gemm_part, (void **)j, j->parts);
+  if (saved > 1) set_threads(saved);
+}
+
+static void cpu_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+  if (order != CPU_ROW_MAJOR) {
+    raw_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  cpu_gemm_job j = {0, ta, tb, m, n, k, lda, ldb, ldc, 1, alpha, beta, a, b, c};
+  cpu_gemm_run(&j);
+}
+
+static void cpu_dgemm(int order, int ta, int tb, int m, int n, int k, double alpha,
+                      const double *a, int lda, const double *b, int ldb, double beta, double *c,
+                      int ldc) {
+  if (order != CPU_ROW_MAJOR) {
+    raw_dgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  cpu_gemm_job j = {1, ta, tb, m, n, k, lda, ldb, ldc, 1, alpha, beta, a, b, c};
+  cpu_gemm_run(&j);
+}
 
 static void cpu_blas_load(void) {
   const char *e = getenv("GRAFT_BLAS");
@@ -18,16 +92,15 @@ static void cpu_blas_load(void) {
     if (!h) continue;
     void *s = dlsym(h, "cblas_sgemm"), *d = dlsym(h, "cblas_dgemm");
     if (s && d) {
-      memcpy(&cpu_blas_tab.sgemm, &s, sizeof s);
-      memcpy(&cpu_blas_tab.dgemm, &d, sizeof d);
-      /* GEMM runs between the pool's parallel regions, so BLAS may use as many threads as the
-       * pool (it was found running on one here, at half the machine's rate). */
-      void *nt = dlsym(h, "openblas_set_num_threads");
-      if (nt) {
-        void (*set)(int);
-        memcpy(&set, &nt, sizeof nt);
-        set(cpu_pool_threads());
+      memcpy(&raw_sgemm, &s, sizeof s);
+      memcpy(&raw_dgemm, &d, sizeof d);
+      void *st = dlsym(h, "openblas_set_num_threads"), *gt = dlsym(h, "openblas_get_num_threads");
+      if (st && gt) {
+        memcpy(&set_threads, &st, sizeof st);
+        memcpy(&get_threads, &gt, sizeof gt);
       }
+      cpu_blas_tab.sgemm = cpu_sgemm;
+      cpu_blas_tab.dgemm = cpu_dgemm;
       return; /* kept loaded for the life of the process */
     }
     dlclose(h);
