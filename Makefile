@@ -82,7 +82,7 @@ check-asan: $(TESTS:tests/%.c=build/asan/tests/%)
 check-compiled: $(COMPILED_TESTS:%=build/asan/tests/%)
 	@set -e; for t in $^; do echo "== $$t (compiled)"; GRAFT_COMPILE=sync ASAN_OPTIONS=detect_leaks=1 ./$$t; done
 
-build/fuzz_graphs: tests/fuzz_graphs.c build/libgraft.a
+build/fuzz_graphs: tests/fuzz_graphs.c tests/test_cpu_backend.c build/libgraft.a
 	$(CC) $(BASE) $(WARN) -O2 -g $< build/libgraft.a -o $@ $(LIBS)
 
 # make fuzz N=10000: random graphs, compiled vs reference.

@@ -1,15 +1,14 @@
 /* Compiled CPU backend vs eager PyTorch vs the memory roofline, measured in one run:
  *   BENCH <name> graft_ms=<x> eager_ms=<y> speedup=<y/x> roofline_ms=<r> of_roofline=<x/r>
+ * graft is measured through the public API (include/graft.h) in the default tiered mode: each
+ * step builds the graph with graft_* ops and syncs it, so the figure includes capture, hashing,
+ * the cache lookup, buffer binding and the buffer pool; steady state = after the first sync
+ * and graft_wait_compiles() (the step then runs compiled code: checked, `compiled=1`).
+ * overhead_ms = the per-step sync overhead outside execution (metrics sync_overhead_ms).
  * Eager figures come from bench/eager_peer.py (run through /usr/bin/python3 with
  * OMP_WAIT_POLICY=PASSIVE; GRAFT_EAGER=0 skips it). Roofline = bytes that must move / copy
- * bandwidth measured here with the same thread count. */
+ * bandwidth measured here with the same thread count. blas_ms = a direct cblas_sgemm call. */
 #include "graft.h"
-#include "ir.h"
-#include "buffer.h"
-#include "dtype.h"
-#include "program.h"
-#include "../src/graph/graph.h"
-#include "../src/backends/ref/ref.h"
 #include "../src/backends/cpu/cpu.h"
 #include "../src/backends/cpu/cpu_internal.h"
 #include <pthread.h>
@@ -59,80 +58,93 @@ static double copy_gbps(void) {
   return best;
 }
 
-/* ---- graphs ---- */
-static ir_node *keepn[1024];
-static int nkeep;
-static ir_node *K(ir_node *n) { keepn[nkeep++] = n; return n; }
-static void release_all(void) { while (nkeep) ir_release(keepn[--nkeep]); }
-static ir_node *data(int nd, const int64_t *sh) {
-  int64_t n = ir_numel(nd, sh);
-  exec_buffer *b = buffer_new((size_t)n * 4, 0, 0, "bench");
-  float *f = b->ptr;
+/* ---- graphs, through the public API ---- */
+static graft_tensor *input(int nd, const int64_t *sh) {
+  int64_t n = 1;
+  for (int d = 0; d < nd; d++) n *= sh[d];
+  float *f = malloc((size_t)n * 4);
   for (int64_t i = 0; i < n; i++) f[i] = (float)((i * 7919 % 10007) / 10007.0 * 4 - 2);
-  ir_node *x = ir_make_data(b, GRAFT_F32, nd, sh, 0);
-  buffer_release(b);
-  return K(x);
-}
-static ir_node *u1(ir_op op, ir_node *a) { ir_attrs z = {0}; return K(ir_make(op, 1, &a, &z, a->dtype, 0, NULL)); }
-static ir_node *b2(ir_op op, ir_node *a, ir_node *b) {
-  ir_attrs z = {0};
-  ir_node *in[2] = {a, b};
-  return K(ir_make(op, 2, in, &z, a->dtype, 0, NULL));
-}
-static ir_node *cst(ir_node *like, double v) {
-  ir_attrs at = {0};
-  at.f = v;
-  return K(ir_make(IR_CONSTANT, 0, NULL, &at, like->dtype, like->ndim, like->shape));
-}
-static ir_node *bc(ir_node *a, ir_node *like) {
-  ir_attrs z = {0};
-  return K(ir_make(IR_BROADCAST, 1, &a, &z, a->dtype, like->ndim, like->shape));
-}
-static ir_node *red(ir_op op, ir_node *a) {
-  ir_attrs at = {0};
-  at.a[0] = (int64_t)1 << (a->ndim - 1);
-  at.a[1] = 1;
-  return K(ir_make(op, 1, &a, &at, a->dtype, 0, NULL));
-}
-
-static graph_capture cap;
-
-typedef struct { double run_ms, compile_ms, ref_ms; } result;
-
-/* Compiles root's graph on cpu and times `reps` executions (median). ref_ms: one ref run. */
-static result run(ir_node *root, int reps, int with_ref) {
-  result r = {0, 0, 0};
-  capture_run(&cap, &root, 1);
-  exec_program *p = capture_lower(&cap);
-  exec_buffer *params[64], *out[4];
-  for (int k = 0; k < p->nparams; k++) params[k] = cap.params[k]->data;
-  if (with_ref) {
-    double t0 = now_ms();
-    ref_backend.execute(NULL, p, params, out);
-    r.ref_ms = now_ms() - t0;
-    buffer_release(out[0]);
-  }
-  double t0 = now_ms();
-  void *exe = cpu_backend.compile(p);
-  r.compile_ms = now_ms() - t0;
-  if (getenv("GRAFT_BENCH_SRC")) fprintf(stderr, "%s\n", cpu_last_source());
-  if (!exe) {
-    fprintf(stderr, "compile failed: %s\n", graft_last_error());
+  graft_tensor *t = graft_from_host(f, GRAFT_F32, nd, sh, 0);
+  free(f);
+  if (!t) {
+    fprintf(stderr, "graft_from_host: %s\n", graft_last_error());
     exit(1);
   }
-  double ts[64];
-  for (int i = 0; i < reps + 1; i++) {
-    double t1 = now_ms();
-    cpu_backend.execute(exe, p, params, out);
-    double t = now_ms() - t1;
-    buffer_release(out[0]);
-    if (i) ts[i - 1] = t;
+  return t;
+}
+
+typedef graft_tensor *(*build_fn)(graft_tensor **in, double c);
+
+/* One step: build the graph (inside a scope), sync it, drop it. Returns the wall time. */
+static double step(build_fn f, graft_tensor **in, double c) {
+  double t0 = now_ms();
+  graft_scope_begin();
+  graft_tensor *y = f(in, c);
+  graft_status st = y ? graft_sync(&y, 1) : graft_last_status();
+  graft_scope_end();
+  double t = now_ms() - t0;
+  if (st != GRAFT_OK) {
+    fprintf(stderr, "step failed: %s\n", graft_last_error());
+    exit(1);
   }
+  return t;
+}
+
+typedef struct { double ms, overhead_ms; int compiled; } result;
+
+/* Steady state: one step (compiles in the background), wait for the compile, one warm-up
+ * step, then the median of reps steps. */
+static result steady(build_fn f, graft_tensor **in, int reps) {
+  step(f, in, 0);
+  graft_wait_compiles();
+  step(f, in, 0);
+  graft_metrics m0, m1;
+  graft_metrics_get(&m0);
+  double ts[64];
+  for (int i = 0; i < reps; i++) ts[i] = step(f, in, 0);
+  graft_metrics_get(&m1);
   qsort(ts, (size_t)reps, sizeof *ts, cmpd);
-  r.run_ms = ts[reps / 2];
-  cpu_backend.free_exe(exe);
-  program_free(p);
+  result r = {ts[reps / 2], (m1.sync_overhead_ms - m0.sync_overhead_ms) / reps,
+              m1.compiled_executions - m0.compiled_executions == (uint64_t)reps};
   return r;
+}
+
+static graft_tensor *gelu_chain(graft_tensor **in, double c) {
+  (void)c;
+  graft_tensor *x = in[0];
+  graft_tensor *x3 = graft_mul(graft_mul(x, x), x);
+  graft_tensor *u = graft_add(x, graft_mul_scalar(x3, 0.044715));
+  graft_tensor *t = graft_tanh(graft_mul_scalar(u, 0.7978845608028654));
+  return graft_mul(graft_mul_scalar(x, 0.5), graft_add_scalar(t, 1.0));
+}
+static graft_tensor *softmax(graft_tensor **in, double c) {
+  (void)c;
+  return graft_softmax(in[0], -1);
+}
+static graft_tensor *layernorm(graft_tensor **in, double c) {
+  (void)c;
+  return graft_layer_norm(in[0], in[1], in[2], 1e-5);
+}
+static graft_tensor *matmul(graft_tensor **in, double c) {
+  (void)c;
+  return graft_matmul(in[0], in[1]);
+}
+static graft_tensor *matmul_bias_relu(graft_tensor **in, double c) {
+  (void)c;
+  return graft_relu(graft_add(graft_matmul(in[0], in[1]), in[2]));
+}
+/* ROUNDS rounds of ops with their scalar constants: ~100 IR nodes (bench/eager_peer.py runs
+ * the same chain). */
+#define ROUNDS 21
+static graft_tensor *chain100(graft_tensor **in, double c) {
+  (void)c;
+  graft_tensor *t = in[0];
+  for (int i = 0; i < ROUNDS; i++) {
+    if (i % 3 == 0) t = graft_tanh(graft_add_scalar(graft_mul_scalar(t, 0.9), 0.1));
+    else if (i % 3 == 1) t = graft_add_scalar(graft_mul_scalar(t, 1.01), -0.02);
+    else t = graft_abs(t);
+  }
+  return t;
 }
 
 static char eager_names[16][64];
@@ -160,92 +172,100 @@ int main(void) {
       if (sscanf(ln, "EAGER %63s %lf", eager_names[neager], &eager_ms[neager]) == 2) neager++;
     if (f) pclose(f);
   }
+  unsetenv("GRAFT_COMPILE"); /* the default: tiered */
   double bw = copy_gbps();
   printf("# copy bandwidth %.1f GB/s, %d threads, eager results %d\n", bw, cpu_pool_threads(), neager);
+  char ex[256];
   {
     int64_t sh[1] = {16 << 20};
-    ir_node *x = data(1, sh);
-    ir_node *x3 = b2(IR_MUL, b2(IR_MUL, x, x), x);
-    ir_node *in = b2(IR_ADD, x, b2(IR_MUL, cst(x, 0.044715), x3));
-    ir_node *t = u1(IR_TANH, b2(IR_MUL, cst(x, 0.7978845608028654), in));
-    ir_node *y = b2(IR_MUL, b2(IR_MUL, cst(x, 0.5), x), b2(IR_ADD, cst(x, 1.0), t));
-    result r = run(y, 9, 0);
-    line("gelu_chain_16M", r.run_ms, 2.0 * sh[0] * 4, bw, NULL);
-    release_all();
+    graft_tensor *in[1] = {input(1, sh)};
+    result r = steady(gelu_chain, in, 9);
+    snprintf(ex, sizeof ex, " overhead_ms=%.3f compiled=%d", r.overhead_ms, r.compiled);
+    line("gelu_chain_16M", r.ms, 2.0 * sh[0] * 4, bw, ex);
+    graft_release(in[0]);
   }
   {
     int64_t sh[2] = {4096, 4096};
-    ir_node *x = data(2, sh);
-    ir_node *m = red(IR_REDUCE_MAX, x);
-    ir_node *e = u1(IR_EXP, b2(IR_SUB, x, bc(m, x)));
-    ir_node *s = red(IR_REDUCE_SUM, e);
-    ir_node *y = b2(IR_DIV, e, bc(s, x));
-    result r = run(y, 9, 0);
-    line("softmax_4096x4096", r.run_ms, 2.0 * 4096 * 4096 * 4, bw, NULL);
-    release_all();
+    graft_tensor *in[1] = {input(2, sh)};
+    result r = steady(softmax, in, 9);
+    snprintf(ex, sizeof ex, " overhead_ms=%.3f compiled=%d", r.overhead_ms, r.compiled);
+    line("softmax_4096x4096", r.ms, 2.0 * 4096 * 4096 * 4, bw, ex);
+    graft_release(in[0]);
   }
   {
     int64_t sh[2] = {8192, 1024}, c[1] = {1024};
-    ir_node *x = data(2, sh), *g = data(1, c), *b = data(1, c);
-    ir_node *s = red(IR_REDUCE_SUM, x);
-    ir_node *mu = b2(IR_DIV, s, cst(s, 1024));
-    ir_node *xc = b2(IR_SUB, x, bc(mu, x));
-    ir_node *v = b2(IR_DIV, red(IR_REDUCE_SUM, b2(IR_MUL, xc, xc)), cst(s, 1024));
-    ir_node *rs = u1(IR_RSQRT, b2(IR_ADD, v, cst(v, 1e-5)));
-    ir_node *y = b2(IR_ADD, b2(IR_MUL, b2(IR_MUL, xc, bc(rs, x)), bc(g, x)), bc(b, x));
-    result r = run(y, 9, 0);
-    line("layernorm_8192x1024", r.run_ms, 2.0 * 8192 * 1024 * 4, bw, NULL);
-    release_all();
+    graft_tensor *in[3] = {input(2, sh), input(1, c), input(1, c)};
+    result r = steady(layernorm, in, 9);
+    snprintf(ex, sizeof ex, " overhead_ms=%.3f compiled=%d", r.overhead_ms, r.compiled);
+    line("layernorm_8192x1024", r.ms, 2.0 * 8192 * 1024 * 4, bw, ex);
+    for (int k = 0; k < 3; k++) graft_release(in[k]);
   }
-  double mm_ms = 0;
   {
     int64_t sh[2] = {2048, 2048}, bsh[1] = {2048};
-    ir_node *A = data(2, sh), *B = data(2, sh);
-    ir_node *in[2] = {A, B};
-    ir_attrs z = {0};
-    ir_node *C = K(ir_make(IR_DOT, 2, in, &z, GRAFT_F32, 0, NULL));
-    result r = run(C, 5, 0);
-    mm_ms = r.run_ms;
+    graft_tensor *in[3] = {input(2, sh), input(2, sh), input(1, bsh)};
+    result r = steady(matmul, in, 5);
+    double mm_ms = r.ms;
+    /* the same product by a direct cblas_sgemm call */
     const cpu_blas_fns *bl = cpu_blas();
-    double ts[5];
-    float *c = aligned_alloc(64, (size_t)2048 * 2048 * 4);
-    for (int i = 0; i < 6; i++) {
-      double t0 = now_ms();
-      bl->sgemm(101, 111, 111, 2048, 2048, 2048, 1, A->data->ptr, 2048, B->data->ptr, 2048, 0, c, 2048);
-      if (i) ts[i - 1] = now_ms() - t0;
+    size_t nb = (size_t)2048 * 2048 * 4;
+    float *A = malloc(nb), *B = malloc(nb), *C = aligned_alloc(64, nb);
+    if (graft_to_host(in[0], A, nb) || graft_to_host(in[1], B, nb)) {
+      fprintf(stderr, "to_host: %s\n", graft_last_error());
+      return 1;
     }
-    free(c);
-    qsort(ts, 5, sizeof *ts, cmpd);
-    char ex[128];
-    snprintf(ex, sizeof ex, " blas_ms=%.3f of_blas=%.2f gflops=%.1f", ts[2], ts[2] / r.run_ms,
-             2.0 * 2048 * 2048 * 2048 / (r.run_ms * 1e6));
-    line("matmul_2048", r.run_ms, 3.0 * 2048 * 2048 * 4, bw, ex);
-    ir_node *bias = data(1, bsh);
-    ir_node *y = b2(IR_MAX, b2(IR_ADD, C, bc(bias, C)), cst(C, 0));
-    r = run(y, 5, 0);
-    snprintf(ex, sizeof ex, " vs_matmul=%.3f", r.run_ms / mm_ms);
-    line("matmul_bias_relu_2048", r.run_ms, 3.0 * 2048 * 2048 * 4, bw, ex);
-    release_all();
+    double ts[6], blas = 0;
+    if (bl->sgemm) {
+      for (int i = 0; i < 6; i++) {
+        double t0 = now_ms();
+        bl->sgemm(101, 111, 111, 2048, 2048, 2048, 1, A, 2048, B, 2048, 0, C, 2048);
+        if (i) ts[i - 1] = now_ms() - t0;
+      }
+      qsort(ts, 5, sizeof *ts, cmpd);
+      blas = ts[2];
+    }
+    free(A);
+    free(B);
+    free(C);
+    snprintf(ex, sizeof ex, " blas_ms=%.3f of_blas=%.2f gflops=%.1f overhead_ms=%.3f compiled=%d",
+             blas, blas / r.ms, 2.0 * 2048 * 2048 * 2048 / (r.ms * 1e6), r.overhead_ms, r.compiled);
+    line("matmul_2048", r.ms, 3.0 * 2048 * 2048 * 4, bw, ex);
+    r = steady(matmul_bias_relu, in, 5);
+    snprintf(ex, sizeof ex, " vs_matmul=%.3f overhead_ms=%.3f compiled=%d", r.ms / mm_ms,
+             r.overhead_ms, r.compiled);
+    line("matmul_bias_relu_2048", r.ms, 3.0 * 2048 * 2048 * 4, bw, ex);
+    for (int k = 0; k < 3; k++) graft_release(in[k]);
   }
   {
-    int64_t sh[2] = {512, 512};
-    ir_node *t = data(2, sh);
-    for (int i = 0; i < 33; i++) {
-      if (i % 3 == 0) t = u1(IR_TANH, b2(IR_ADD, b2(IR_MUL, t, cst(t, 0.9)), cst(t, 0.1)));
-      else if (i % 3 == 1) t = b2(IR_SUB, b2(IR_MUL, t, cst(t, 1.01)), cst(t, 0.02));
-      else t = u1(IR_ABS, t);
-    }
-    setenv("GRAFT_DISK_CACHE", "0", 1); /* a new graph: measure a real compile */
-    result r = run(t, 5, 1);
+    /* The same ~100-node chain on two shapes of equal size: two new graphs. */
+    int64_t sh[2] = {512, 512}, sh2[2] = {256, 1024};
+    graft_tensor *in[1] = {input(2, sh)}, *in2[1] = {input(2, sh2)};
+    setenv("GRAFT_DISK_CACHE", "0", 1); /* a real compile */
+    /* Tiered: the first step runs on the reference backend while the graph compiles in the
+     * background; then the time until compiled code is ready, and a compiled step. */
+    graft_metrics m0, m1, m2;
+    graft_metrics_get(&m0);
+    double t0 = now_ms();
+    double first = step(chain100, in, 0);
+    graft_wait_compiles();
+    double ready = now_ms() - t0;
+    graft_metrics_get(&m1);
+    double second = step(chain100, in, 0);
+    graft_metrics_get(&m2);
+    /* The reference path alone on the other new graph (compiles off). */
+    setenv("GRAFT_COMPILE", "off", 1);
+    double ref_ms = step(chain100, in2, 0);
+    unsetenv("GRAFT_COMPILE");
     unsetenv("GRAFT_DISK_CACHE");
-    char ex[160];
-    snprintf(ex, sizeof ex, " compile_ms=%.1f compiled_run_ms=%.3f ref_first_run_ms=%.3f",
-             r.compile_ms, r.run_ms, r.ref_ms);
-    /* graft_ms: the first execution with tiered execution = the reference path */
-    line("first_run_100_nodes", r.ref_ms, 2.0 * 512 * 512 * 4, bw, ex);
-    release_all();
+    snprintf(ex, sizeof ex,
+             " compile_ms=%.1f compiled_ready_ms=%.1f compiled_run_ms=%.3f ref_first_run_ms=%.3f "
+             "nodes=%llu compiled=%d",
+             m1.native_compile_ms - m0.native_compile_ms, ready, second, ref_ms,
+             (unsigned long long)m1.last_graph_nodes,
+             m2.compiled_executions - m1.compiled_executions == 1);
+    line("first_run_100_nodes", first, 2.0 * 512 * 512 * 4, bw, ex);
+    graft_release(in[0]);
+    graft_release(in2[0]);
   }
-  capture_free(&cap);
-  cpu_pool_shutdown();
+  graft_shutdown();
   return 0;
 }

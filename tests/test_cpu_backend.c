@@ -126,8 +126,8 @@ static int compare_tol(ir_node **roots, int nroots, const double *tol) {
         double a = dtype_load(co[k]->ptr, o->dtype, i), b = dtype_load(ro[k]->ptr, o->dtype, i);
         ok = tol[r] == 0 ? (a == b || (isnan(a) && isnan(b))) : same_val(a, b, tol[r]);
         if (!ok && g_mismatch_verbose && bad < 3)
-          fprintf(stderr, "  out %d (%s %s) [%lld]: cpu %.9g ref %.9g\n", k, ir_ops[o->op].name,
-                  graft_dtype_name(o->dtype), (long long)i, a, b);
+          fprintf(stderr, "  out %d (%s %s) [%lld]: cpu %.9g ref %.9g (%a %a)\n", k, ir_ops[o->op].name,
+                  graft_dtype_name(o->dtype), (long long)i, a, b, a, b);
       } else {
         int64_t a = dtype_load_i(co[k]->ptr, o->dtype, i), b = dtype_load_i(ro[k]->ptr, o->dtype, i);
         ok = a == b;
@@ -138,7 +138,16 @@ static int compare_tol(ir_node **roots, int nroots, const double *tol) {
       if (!ok) bad++;
     }
   }
-  if (bad && g_mismatch_verbose > 1) fprintf(stderr, "%s\n", cpu_last_source());
+  if (bad && g_mismatch_verbose > 1) {
+    fprintf(stderr, "%s\n", cpu_last_source());
+    for (int i = 0; i < p->ninstr; i++) {
+      const exec_instr *x = &p->instr[i];
+      fprintf(stderr, "%%%d = %s %s numel %lld (", i, ir_ops[x->op].name, graft_dtype_name(x->dtype),
+              (long long)x->numel);
+      for (int k = 0; k < x->nin; k++) fprintf(stderr, "%s%%%d", k ? ", " : "", x->in[k]);
+      fprintf(stderr, ")%s\n", x->is_output ? " output" : "");
+    }
+  }
   for (int k = 0; k < p->noutputs; k++) {
     buffer_release(ro[k]);
     buffer_release(co[k]);
@@ -184,6 +193,24 @@ TEST(math_sweep) {
     CHECK(m < 2e-6);
     CHECK(bad == 0);
   }
+  /* tanh densely where it is not +-1 or x: every 61st float with |x| < 9 (exhaustively over
+   * all floats, offline: max rel err 3.42e-7) */
+  long bad = 0;
+  double m = 0;
+  for (uint32_t u = 0; u < 0x41100000u; u += 61)
+    for (int sg = 0; sg < 2; sg++) {
+      uint32_t b = u | (uint32_t)sg << 31;
+      float x;
+      memcpy(&x, &b, 4);
+      float r = (float)tanh(x), a = gm_tanhf(x);
+      if (!isfinite(a)) { bad++; continue; }
+      if (fabsf(r) < FLT_MIN) continue;
+      double rel = fabs(((double)a - r) / r);
+      if (rel > m) m = rel;
+    }
+  printf("  math tanh     max rel err %.3g (every 61st float, |x| < 9)\n", m);
+  CHECK(m < 2e-6);
+  CHECK(bad == 0);
 }
 
 /* ---- op classes ---- */
@@ -341,6 +368,40 @@ TEST(softmax_layernorm_rows) {
   release_all();
 }
 
+/* Streaming stores (normally only for outputs past 16 MB) forced on every size: flat kernels
+ * (chunk and block edges, every dtype), row groups (softmax with its row cache of exp, rows
+ * not a multiple of a vector), and a row-mode kernel. */
+TEST(streaming_stores) {
+  setenv("GRAFT_NT_MIN_BYTES", "1", 1);
+  int64_t n1[1] = {100003};
+  for (int d = 0; d < 6; d++) {
+    ir_node *x = data(all_dt[d], 1, n1);
+    ir_node *y = dtype_is_float(all_dt[d]) ? u1(IR_TANH, b2(IR_MUL, x, x))
+               : all_dt[d] == GRAFT_BOOL ? u1(IR_NOT, x) : b2(IR_ADD, x, x);
+    CHECK(compare(&y, 1, all_dt[d] == GRAFT_F32 ? 1e-6 : 0) == 0);
+    release_all();
+  }
+  int64_t rows[][2] = {{37, 1003}, {16, 4096}, {300, 7}, {5, 64}};
+  for (int k = 0; k < 4; k++)
+    for (int d = 0; d < 2; d++) {
+      ir_node *x = data(all_dt[d], 2, rows[k]);
+      ir_node *y = softmax_last(x);
+      CHECK(compare(&y, 1, 1e-5) == 0);
+      ir_node *z = layernorm_last(x, data(all_dt[d], 1, &rows[k][1]), data(all_dt[d], 1, &rows[k][1]));
+      CHECK(compare(&z, 1, 1e-5) == 0);
+      release_all();
+    }
+  int64_t s3[3] = {9, 70, 33};
+  ir_node *x = data(GRAFT_F32, 3, s3);
+  ir_attrs tp = {0};
+  tp.a[0] = 2; tp.a[1] = 0; tp.a[2] = 1;
+  ir_node *t = mk(IR_TRANSPOSE, 1, &x, &tp, 0, 0, NULL);
+  ir_node *y = u1(IR_EXP, t);
+  CHECK(compare(&y, 1, 1e-6) == 0);
+  release_all();
+  unsetenv("GRAFT_NT_MIN_BYTES");
+}
+
 TEST(dot_blas_and_fallback) {
   int64_t a[3] = {3, 33, 17}, b[3] = {3, 17, 45}, a2[2] = {64, 0}, b2s[2] = {0, 5};
   for (int d = 0; d < 4; d++) {
@@ -354,10 +415,56 @@ TEST(dot_blas_and_fallback) {
     CHECK(compare(r, 2, dtype_is_float(all_dt[d]) ? 1e-5 : 0) == 0);
     release_all();
   }
+  /* transposed operands: BLAS transpose flags on the source buffers, no copies */
+  int64_t ta[3] = {3, 17, 33}, tb[3] = {3, 45, 17};
+  for (int d = 0; d < 2; d++)
+    for (int m = 1; m < 4; m++) {
+      ir_attrs tp = {0};
+      tp.a[0] = 0; tp.a[1] = 2; tp.a[2] = 1;
+      ir_node *A = m & 1 ? data(all_dt[d], 3, ta) : data(all_dt[d], 3, a);
+      ir_node *B = m & 2 ? data(all_dt[d], 3, tb) : data(all_dt[d], 3, b);
+      if (m == 3) A = u1(IR_TANH, A); /* a computed source: materialized, then read transposed */
+      ir_node *At = m & 1 ? mk(IR_TRANSPOSE, 1, &A, &tp, 0, 0, NULL) : A;
+      ir_node *Bt = m & 2 ? mk(IR_TRANSPOSE, 1, &B, &tp, 0, 0, NULL) : B;
+      ir_node *in[2] = {At, Bt};
+      ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+      ir_node *r[2] = {y, u1(IR_NEG, At)}; /* the transpose also read by a kernel */
+      CHECK(compare(r, 2, 1e-5) == 0);
+      CHECK(strstr(cpu_last_source(), m == 1 ? "(101, 112, 111," : m == 2 ? "(101, 111, 112,"
+                                                                  : "(101, 112, 112,") != NULL);
+      release_all();
+    }
   ir_node *in[2] = {data(GRAFT_F32, 2, a2), data(GRAFT_F32, 2, b2s)};
   ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL); /* K = 0 */
   CHECK(compare(&y, 1, 0) == 0);
   release_all();
+}
+
+/* argmax/argmin: generated code, every dtype and axis; ties (the first wins) and NaNs (the
+ * first NaN is the extreme) as the reference. */
+TEST(argmax_argmin) {
+  int64_t sh[3] = {7, 9, 13};
+  for (int d = 0; d < 5; d++) /* numeric dtypes (no bool) */
+    for (int ax = 0; ax < 3; ax++)
+      for (int mn = 0; mn < 2; mn++) {
+        ir_node *x = data(all_dt[d], 3, sh);
+        if (dtype_is_float(all_dt[d])) { /* ties, and a NaN in some rows */
+          x = u1(IR_FLOOR, b2(IR_MUL, x, cnst(all_dt[d], 2, 3, sh)));
+          ir_node *z = cnst(all_dt[d], 0, 3, sh);
+          ir_node *nan = b2(IR_DIV, z, z);
+          ir_node *m = b2(IR_GT, data(all_dt[d], 3, sh), cnst(all_dt[d], 1.9, 3, sh));
+          ir_node *in[3] = {m, nan, x};
+          x = mk(IR_SELECT, 3, in, NULL, all_dt[d], 0, NULL);
+        }
+        ir_attrs at = {0};
+        at.a[0] = ax;
+        at.a[1] = mn;
+        ir_node *y = mk(mn ? IR_ARGMIN : IR_ARGMAX, 1, &x, &at, GRAFT_I64, 0, NULL);
+        ir_node *y2 = b2(IR_ADD, y, y); /* and fused into a consumer */
+        ir_node *r[2] = {y, y2};
+        CHECK(compare(r, 2, 0) == 0);
+        release_all();
+      }
 }
 
 TEST(fallbacks_counted) {
@@ -372,7 +479,7 @@ TEST(fallbacks_counted) {
   ir_node *r[3] = {y, f, amx};
   CHECK(compare(r, 3, 1e-6) == 0);
   CHECK(cpu_stats.fallback[IR_ADD] == before_f16 + 1);
-  CHECK(cpu_stats.fallback[IR_ARGMAX] == before_am + 1);
+  CHECK(cpu_stats.fallback[IR_ARGMAX] == before_am); /* generated */
   /* conv2d, gather, reduce_window, rng through the boundary */
   int64_t xs[4] = {1, 2, 5, 5}, ws[4] = {3, 2, 3, 3};
   ir_node *cin[2] = {data(GRAFT_F32, 4, xs), data(GRAFT_F32, 4, ws)};
@@ -614,7 +721,15 @@ static int fuzz_one(uint64_t seed, int verbose) {
       }
       break;
     }
-    case 10: { /* reduce */
+    case 10: { /* reduce, or argmax/argmin of an exact value */
+      if (ex && dt != GRAFT_BOOL && dt != GRAFT_F16 && a->ndim && rndi(4) == 0) {
+        ir_attrs at = {0};
+        at.a[0] = rndi(a->ndim);
+        at.a[1] = rndi(2);
+        if (a->shape[at.a[0]] > 0)
+          r = mk(rndi(2) ? IR_ARGMAX : IR_ARGMIN, 1, &a, &at, GRAFT_I64, 0, NULL);
+        break;
+      }
       if (dt == GRAFT_BOOL && rndi(2)) break;
       static const ir_op ro[] = {IR_REDUCE_SUM, IR_REDUCE_MAX, IR_REDUCE_MIN, IR_REDUCE_PROD};
       ir_op op = ro[rndi(4)];
@@ -632,7 +747,21 @@ static int fuzz_one(uint64_t seed, int verbose) {
       memcpy(bs, a->shape, sizeof bs);
       bs[a->ndim - 2] = a->shape[a->ndim - 1];
       bs[a->ndim - 1] = 1 + rndi(9);
-      ir_node *in[2] = {a, data(dt, a->ndim, bs)};
+      ir_node *b = NULL;
+      if (rndi(2)) { /* B as the transpose of a [.., N, K] value: BLAS's transpose flag */
+        int64_t t = bs[a->ndim - 1];
+        bs[a->ndim - 1] = bs[a->ndim - 2];
+        bs[a->ndim - 2] = t;
+        ir_attrs tp = {0};
+        for (int d = 0; d < a->ndim; d++) tp.a[d] = d;
+        tp.a[a->ndim - 2] = a->ndim - 1;
+        tp.a[a->ndim - 1] = a->ndim - 2;
+        b = data(dt, a->ndim, bs);
+        b = mk(IR_TRANSPOSE, 1, &b, &tp, 0, 0, NULL);
+      } else {
+        b = data(dt, a->ndim, bs);
+      }
+      ir_node *in[2] = {a, b};
       r = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
       ex = 0;
       break;
@@ -661,6 +790,7 @@ static int fuzz_one(uint64_t seed, int verbose) {
 TEST(fuzz_300_seeds) {
   int failed = 0;
   for (uint64_t s = 1; s <= 300; s++) failed += fuzz_one(s, 1) != 0;
+  failed += fuzz_one(1150, 1) != 0; /* gcc dropped an f32 rounding before a widening */
   CHECK(failed == 0);
 }
 
@@ -685,6 +815,8 @@ int main(void) {
   RUN(movement_fused);
   RUN(reductions);
   RUN(softmax_layernorm_rows);
+  RUN(streaming_stores);
+  RUN(argmax_argmin);
   RUN(dot_blas_and_fallback);
   RUN(fallbacks_counted);
   RUN(compiler_failure_is_an_error);

@@ -1,15 +1,23 @@
 /* Renders a program as one C translation unit: a prelude (runtime struct, math), one function
  * per kernel (a fused loop nest; a "row group" runs several kernels row by row so a reduction
- * and the elementwise work that reads it back stay in cache: softmax, layer_norm), and the
- * entry `graft_entry`, which allocates, runs kernels (on the pool when big), calls BLAS and the
- * reference fallbacks, and frees buffers after their last use. */
+ * and the elementwise work that reads it back stay in cache: softmax, layer_norm; an expensive
+ * value several members compute, softmax's exp, is kept in a row scratch by the first one), and
+ * the entry `graft_entry`, which allocates, runs kernels (on the pool when big), calls BLAS
+ * (transposed operands by its transpose flags) and the reference fallbacks, and frees buffers
+ * after their last use. Outputs past CPU_NT_MIN_BYTES leave through streaming stores. */
 #include "cpu_codegen.h"
 #include "cpu_math.h"
+#include "dtype.h"
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define CPU_PAR_MIN_WORK 65536
+/* Outputs at least this big (default; GRAFT_NT_MIN_BYTES overrides) are written with streaming
+ * stores: bigger than half the last-level cache here, they would not be read back from it. */
+#define CPU_NT_MIN_BYTES ((size_t)16 << 20)
+#define CPU_NT_BLOCK 2048               /* elements per streamed block of a flat kernel */
+#define CPU_ROW_SCRATCH_BYTES (64 << 10) /* per-row scratch (stack) of one kernel, at most */
 
 static _Thread_local size_t *cpu_step_end;
 
@@ -24,13 +32,47 @@ static const char cpu_prelude[] =
     "static inline int64_t gc_irem(int64_t a, int64_t b) { return (b == 0 || b == -1) ? 0 : a % b; }\n"
     "/* hides a float->double widening so gcc cannot narrow (float)f((double)x) to f##f(x) */\n"
     "static inline double gc_wide(double x) { __asm__(\"\" : \"+x\"(x)); return x; }\n"
-    "static inline int64_t gc_clamp(int64_t q, int64_t n) { return q < 0 ? 0 : q >= n ? n - 1 : q; }\n";
+    "/* an f32 rounding of a double that gcc cannot drop (see cpu_unary) */\n"
+    "static inline float gc_f32(double x) { float f = (float)x; __asm__(\"\" : \"+x\"(f)); return f; }\n"
+    "static inline float gc_f32i(int64_t x) { float f = (float)x; __asm__(\"\" : \"+x\"(f)); return f; }\n"
+    "static inline int64_t gc_clamp(int64_t q, int64_t n) { return q < 0 ? 0 : q >= n ? n - 1 : q; }\n"
+    /* Streaming (non-temporal) stores for large outputs nobody reads soon: a kernel computes a
+     * block into a local buffer, then gc_stream copies it out bypassing the cache (no read for
+     * ownership of the destination lines). gcc emits no NT stores from plain C: inline asm. */
+    "#if defined(__AVX512F__)\n"
+    "#define GC_NTV 64\ntypedef float gc_vnt __attribute__((vector_size(64)));\n"
+    "#define GC_NT_ASM \"vmovntps %1, %0\" : \"=m\"(*(gc_vnt *)d) : \"v\"(v)\n"
+    "#elif defined(__AVX__)\n"
+    "#define GC_NTV 32\ntypedef float gc_vnt __attribute__((vector_size(32)));\n"
+    "#define GC_NT_ASM \"vmovntps %1, %0\" : \"=m\"(*(gc_vnt *)d) : \"x\"(v)\n"
+    "#elif defined(__SSE2__)\n"
+    "#define GC_NTV 16\ntypedef float gc_vnt __attribute__((vector_size(16)));\n"
+    "#define GC_NT_ASM \"movntps %1, %0\" : \"=m\"(*(gc_vnt *)d) : \"x\"(v)\n"
+    "#endif\n"
+    "static void gc_stream(void *dst, const void *src, int64_t n) {\n"
+    "  char *d = (char *)dst; const char *s = (const char *)src;\n"
+    "#ifdef GC_NTV\n"
+    "  int64_t head = (int64_t)(-(uintptr_t)d & (GC_NTV - 1));\n"
+    "  if (head > n) head = n;\n"
+    "  __builtin_memcpy(d, s, (__SIZE_TYPE__)head); d += head; s += head; n -= head;\n"
+    "  for (; n >= GC_NTV; n -= GC_NTV, d += GC_NTV, s += GC_NTV) {\n"
+    "    gc_vnt v; __builtin_memcpy(&v, s, GC_NTV); __asm__ volatile(GC_NT_ASM);\n"
+    "  }\n"
+    "#endif\n"
+    "  __builtin_memcpy(d, s, (__SIZE_TYPE__)n);\n"
+    "}\n"
+    "static inline void gc_sfence(void) {\n"
+    "#ifdef GC_NTV\n"
+    "  __asm__ volatile(\"sfence\" ::: \"memory\");\n"
+    "#endif\n"
+    "}\n";
 
 typedef struct {
   int *inst; /* members, in order */
   int nm;
   int a;     /* outer dims (row mode); -1 = flat elementwise */
   const int64_t *oshape;
+  int ond;   /* dims of oshape */
 } cpu_group;
 
 static bool cpu_is_trailing_reduce(const exec_program *p, int i, int *a) {
@@ -68,6 +110,14 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a) {
   g->self = i;
   cpu_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
   const char *v = cpu_value(g, i, pos);
+  if (g->stream == i) {
+    cpu_sb_printf(g->body, "      ob%d[%s] = %s;\n", i, cpu_row_inner(g), v);
+    cpu_close_loops(g->body, ins->ndim - a);
+    int64_t len = cpu_row_len(g);
+    cpu_sb_printf(g->body, "    gc_stream(p%d + r * %" PRId64 ", ob%d, %" PRId64 ");\n", i, len, i,
+                  len * (int64_t)graft_dtype_size(ins->dtype));
+    return;
+  }
   cpu_sb_printf(g->body, "      p%d[%s] = %s;\n", i, cpu_pos_lin(g, &pos), v);
   cpu_close_loops(g->body, ins->ndim - a);
 }
@@ -135,26 +185,77 @@ static void cpu_member_reduce(cpu_cg *g, int i) {
   }
   const char *fin;
   if (fl && (mx || mn)) fin = cpu_fmt(&g->ar, "nfa%d ? (%s)NAN : acc%d", i, T, i);
-  else if (fl) fin = cpu_fmt(&g->ar, "(%s)acc%d", T, i);
+  else if (fl) fin = cpu_fmt(&g->ar, "%s(acc%d)", dt == GRAFT_F32 ? "gc_f32" : "", i);
   else if (dt == GRAFT_BOOL) fin = cpu_fmt(&g->ar, "(uint8_t)(acc%d != 0)", i);
   else fin = cpu_fmt(&g->ar, "(%s)(uint64_t)acc%d", T, i);
   cpu_sb_printf(g->body, "    p%d[r] = %s;\n", i, fin);
 }
 
-/* Pointer declarations for the slots a kernel touches. */
+static bool cpu_is_arg(ir_op op) { return op == IR_ARGMAX || op == IR_ARGMIN; }
+
+/* argmax/argmin root i (a standalone kernel: vars for the other dims exist; r is the output
+ * index). As the reference: the first extreme wins; for floats the first NaN is the extreme. */
+static void cpu_member_arg(cpu_cg *g, int i) {
+  const exec_instr *ins = &g->p->instr[i];
+  const exec_instr *x = &g->p->instr[ins->in[0]];
+  int ax = (int)ins->attr.a[0];
+  bool fl = dtype_is_float(x->dtype), mn = ins->op == IR_ARGMIN;
+  const char *T = fl ? cpu_ctype(x->dtype) : "int64_t";
+  g->nmemo = 0;
+  g->self = -1;
+  cpu_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
+  pos.c[ax] = "0";
+  const char *v0 = cpu_value(g, ins->in[0], pos);
+  cpu_sb_printf(g->body, "    %s bv = (%s)%s; int64_t best = 0;\n", T, T, v0);
+  cpu_sb_printf(g->body, "    for (int64_t i%d = 1; i%d < %" PRId64 "; i%d++) {\n", ax, ax,
+                x->shape[ax], ax);
+  g->nmemo = 0;
+  pos = cpu_loop_pos(g, x->ndim, x->shape);
+  const char *v = cpu_value(g, ins->in[0], pos);
+  if (fl)
+    cpu_sb_printf(g->body, "      const %s v = %s;\n      if (bv == bv && (v != v || v %s bv)) "
+                  "{ bv = v; best = i%d; }\n", T, v, mn ? "<" : ">", ax);
+  else
+    cpu_sb_printf(g->body, "      const int64_t v = (int64_t)%s;\n      if (v %s bv) { bv = v; "
+                  "best = i%d; }\n", v, mn ? "<" : ">", ax);
+  cpu_sb_printf(g->body, "    }\n    p%d[r] = best;\n", i);
+}
+
+/* The kernel's signature: the slots it touches are restrict-qualified parameters of k<kid>_
+ * (gcc honours restrict on parameters; on locals loaded from S it versioned loops for aliasing
+ * and gave up vectorizing past a few dozen pointers), called by k<kid>(S, lo, hi). */
 static void cpu_kernel_head(cpu_cg *g, cpu_sb *out, int kid, const unsigned char *writes) {
-  cpu_sb_printf(out, "static void k%d(void **S, int64_t lo, int64_t hi) {\n", kid);
+  cpu_sb_printf(out, "static void k%d_(int64_t lo, int64_t hi", kid);
   for (int s = 0; s < g->p->ninstr; s++) {
     if (!g->reads[s] && !writes[s]) continue;
-    const char *T = cpu_ctype(g->p->instr[s].dtype);
-    cpu_sb_printf(out, "  %s%s *restrict p%d = (%s%s *)S[%d];\n", writes[s] ? "" : "const ", T,
-                  s, writes[s] ? "" : "const ", T, s);
+    cpu_sb_printf(out, ", %s%s *restrict p%d", writes[s] ? "" : "const ",
+                  cpu_ctype(g->p->instr[s].dtype), s);
   }
+  cpu_sb_puts(out, ");\n");
+  cpu_sb_printf(out, "static void k%d(void **S, int64_t lo, int64_t hi) {\n  k%d_(lo, hi", kid, kid);
+  for (int s = 0; s < g->p->ninstr; s++)
+    if (g->reads[s] || writes[s]) cpu_sb_printf(out, ", S[%d]", s);
+  cpu_sb_puts(out, ");\n}\n");
+  cpu_sb_printf(out, "static void k%d_(int64_t lo, int64_t hi", kid);
+  for (int s = 0; s < g->p->ninstr; s++) {
+    if (!g->reads[s] && !writes[s]) continue;
+    cpu_sb_printf(out, ", %s%s *restrict p%d", writes[s] ? "" : "const ",
+                  cpu_ctype(g->p->instr[s].dtype), s);
+  }
+  cpu_sb_puts(out, ") {\n");
+  int64_t len = g->oshape ? cpu_row_len(g) : 0;
+  for (int s = 0; s < g->p->ninstr && g->rc_state; s++)
+    if (g->rc_state[s])
+      cpu_sb_printf(out, "  %s rc%d[%" PRId64 "] __attribute__((aligned(64)));\n",
+                    cpu_ctype(g->p->instr[s].dtype), s, len);
+  if (g->stream >= 0)
+    cpu_sb_printf(out, "  %s ob%d[%" PRId64 "] __attribute__((aligned(64)));\n",
+                  cpu_ctype(g->p->instr[g->stream].dtype), g->stream, g->oshape ? len : CPU_NT_BLOCK);
 }
 
 /* Generates the kernel of group G into out; returns 0, or 1 when a member violated
  * row-locality (the caller shrinks the group), or 2 for a flat kernel that needed coords. */
-static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
+static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   const exec_program *p = g->p;
   int n = p->ninstr;
   unsigned char *writes = calloc((size_t)n, 1);
@@ -166,13 +267,21 @@ static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   g->need_unravel = 0;
   g->ntmp = 0;
   g->gouter = G->a > 0 ? G->a : 0;
-  g->oshape = G->oshape;
+  g->oshape = G->a >= 0 ? G->oshape : NULL;
+  g->ond = G->a >= 0 ? G->ond : 0;
   int rc = 0;
   if (G->a < 0) { /* flat elementwise */
     int i = G->inst[0];
     const exec_instr *ins = &p->instr[i];
     writes[i] = 1;
-    cpu_sb_puts(&body, "  for (int64_t L = lo; L < hi; L++) {\n");
+    if (g->stream == i) { /* blocks computed into ob<i>, streamed out */
+      cpu_sb_printf(&body, "  for (int64_t L0 = lo; L0 < hi; L0 += %d) {\n", CPU_NT_BLOCK);
+      cpu_sb_printf(&body, "    const int64_t L1 = L0 + %d < hi ? L0 + %d : hi;\n", CPU_NT_BLOCK,
+                    CPU_NT_BLOCK);
+      cpu_sb_puts(&body, "    for (int64_t L = L0; L < L1; L++) {\n");
+    } else {
+      cpu_sb_puts(&body, "  for (int64_t L = lo; L < hi; L++) {\n");
+    }
     g->nmemo = 0;
     g->self = i;
     cpu_pos pos = {.nd = ins->ndim, .shape = ins->shape, .lin = "L"};
@@ -181,7 +290,13 @@ static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
       if (ins->ndim == 1) pos.c[0] = ins->shape[0] == 1 ? "0" : "L";
     }
     const char *v = cpu_value(g, i, pos);
-    cpu_sb_printf(&body, "      p%d[L] = %s;\n  }\n", i, v);
+    if (g->stream == i) {
+      cpu_sb_printf(&body, "      ob%d[L - L0] = %s;\n    }\n", i, v);
+      cpu_sb_printf(&body, "    gc_stream(p%d + L0, ob%d, (L1 - L0) * %d);\n  }\n", i, i,
+                    (int)graft_dtype_size(ins->dtype));
+    } else {
+      cpu_sb_printf(&body, "      p%d[L] = %s;\n  }\n", i, v);
+    }
     if (g->need_unravel && ins->ndim >= 2) rc = 2;
   } else {
     const exec_instr *f = &p->instr[G->inst[0]];
@@ -189,9 +304,9 @@ static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
     cpu_sb_puts(&body, "  for (int64_t r = lo; r < hi; r++) {\n");
     if (standalone_reduce) { /* unravel r over the kept dims of the operand */
       const exec_instr *x = &p->instr[f->in[0]];
-      int64_t st = 1;
+      int64_t st = 1, mask = cpu_is_arg(f->op) ? (int64_t)1 << f->attr.a[0] : f->attr.a[0];
       for (int d = x->ndim - 1; d >= 0; d--) {
-        if (f->attr.a[0] >> d & 1) continue;
+        if (mask >> d & 1) continue;
         cpu_sb_printf(&body, "    const int64_t i%d = r / %" PRId64 " %% %" PRId64 ";\n", d, st,
                       x->shape[d]);
         st *= x->shape[d];
@@ -207,15 +322,19 @@ static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
     for (int m = 0; m < G->nm && !g->violation; m++) {
       int i = G->inst[m];
       cpu_sb_printf(&body, "    { /* %s */\n", ir_ops[p->instr[i].op].name);
-      if (ir_ops[p->instr[i].op].kind == IR_K_REDUCE) cpu_member_reduce(g, i);
+      if (cpu_is_arg(p->instr[i].op)) cpu_member_arg(g, i);
+      else if (ir_ops[p->instr[i].op].kind == IR_K_REDUCE) cpu_member_reduce(g, i);
       else cpu_member_kernel(g, i, G->a);
       cpu_sb_puts(&body, "    }\n");
       writes[i] = 1;
       if (G->nm > 1) g->member[i] = 1;
+      for (int s = 0; s < n && g->rc_state; s++)
+        if (g->rc_state[s] == 3) g->rc_state[s] = 2;
     }
     cpu_sb_puts(&body, "  }\n");
     if (g->violation) rc = 1;
   }
+  if (g->stream >= 0) cpu_sb_puts(&body, "  gc_sfence();\n");
   if (!rc) {
     cpu_kernel_head(g, out, kid, writes);
     cpu_sb_puts(out, body.s ? body.s : "");
@@ -225,6 +344,72 @@ static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   cpu_sb_free(&body);
   free(writes);
   return rc;
+}
+
+static size_t cpu_nt_min_bytes(void) {
+  const char *e = getenv("GRAFT_NT_MIN_BYTES");
+  return e && *e ? (size_t)strtoull(e, NULL, 10) : CPU_NT_MIN_BYTES;
+}
+
+/* Generates group G: picks the member whose output streams out, and (row groups) the values
+ * worth a row scratch, by generating it a few times and counting re-evaluations. */
+static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
+  const exec_program *p = g->p;
+  int n = p->ninstr, last = G->inst[G->nm - 1];
+  const exec_instr *li = &p->instr[last];
+  size_t esz = graft_dtype_size(li->dtype);
+  g->stream = -1;
+  if (g->pl->role[last] == CPU_KERNEL && (size_t)li->numel * esz >= cpu_nt_min_bytes()) {
+    if (G->a < 0) g->stream = last;
+    else if (li->ndim == G->ond && !memcmp(li->shape, G->oshape, sizeof(int64_t) * (size_t)G->ond)) {
+      int64_t len = 1;
+      for (int d = G->a; d < G->ond; d++) len *= G->oshape[d];
+      if (len * (int64_t)esz <= CPU_ROW_SCRATCH_BYTES && len * (int64_t)esz >= 256) g->stream = last;
+    }
+  }
+  if (G->a < 0 || G->nm < 2) return cpu_gen_once(g, G, kid, out);
+  memset(g->rc_state, 0, (size_t)n);
+  int64_t len = 1, used = 0;
+  for (int d = G->a; d < G->ond; d++) len *= G->oshape[d];
+  for (int it = 0; it < 4; it++) {
+    memset(g->rc_count, 0, sizeof(int) * (size_t)n);
+    cpu_sb tmp = {0};
+    int rc = cpu_gen_once(g, G, kid, &tmp);
+    cpu_sb_free(&tmp);
+    for (int s = 0; s < n; s++)
+      if (g->rc_state[s]) g->rc_state[s] = 1;
+    if (rc) break;
+    int best = -1;
+    for (int s = n - 1; s >= 0 && best < 0; s--) {
+      int64_t bytes = len * (int64_t)graft_dtype_size(p->instr[s].dtype);
+      if (!g->rc_state[s] && g->rc_count[s] >= 2 && g->cost[s] >= 8 &&
+          used + bytes <= CPU_ROW_SCRATCH_BYTES)
+        best = s;
+    }
+    if (best < 0) break;
+    g->rc_state[best] = 1;
+    used += len * (int64_t)graft_dtype_size(p->instr[best].dtype);
+  }
+  int rc = cpu_gen_once(g, G, kid, out);
+  memset(g->rc_state, 0, (size_t)n);
+  return rc;
+}
+
+/* Rough per-element cost of each inlined value, its inlined inputs included (saturating). */
+static void cpu_costs(const exec_program *p, const cpu_plan *pl, int *cost) {
+  for (int i = 0; i < p->ninstr; i++) {
+    const exec_instr *ins = &p->instr[i];
+    if (pl->role[i] != CPU_INLINE) { cost[i] = 0; continue; }
+    int c;
+    switch (ins->op) {
+    case IR_EXP: case IR_LOG: case IR_TANH: case IR_ERF: case IR_SIGMOID: case IR_SIN:
+    case IR_COS: case IR_LOG1P: case IR_EXPM1: case IR_POW: case IR_REM: c = 16; break;
+    case IR_DIV: case IR_SQRT: case IR_RSQRT: case IR_RECIPROCAL: c = 4; break;
+    default: c = ir_ops[ins->op].kind == IR_K_MOVEMENT ? 0 : 1;
+    }
+    for (int k = 0; k < ins->nin; k++) c += cost[ins->in[k]];
+    cost[i] = c > 1000 ? 1000 : c;
+  }
 }
 
 /* Records where step `step` ends in the entry text; releases are inserted there once every
@@ -266,7 +451,7 @@ static bool cpu_can_join(const exec_program *p, const cpu_plan *pl, int i, int a
   const exec_instr *ins = &p->instr[i];
   if (pl->role[i] == CPU_REDUCE) {
     int ra;
-    if (ins->op == IR_ARGMAX || !cpu_is_trailing_reduce(p, i, &ra) || ra != a) return false;
+    if (cpu_is_arg(ins->op) || !cpu_is_trailing_reduce(p, i, &ra) || ra != a) return false;
     const exec_instr *x = &p->instr[ins->in[0]];
     return !memcmp(x->shape, oshape, sizeof(int64_t) * (size_t)a);
   }
@@ -292,6 +477,10 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
   g->pl = pl;
   g->reads = calloc((size_t)n + 1, 1);
   g->member = calloc((size_t)n + 1, 1);
+  g->rc_state = calloc((size_t)n + 1, 1);
+  g->rc_count = calloc((size_t)n + 1, sizeof(int));
+  g->cost = calloc((size_t)n + 1, sizeof(int));
+  if (g->cost) cpu_costs(p, pl, g->cost);
   cpu_sb kern = {0}, entry = {0};
   cpu_sb_puts(out, cpu_prelude);
   cpu_sb_puts(out, cpu_rt_src);
@@ -301,7 +490,8 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
   cpu_sb_puts(&entry, "int graft_entry(const cpu_rt *rt) {\n  void **S = rt->S;\n  (void)S;\n");
   for (int i = 0; i < n; i++) last_step[i] = -1;
   int kid = 0, step = 0;
-  for (int i = 0; i < n && g->reads; i++, step++) {
+  bool ok = g->reads && g->member && g->rc_state && g->rc_count && g->cost;
+  for (int i = 0; i < n && ok; i++, step++) {
     int role = pl->role[i];
     const exec_instr *ins = &p->instr[i];
     if (role == CPU_FALLBACK) {
@@ -316,30 +506,38 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
       int64_t batch = (M != 0 && N != 0) ? ins->numel / (M * N) : 0;
       const char *T = cpu_ctype(ins->dtype);
       bool f = ins->dtype == GRAFT_F32;
+      int ta, tb, sa = cpu_gemm_operand(p, pl, ins->in[0], &ta), sb = cpu_gemm_operand(p, pl, ins->in[1], &tb);
       cpu_sb_printf(&entry, "  if (rt->alloc(rt->ctx, %d)) return -1;\n  {\n", i);
       cpu_sb_printf(&entry, "    const %s *A = (const %s *)S[%d], *B = (const %s *)S[%d];\n", T,
-                    T, ins->in[0], T, ins->in[1]);
+                    T, sa, T, sb);
       cpu_sb_printf(&entry, "    %s *C = (%s *)S[%d];\n    (void)A; (void)B; (void)C;\n", T, T, i);
       if (K == 0)
         cpu_sb_printf(&entry, "    for (int64_t q = 0; q < %" PRId64 "; q++) C[q] = 0;\n", ins->numel);
       else if (batch)
         cpu_sb_printf(&entry,
-                      "    for (int64_t q = 0; q < %" PRId64 "; q++)\n      rt->%s(101, 111, 111, %"
+                      "    for (int64_t q = 0; q < %" PRId64 "; q++)\n      rt->%s(101, %d, %d, %"
                       PRId64 ", %" PRId64 ", %" PRId64 ", 1, A + q * %" PRId64 ", %" PRId64
                       ", B + q * %" PRId64 ", %" PRId64 ", 0, C + q * %" PRId64 ", %" PRId64 ");\n",
-                      batch, f ? "sgemm" : "dgemm", M, N, K, M * K, K, K * N, N, M * N, N);
+                      batch, f ? "sgemm" : "dgemm", ta ? 112 : 111, tb ? 112 : 111, M, N, K, M * K,
+                      ta ? M : K, K * N, tb ? K : N, M * N, N);
       cpu_sb_puts(&entry, "  }\n");
-      for (int k = 0; k < ins->nin; k++) last_step[ins->in[k]] = step;
+      last_step[sa] = last_step[sb] = step;
       cpu_emit_releases(p, pl, last_step, step, &entry);
       continue;
     }
     if (role != CPU_KERNEL && role != CPU_REDUCE) { step--; continue; }
     /* Form a group: this step plus following kernel/reduce steps sharing its rows. */
     cpu_group G = {.inst = inst, .nm = 0, .a = -1, .oshape = NULL};
-    int a = 0;
+    int a = 0, ond = 0;
     const int64_t *osh = NULL;
-    if (role == CPU_REDUCE && cpu_is_trailing_reduce(p, i, &a)) osh = p->instr[ins->in[0]].shape;
-    else if (role == CPU_KERNEL && ins->ndim >= 2) { a = ins->ndim - 1; osh = ins->shape; }
+    if (role == CPU_REDUCE && !cpu_is_arg(ins->op) && cpu_is_trailing_reduce(p, i, &a)) {
+      osh = p->instr[ins->in[0]].shape;
+      ond = p->instr[ins->in[0]].ndim;
+    } else if (role == CPU_KERNEL && ins->ndim >= 2) {
+      a = ins->ndim - 1;
+      osh = ins->shape;
+      ond = ins->ndim;
+    }
     inst[G.nm++] = i;
     int j = i + 1;
     if (osh && a >= 1) {
@@ -357,11 +555,13 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
       if (rc == 2) {
         G.a = ins->ndim - 1;
         G.oshape = ins->shape;
+        G.ond = ins->ndim;
         rc = cpu_gen_group(g, &G, kid, &kern);
       }
     } else {
       G.a = G.nm > 1 ? a : 0;
       G.oshape = osh;
+      G.ond = ond;
       if (G.nm == 1) G.a = role == CPU_REDUCE ? 0 : G.a;
       while ((rc = cpu_gen_group(g, &G, kid, &kern)) == 1 && G.nm > 1) G.nm--;
       if (G.nm == 1 && rc == 1) rc = cpu_gen_group(g, &G, kid, &kern);
@@ -394,12 +594,15 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
   cpu_finish_entry(p, pl, last_step, step, &entry, out);
   free(cpu_step_end);
   cpu_step_end = NULL;
-  int failed = g->failed || !g->reads || !g->member || kern.oom || entry.oom || out->oom;
+  int failed = g->failed || !ok || kern.oom || entry.oom || out->oom;
   cpu_sb_free(&kern);
   cpu_sb_free(&entry);
   cpu_arena_free(&g->ar);
   free(g->reads);
   free(g->member);
+  free(g->rc_state);
+  free(g->rc_count);
+  free(g->cost);
   free(g);
   free(last_step);
   free(inst);

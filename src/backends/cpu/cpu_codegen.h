@@ -34,10 +34,22 @@ typedef struct {
   const int64_t *oshape;
   int violation;        /* a group member read another member's output off its row */
   int failed;
+  /* Row groups: an expensive inlined value that several members compute at the same row
+   * position (softmax's exp) is kept in a per-row scratch rc<i>[] by the first member that
+   * computes it, and loaded by the later ones. */
+  unsigned char *rc_state; /* 0 no; 1 cached, not yet computed in this row; 2 stored; 3 stored
+                              by the member being generated */
+  int *rc_count;           /* planning: evaluations at the row position (one per member) */
+  int *cost;               /* rough per-element cost of an inlined value (its subtree) */
+  int ond;                 /* dims of the group's row space (oshape) */
+  int stream;              /* member whose rows go out through a scratch row + streaming stores */
 } cpu_cg;
 
 const char *cpu_ctype(graft_dtype dt);
 void cpu_pos_coords(cpu_cg *g, cpu_pos *pos);
 const char *cpu_pos_lin(cpu_cg *g, cpu_pos *pos);
 const char *cpu_value(cpu_cg *g, int i, cpu_pos pos);
+/* The position of element (i<a>..i<ond-1>) within a row of the group, as a C expression. */
+const char *cpu_row_inner(cpu_cg *g);
+int64_t cpu_row_len(const cpu_cg *g);
 #endif

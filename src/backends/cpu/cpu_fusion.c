@@ -23,6 +23,7 @@ bool cpu_op_generated(const exec_program *p, int i, bool have_blas) {
   switch (ins->op) {
   case IR_CONSTANT: case IR_IOTA:
   case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD:
+  case IR_ARGMAX: case IR_ARGMIN:
     return true;
   case IR_DOT: /* BLAS for f32/f64 with int-sized dims */
     if (!have_blas || !dtype_is_float(ins->dtype)) return false;
@@ -41,14 +42,27 @@ static bool cpu_computes(ir_op op) {
 
 #define CPU_MAX_INLINE_DEPTH 64
 
+static bool cpu_last2_transpose(const exec_instr *ins) {
+  if (ins->op != IR_TRANSPOSE || ins->ndim < 2) return false;
+  for (int d = 0; d < ins->ndim - 2; d++)
+    if (ins->attr.a[d] != d) return false;
+  return ins->attr.a[ins->ndim - 2] == ins->ndim - 1 && ins->attr.a[ins->ndim - 1] == ins->ndim - 2;
+}
+
+int cpu_gemm_operand(const exec_program *p, const cpu_plan *pl, int s, int *trans) {
+  *trans = pl->tview[s] && pl->role[s] == CPU_INLINE;
+  return *trans ? p->instr[s].in[0] : s;
+}
+
 int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl) {
   int n = p->ninstr;
   pl->n = n;
   pl->have_blas = have_blas;
   pl->role = calloc((size_t)n + 1, 1);
   pl->nuse = calloc((size_t)n + 1, sizeof(int));
+  pl->tview = calloc((size_t)n + 1, 1);
   unsigned char *live = calloc((size_t)n + 1, 1);
-  if (!pl->role || !pl->nuse || !live) {
+  if (!pl->role || !pl->nuse || !pl->tview || !live) {
     free(live);
     cpu_plan_free(pl);
     err_set(GRAFT_ERR_OOM, "cpu: out of memory planning a graph");
@@ -69,11 +83,16 @@ int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl) {
     else if (ins->is_output) pl->role[i] = CPU_KERNEL;
     else pl->role[i] = CPU_INLINE;
   }
-  /* Library calls and fallbacks read whole buffers. */
+  /* Library calls and fallbacks read whole buffers; a GEMM operand that is a transpose of the
+   * last two dims reads its source's buffer with BLAS's transpose flag instead. */
   for (int i = 0; i < n; i++) {
     if (pl->role[i] != CPU_FALLBACK && pl->role[i] != CPU_GEMM) continue;
     for (int k = 0; k < p->instr[i].nin; k++) {
       int s = p->instr[i].in[k];
+      if (pl->role[i] == CPU_GEMM && pl->role[s] == CPU_INLINE && cpu_last2_transpose(&p->instr[s])) {
+        pl->tview[s] = 1;
+        s = p->instr[s].in[0];
+      }
       if (pl->role[s] == CPU_INLINE) pl->role[s] = CPU_KERNEL;
     }
   }
@@ -115,6 +134,8 @@ int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl) {
 void cpu_plan_free(cpu_plan *pl) {
   free(pl->role);
   free(pl->nuse);
+  free(pl->tview);
   pl->role = NULL;
   pl->nuse = NULL;
+  pl->tview = NULL;
 }

@@ -1,5 +1,5 @@
 /* A persistent thread pool: the caller plus (nthreads-1) workers split [0,total) of one kernel
- * into contiguous chunks. Idle workers block on a condition variable (no spinning), so
+ * into contiguous chunks (a few per thread, taken in turn with an atomic counter). Idle workers block on a condition variable (no spinning), so
  * OpenBLAS's own threads, which run only between our parallel regions, never fight them.
  * GRAFT_THREADS overrides the thread count (default: online CPUs, at most 64). */
 #include "cpu_internal.h"
@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #define CPU_POOL_MAX 64
+#define CPU_CHUNKS_PER_THREAD 4
 
 static struct {
   pthread_mutex_t mu;
@@ -20,16 +21,32 @@ static struct {
   cpu_kernel_fn fn;
   void **S;
   int64_t total;
+  int nchunks, next; /* chunks of the current region; the next one to take */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0, 0, NULL, NULL, 0};
+          PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0};
 
-static void cpu_chunk(int w, int nt, int64_t total, int64_t *lo, int64_t *hi) {
-  *lo = total * w / nt;
-  *hi = total * (w + 1) / nt;
+/* Chunk c of nc: boundaries on multiples of 64 units when there are plenty (a flat kernel's
+ * chunks then start on whole cache lines, which its streaming stores want). */
+static void cpu_chunk(int c, int nc, int64_t total, int64_t *lo, int64_t *hi) {
+  int64_t al = total >= (int64_t)nc * 4096 ? 64 : 1;
+  *lo = c == 0 ? 0 : total * c / nc / al * al;
+  *hi = c == nc - 1 ? total : total * (c + 1) / nc / al * al;
+}
+
+/* Runs chunks of the current region until none is left. A region is cut in a few chunks
+ * per thread, taken in turn: a thread slowed down (this machine is shared) takes fewer. */
+static void cpu_take_chunks(cpu_kernel_fn fn, void **S, int64_t total, int nc) {
+  for (;;) {
+    int c = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED);
+    if (c >= nc) return;
+    int64_t lo, hi;
+    cpu_chunk(c, nc, total, &lo, &hi);
+    if (hi > lo) fn(S, lo, hi);
+  }
 }
 
 static void *cpu_worker(void *arg) {
-  int w = (int)(intptr_t)arg;
+  (void)arg;
   uint64_t seen = 0;
   pthread_mutex_lock(&pool.mu);
   for (;;) {
@@ -38,11 +55,10 @@ static void *cpu_worker(void *arg) {
     seen = pool.gen;
     cpu_kernel_fn fn = pool.fn;
     void **S = pool.S;
-    int64_t total = pool.total, lo, hi;
-    int nt = pool.nthreads;
+    int64_t total = pool.total;
+    int nc = pool.nchunks;
     pthread_mutex_unlock(&pool.mu);
-    cpu_chunk(w, nt, total, &lo, &hi);
-    if (hi > lo) fn(S, lo, hi);
+    cpu_take_chunks(fn, S, total, nc);
     pthread_mutex_lock(&pool.mu);
     if (--pool.pending == 0) pthread_cond_signal(&pool.done);
   }
@@ -106,13 +122,15 @@ void cpu_parallel_run(cpu_kernel_fn fn, void **S, int64_t total) {
   pool.fn = fn;
   pool.S = S;
   pool.total = total;
+  int nc = total < (int64_t)nt * CPU_CHUNKS_PER_THREAD ? (int)(total < nt ? total : nt)
+                                                        : nt * CPU_CHUNKS_PER_THREAD;
+  pool.nchunks = nc;
+  pool.next = 0;
   pool.pending = nt - 1;
   pool.gen++;
   pthread_cond_broadcast(&pool.go);
   pthread_mutex_unlock(&pool.mu);
-  int64_t lo, hi;
-  cpu_chunk(0, nt, total, &lo, &hi);
-  if (hi > lo) fn(S, lo, hi);
+  cpu_take_chunks(fn, S, total, nc);
   pthread_mutex_lock(&pool.mu);
   while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.mu);
   pthread_mutex_unlock(&pool.mu);
