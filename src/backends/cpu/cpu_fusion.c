@@ -41,6 +41,7 @@ static bool cpu_computes(ir_op op) {
 }
 
 #define CPU_MAX_INLINE_DEPTH 64
+#define CPU_SHARED_EXPR_SIZE 24
 
 static bool cpu_last2_transpose(const exec_instr *ins) {
   if (ins->op != IR_TRANSPOSE || ins->ndim < 2) return false;
@@ -122,6 +123,22 @@ int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl) {
     }
     depth[i] = d + 1;
     if (depth[i] >= CPU_MAX_INLINE_DEPTH) {
+      pl->role[i] = CPU_KERNEL;
+      depth[i] = 0;
+    }
+  }
+  /* An expensive inlined value read by several consumers would be recomputed in each (seen:
+   * a col2im sum of 9 padded slices recomputed by 5 batch-norm reductions): give it a buffer.
+   * size = inlined expression nodes under a value, as a tree (capped). */
+  for (int i = 0; i < n; i++) {
+    if (pl->role[i] != CPU_INLINE) continue;
+    int64_t sz = 1;
+    for (int k = 0; k < p->instr[i].nin; k++) {
+      int s = p->instr[i].in[k];
+      if (pl->role[s] == CPU_INLINE) sz += depth[s];
+    }
+    depth[i] = sz > 1 << 20 ? 1 << 20 : (int)sz;
+    if (pl->nuse[i] >= 2 && depth[i] >= CPU_SHARED_EXPR_SIZE) {
       pl->role[i] = CPU_KERNEL;
       depth[i] = 0;
     }
