@@ -274,6 +274,8 @@ graft_tensor *graft_embedding(graft_tensor *weight, graft_tensor *index);
 void graft_set_max_pending_nodes(int64_t n);
 /** Cap on bytes of device data (0 = none); allocations past it fail with GRAFT_ERR_OOM. */
 void graft_set_memory_limit(size_t bytes);
+/** Returns the released blocks graft keeps for reuse (its buffer pool) to the system. */
+void graft_empty_cache(void);
 
 /* ---- metrics ---- */
 typedef struct {
@@ -288,6 +290,7 @@ typedef struct {
   uint64_t pending_nodes;    /* IR nodes not yet materialized */
   uint64_t bytes_in_use;     /* device data bytes now */
   uint64_t bytes_peak;       /* high-water mark of bytes_in_use */
+  uint64_t bytes_pooled;     /* released blocks kept for reuse (graft_empty_cache frees them) */
   uint64_t transfers_to_device, bytes_to_device;
   uint64_t transfers_to_host, bytes_to_host;
   double compile_ms;         /* total time building executables */

@@ -273,6 +273,26 @@ TEST(memory_metrics_follow_data) {
   free(r);
 }
 
+TEST(released_blocks_are_pooled_and_reused) {
+  graft_empty_cache();
+  int64_t n = 1 << 20;
+  graft_tensor *a = graft_full(1, GRAFT_F32, 1, &n);
+  CHECK(graft_sync(&a, 1) == GRAFT_OK);
+  graft_release(a);
+  graft_metrics m = M();
+  CHECK(m.bytes_pooled >= (4u << 20)); /* kept for the next step, not returned */
+  graft_tensor *b = graft_full(2, GRAFT_F32, 1, &n);
+  CHECK(graft_sync(&b, 1) == GRAFT_OK);
+  CHECK(M().bytes_pooled + (4u << 20) <= m.bytes_pooled); /* the same block came back */
+  float v;
+  graft_tensor *one = graft_slice(b, (int64_t[]){n - 1}, (int64_t[]){n}, NULL);
+  CHECK(graft_to_host(one, &v, sizeof v) == GRAFT_OK && v == 2);
+  graft_release(one);
+  graft_release(b);
+  graft_empty_cache();
+  CHECK(M().bytes_pooled == 0);
+}
+
 TEST(oom_is_an_error_and_state_survives) {
   graft_set_memory_limit(1 << 20);
   graft_tensor *big = graft_full(1, GRAFT_F32, 1, (int64_t[]){1 << 20});
@@ -346,6 +366,7 @@ int main(void) {
   RUN(scopes_release_all_but_kept);
   RUN(handles_refcount_and_release);
   RUN(memory_metrics_follow_data);
+  RUN(released_blocks_are_pooled_and_reused);
   RUN(oom_is_an_error_and_state_survives);
   RUN(devices_are_separate);
   RUN(failed_sync_leaves_tensors_pending);

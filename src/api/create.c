@@ -327,6 +327,8 @@ graft_status graft_item(graft_tensor *t, double *out) {
 
 void graft_set_memory_limit(size_t bytes) { buffer_set_limit(bytes); }
 
+void graft_empty_cache(void) { buffer_pool_trim(); }
+
 void graft_shutdown(void) {
   tier_shutdown();
   graft_lock();

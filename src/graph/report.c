@@ -22,6 +22,7 @@ void graft_metrics_get(graft_metrics *m) {
   m->pending_nodes = (uint64_t)ir_pending_count();
   m->bytes_in_use = buffer_bytes_in_use();
   m->bytes_peak = buffer_bytes_peak();
+  m->bytes_pooled = buffer_pool_bytes();
   backend_stats bs;
   report_backend_stats(&bs);
   m->native_disk_hits = bs.disk_hits;
@@ -47,7 +48,7 @@ char *graft_metrics_report(void) {
       "  last / max graph     %llu / %llu nodes\n"
       "  live tensors         %llu\n"
       "  pending nodes        %llu\n"
-      "  bytes in use / peak  %llu / %llu\n"
+      "  bytes in use / peak  %llu / %llu (%llu pooled for reuse)\n"
       "  to device            %llu transfers, %llu bytes\n"
       "  to host              %llu transfers, %llu bytes\n"
       "  native compiles      %llu (%llu failed), %.1f ms in the compiler\n"
@@ -61,7 +62,7 @@ char *graft_metrics_report(void) {
       (unsigned long long)m.nodes_traced, (unsigned long long)m.last_graph_nodes,
       (unsigned long long)m.max_graph_nodes, (unsigned long long)m.live_tensors,
       (unsigned long long)m.pending_nodes, (unsigned long long)m.bytes_in_use,
-      (unsigned long long)m.bytes_peak, (unsigned long long)m.transfers_to_device,
+      (unsigned long long)m.bytes_peak, (unsigned long long)m.bytes_pooled, (unsigned long long)m.transfers_to_device,
       (unsigned long long)m.bytes_to_device, (unsigned long long)m.transfers_to_host,
       (unsigned long long)m.bytes_to_host, (unsigned long long)m.native_compiles,
       (unsigned long long)m.native_compile_failures, m.native_compile_ms,
