@@ -270,7 +270,8 @@ graft_tensor *graft_dropout(graft_tensor *x, double p, bool training);
 graft_tensor *graft_embedding(graft_tensor *weight, graft_tensor *index);
 
 /* ---- configuration ---- */
-/** Pending IR nodes past which the next op syncs every live tensor (default 100000). */
+/** Pending IR nodes past which the next op syncs every live tensor (default 100000); if that
+ *  sync fails, the op still returns its (pending) result and the sync's error is set. */
 void graft_set_max_pending_nodes(int64_t n);
 /** Cap on bytes of device data (0 = none); allocations past it fail with GRAFT_ERR_OOM. */
 void graft_set_memory_limit(size_t bytes);
