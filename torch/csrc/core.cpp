@@ -241,6 +241,17 @@ static G fit(const at::Tensor &dst, G v) {
   return v;
 }
 
+// A write through view g: root becomes the store's new value (a new generation) and v, the
+// view's own new value, its cache.
+static void set_root(GraftImpl *g, G root, G v) {
+  if (g->store->val) graft_release(g->store->val);
+  g->store->val = root.release();
+  g->store->gen++;
+  if (g->cache) graft_release(g->cache);
+  g->cache = v.release();
+  g->cache_gen = g->store->gen;
+}
+
 void write(const at::Tensor &dst, G v) {
   GraftImpl *g = gimpl(dst);
   v = fit(dst, std::move(v));
@@ -252,12 +263,7 @@ void write(const at::Tensor &dst, G v) {
   }
   if (g->is_full_reshape()) {
     G nb = chk(graft_reshape(v.get(), (int)g->store->shape.size(), g->store->shape.data()), "view write");
-    if (g->store->val) graft_release(g->store->val);
-    g->store->val = nb.release();
-    g->store->gen++;
-    if (g->cache) graft_release(g->cache);
-    g->cache = v.release();
-    g->cache_gen = g->store->gen;
+    set_root(g, std::move(nb), std::move(v));
     return;
   }
   // Write the view's new values into the root: each root position a view element maps to takes
@@ -278,12 +284,7 @@ void write(const at::Tensor &dst, G v) {
   G picked = n ? chk(graft_gather(vflat.get(), 0, gi.get()), "view write") : flat;
   G nb = chk(graft_where(gm.get(), picked.get(), flat.get()), "view write");
   nb = chk(graft_reshape(nb.get(), (int)g->store->shape.size(), g->store->shape.data()), "view write");
-  if (g->store->val) graft_release(g->store->val);
-  g->store->val = nb.release();
-  g->store->gen++;
-  if (g->cache) graft_release(g->cache);
-  g->cache = v.release();
-  g->cache_gen = g->store->gen;
+  set_root(g, std::move(nb), std::move(v));
 }
 
 void write_resize(const at::Tensor &dst, G v) {

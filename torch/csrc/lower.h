@@ -1,0 +1,69 @@
+// graft's PyTorch bridge: what the lowering files (lower*.cpp) share. Each lower_<concept>.cpp
+// keeps its lowerings file-local and adds them to the table through its add_*_lowerings;
+// lower.cpp assembles the table and holds these helpers' definitions.
+#pragma once
+#include "bridge.h"
+
+#include <initializer_list>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace graftpt {
+
+using Stack = torch::jit::Stack;
+using LoweringTable = std::unordered_map<std::string, Lowering>;
+
+// The op's arguments, popped off the stack.
+struct Args {
+  std::vector<c10::IValue> v;
+  Args(const c10::OperatorHandle &op, Stack *s) {
+    size_t n = op.schema().arguments().size();
+    v = torch::jit::last(*s, n).vec();
+    torch::jit::drop(*s, n);
+  }
+  const at::Tensor &t(int i) const { return v[i].toTensor(); }
+  bool none(int i) const { return (size_t)i >= v.size() || v[i].isNone(); }
+  double d(int i) const { return v[i].toScalar().toDouble(); }
+  int64_t i(int k) const { return v[k].toInt(); }
+  bool b(int k) const { return v[k].toBool(); }
+  std::vector<int64_t> il(int k) const { return v[k].toIntVector(); }
+  c10::Scalar sc(int k) const { return v[k].toScalar(); }
+};
+
+inline void push(Stack *s, at::Tensor t) { s->emplace_back(std::move(t)); }
+
+// Lowerings that may hand an unsupported configuration to the CPU fallback: Args::v holds the
+// popped arguments; this puts them back and runs PyTorch's kernel (counted as a fallback).
+void fall_back(const c10::OperatorHandle &op, Stack *s, Args &a);
+
+// A constant of the given dtype and shape.
+G fullc(double v, graft_dtype dt, std::vector<int64_t> shape = {});
+
+at::ScalarType default_float();
+
+// Operand helpers.
+void check_device(const at::Tensor &t);
+// PyTorch's result type of the tensors and Scalars among ivs.
+at::ScalarType promote(std::initializer_list<const c10::IValue *> ivs);
+// A graft value for an operand (graft tensor, CPU 0-dim tensor or Scalar) in dtype st.
+G operand(const c10::IValue &iv, at::ScalarType st);
+// A graft value for a tensor (a CPU 0-dim tensor becomes a scalar), in its own dtype.
+G tv(const at::Tensor &t);
+// v converted to dtype st (unchanged when it has it).
+G conv(G v, at::ScalarType st);
+G scal(double x, at::ScalarType st);
+at::ScalarType gst(const G &v);
+std::vector<int64_t> gshape(const G &v);
+// The wrapped dims of an int / int[] / None argument (None: empty).
+std::vector<int> dims_of(const c10::IValue &iv, int64_t ndim);
+G reshape_to(const G &v, const std::vector<int64_t> &sz);
+void same_dtype(const at::Tensor &a, const at::Tensor &b, const char *what);
+
+// Each concept's lowerings.
+void add_elementwise_lowerings(LoweringTable &t);  // lower_elementwise.cpp
+void add_view_lowerings(LoweringTable &t);         // lower_views.cpp
+void add_reduce_lowerings(LoweringTable &t);       // lower_reduce.cpp
+void add_nn_lowerings(LoweringTable &t);           // lower_nn.cpp
+
+}  // namespace graftpt
