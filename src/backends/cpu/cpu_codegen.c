@@ -159,8 +159,11 @@ static void cpu_member_reduce(cpu_cg *g, int i) {
       cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d,
                     x->shape[d], d);
   const char *a2 = nr ? "a2" : cpu_fmt(&g->ar, "acc%d", i), *nf = nr ? "nf" : cpu_fmt(&g->ar, "nfa%d", i);
+  /* An f32 sum over a short innermost run accumulates in f32 lanes (full vector width; PyTorch
+   * sums in f32 throughout), and the runs add up in double. */
+  bool f32_lanes = dt == GRAFT_F32 && ins->op == IR_REDUCE_SUM && nr && x->shape[last] <= 8192;
   if (nr) {
-    cpu_sb_printf(g->body, "    %s a2 = %s; int nf = 0;\n", acc_t, init);
+    cpu_sb_printf(g->body, "    %s a2 = %s; int nf = 0;\n", f32_lanes ? "float" : acc_t, init);
     cpu_sb_printf(g->body, "    #pragma omp simd reduction(%s:a2)%s\n", red,
                   fl && (mx || mn) ? " reduction(|:nf)" : "");
     cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", last, last,
@@ -170,7 +173,8 @@ static void cpu_member_reduce(cpu_cg *g, int i) {
   g->self = -1;
   cpu_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
   const char *v = cpu_value(g, ins->in[0], pos);
-  if (fl && !mx && !mn) cpu_sb_printf(g->body, "      %s %s= (double)%s;\n", a2, red, v);
+  if (f32_lanes) cpu_sb_printf(g->body, "      %s += %s;\n", a2, v);
+  else if (fl && !mx && !mn) cpu_sb_printf(g->body, "      %s %s= (double)%s;\n", a2, red, v);
   else if (fl) cpu_sb_printf(g->body, "      %s = %s %s %s ? %s : %s; %s |= %s != %s;\n", a2, v,
                              mx ? ">" : "<", a2, v, a2, nf, v, v);
   else if (!mx && !mn) cpu_sb_printf(g->body, "      %s %s= (uint64_t)(int64_t)%s;\n", a2, red, v);
