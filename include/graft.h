@@ -292,6 +292,7 @@ typedef struct {
   uint64_t bytes_in_use;     /* device data bytes now */
   uint64_t bytes_peak;       /* high-water mark of bytes_in_use */
   uint64_t bytes_pooled;     /* released blocks kept for reuse (graft_empty_cache frees them) */
+  uint64_t donated_buffers;  /* inputs only a graph referenced, whose memory outputs reused */
   uint64_t transfers_to_device, bytes_to_device;
   uint64_t transfers_to_host, bytes_to_host;
   double compile_ms;         /* total time building executables */

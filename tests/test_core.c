@@ -293,6 +293,55 @@ TEST(released_blocks_are_pooled_and_reused) {
   CHECK(M().bytes_pooled == 0);
 }
 
+/* Three optimizer-like updates p = p * 0.5 + 1 on 1M floats; with hold, the user keeps each old
+ * value alive (so nothing may be donated). Returns the peak bytes above the start. */
+static uint64_t update_steps(bool hold, uint64_t *donated, float *last2) {
+  graft_empty_cache();
+  int64_t n = 1 << 20;
+  float *host = malloc(sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) host[i] = (float)(i % 100);
+  graft_tensor *p = graft_from_host(host, GRAFT_F32, 1, &n, 0), *old[3];
+  free(host);
+  graft_metrics_reset();
+  uint64_t in_use0 = M().bytes_in_use;
+  for (int step = 0; step < 3; step++) {
+    graft_scope_begin();
+    graft_tensor *next = graft_keep(graft_add_scalar(graft_mul_scalar(p, 0.5), 1));
+    graft_scope_end(); /* drops the intermediate handle: only the graph holds it now */
+    old[step] = p;
+    if (!hold) graft_release(p);
+    p = next;
+    CHECK(graft_step() == GRAFT_OK);
+  }
+  graft_metrics m = M();
+  *donated = m.donated_buffers;
+  graft_tensor *two = graft_slice(p, (int64_t[]){98}, (int64_t[]){100}, NULL);
+  CHECK(graft_to_host(two, last2, 2 * sizeof(float)) == GRAFT_OK);
+  graft_release(two);
+  graft_release(p);
+  for (int step = 0; hold && step < 3; step++) graft_release(old[step]);
+  CHECK(!hold || m.bytes_in_use >= in_use0 + (12u << 20)); /* the held values */
+  CHECK(hold || m.bytes_in_use == in_use0);                /* one parameter's worth */
+  return m.bytes_peak - in_use0;
+}
+
+TEST(an_input_only_the_graph_holds_is_donated) {
+  uint64_t donated, donated_held;
+  float a[2], b[2];
+  uint64_t peak = update_steps(false, &donated, a);
+  uint64_t peak_held = update_steps(true, &donated_held, b);
+  CHECK(donated == 3 && donated_held == 0);
+  CHECK(peak + (4u << 20) <= peak_held); /* each step's output reused its input's memory */
+  /* Under a memory limit running out is a recoverable error, so nothing is donated. */
+  graft_set_memory_limit((size_t)1 << 30);
+  float c[2];
+  update_steps(false, &donated, c);
+  CHECK(donated == 0 && c[1] == 14.125f);
+  graft_set_memory_limit(0);
+  /* 98 -> 50 -> 26 -> 14 and 99 -> 50.5 -> 26.25 -> 14.125, either way */
+  CHECK(a[0] == 14 && a[1] == 14.125f && b[0] == 14 && b[1] == 14.125f);
+}
+
 TEST(oom_is_an_error_and_state_survives) {
   graft_set_memory_limit(1 << 20);
   graft_tensor *big = graft_full(1, GRAFT_F32, 1, (int64_t[]){1 << 20});
@@ -367,6 +416,7 @@ int main(void) {
   RUN(handles_refcount_and_release);
   RUN(memory_metrics_follow_data);
   RUN(released_blocks_are_pooled_and_reused);
+  RUN(an_input_only_the_graph_holds_is_donated);
   RUN(oom_is_an_error_and_state_survives);
   RUN(devices_are_separate);
   RUN(failed_sync_leaves_tensors_pending);

@@ -115,6 +115,7 @@ exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what) {
   while (now > peak && !atomic_compare_exchange_weak(&buf_peak, &peak, now)) {
   }
   b->refcnt = 1;
+  b->donated = 0;
   b->device = device;
   b->bytes = bytes;
   b->ptr = p;
@@ -137,3 +138,4 @@ size_t buffer_bytes_in_use(void) { return atomic_load(&buf_in_use); }
 size_t buffer_bytes_peak(void) { return atomic_load(&buf_peak); }
 void buffer_reset_peak(void) { atomic_store(&buf_peak, atomic_load(&buf_in_use)); }
 void buffer_set_limit(size_t bytes) { atomic_store(&buf_limit, bytes); }
+size_t buffer_get_limit(void) { return atomic_load(&buf_limit); }

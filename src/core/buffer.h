@@ -10,6 +10,9 @@ typedef struct exec_buffer {
   int device;
   size_t bytes;
   void *ptr; /* 64-byte aligned; NULL only when bytes == 0 */
+  /* Set by the executor on a parameter it hands over with its reference (buffer donation): the
+   * backend releases it at its last use, so an output allocated later can reuse the memory. */
+  int donated;
 } exec_buffer;
 
 /* Allocates bytes (zero-filled only if zero is set). NULL with GRAFT_ERR_OOM set on failure;
@@ -21,6 +24,7 @@ size_t buffer_bytes_in_use(void);
 size_t buffer_bytes_peak(void);
 void buffer_reset_peak(void);
 void buffer_set_limit(size_t bytes);
+size_t buffer_get_limit(void);
 /* Frees the pool of released blocks kept for reuse (graft_shutdown, or when memory is short). */
 void buffer_pool_trim(void);
 /* Bytes held in the pool (not in use, not returned to the system). */

@@ -9,6 +9,47 @@
 
 static graph_capture cap;
 
+/* Buffer donation. A data leaf that only this graph references (no tensor holds it, and every
+ * captured node dies once the roots are cut) gives its buffer to the backend, which releases
+ * it at its last use, so an output allocated after that reuses the memory (an optimizer's
+ * parameter update then needs no second copy). The leaf keeps no data: if the step fails
+ * anyway, a later sync of these tensors reports the lost input instead of reading garbage. So
+ * that nothing ordinary can fail after a donation, graphs with ops that check their data at run
+ * time (gather, scatter_add) donate nothing, and nothing is donated under a memory limit (where
+ * running out of memory is an expected, recoverable error). */
+static int *edges;
+static int edges_cap;
+
+static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *const *roots, int n) {
+  bool any = false;
+  if (buffer_get_limit()) return;
+  for (int k = 0; k < cap.nparams && !any; k++)
+    any = cap.params[k]->data->refcnt == 1 && cap.params[k]->data->bytes >= 4096;
+  if (!any) return;
+  for (int i = 0; i < p->ninstr; i++)
+    if (p->instr[i].op == IR_GATHER || p->instr[i].op == IR_SCATTER_ADD) return;
+  if (cap.n > edges_cap) {
+    int *e = realloc(edges, sizeof *e * (size_t)cap.n);
+    if (!e) return; /* no donation: still correct */
+    edges = e;
+    edges_cap = cap.n;
+  }
+  memset(edges, 0, sizeof *edges * (size_t)cap.n);
+  for (int i = 0; i < cap.n; i++)
+    for (int k = 0; k < cap.nodes[i]->nin; k++) edges[cap.nodes[i]->in[k]->slot]++;
+  for (int r = 0; r < n; r++) edges[roots[r]->slot]++; /* each root tensor holds its node */
+  for (int i = 0; i < cap.n; i++)
+    if (cap.nodes[i]->op != IR_DATA && cap.nodes[i]->refcnt != edges[i]) return; /* held outside */
+  for (int k = 0; k < cap.nparams; k++) {
+    ir_node *leaf = cap.params[k];
+    if (leaf->refcnt != edges[leaf->slot] || leaf->data->refcnt != 1 || leaf->data->bytes < 4096)
+      continue;
+    bufs[k]->donated = 1; /* the leaf's reference moves to the backend */
+    leaf->data = NULL;
+    metrics.m.donated_buffers++;
+  }
+}
+
 /* One graph per device: roots holds the pending nodes of one device. */
 static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n) {
   double t0 = metrics_now_ms();
@@ -56,7 +97,17 @@ static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n)
     err_set(GRAFT_ERR_OOM, "out of memory binding a graph");
     return GRAFT_ERR_OOM;
   }
-  for (int k = 0; k < p->nparams; k++) bufs[k] = cap.params[k]->data;
+  for (int k = 0; k < p->nparams; k++) {
+    bufs[k] = cap.params[k]->data;
+    if (!bufs[k]) { /* see exec_donate: a failed step consumed this input */
+      free(bufs);
+      free(out_index);
+      err_set(GRAFT_ERR_ARG, "graft_sync: input %d of this graph was donated to a step that "
+              "failed, so its value is lost; recompute it from its sources", k);
+      return GRAFT_ERR_ARG;
+    }
+  }
+  exec_donate(p, bufs, roots, n);
   exec_buffer **outs = bufs + p->nparams;
   for (int k = 0; k < p->noutputs; k++) outs[k] = NULL;
   /* Root r reads output k, numbered as capture_lower numbered them: by first appearance of
@@ -133,4 +184,9 @@ graft_status exec_sync_locked(graft_tensor *const *ts, int n) {
   return st;
 }
 
-void exec_shutdown(void) { capture_free(&cap); }
+void exec_shutdown(void) {
+  capture_free(&cap);
+  free(edges);
+  edges = NULL;
+  edges_cap = 0;
+}

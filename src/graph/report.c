@@ -48,7 +48,7 @@ char *graft_metrics_report(void) {
       "  last / max graph     %llu / %llu nodes\n"
       "  live tensors         %llu\n"
       "  pending nodes        %llu\n"
-      "  bytes in use / peak  %llu / %llu (%llu pooled for reuse)\n"
+      "  bytes in use / peak  %llu / %llu (%llu pooled for reuse, %llu inputs donated)\n"
       "  to device            %llu transfers, %llu bytes\n"
       "  to host              %llu transfers, %llu bytes\n"
       "  native compiles      %llu (%llu failed), %.1f ms in the compiler\n"
@@ -62,7 +62,8 @@ char *graft_metrics_report(void) {
       (unsigned long long)m.nodes_traced, (unsigned long long)m.last_graph_nodes,
       (unsigned long long)m.max_graph_nodes, (unsigned long long)m.live_tensors,
       (unsigned long long)m.pending_nodes, (unsigned long long)m.bytes_in_use,
-      (unsigned long long)m.bytes_peak, (unsigned long long)m.bytes_pooled, (unsigned long long)m.transfers_to_device,
+      (unsigned long long)m.bytes_peak, (unsigned long long)m.bytes_pooled,
+      (unsigned long long)m.donated_buffers, (unsigned long long)m.transfers_to_device,
       (unsigned long long)m.bytes_to_device, (unsigned long long)m.transfers_to_host,
       (unsigned long long)m.bytes_to_host, (unsigned long long)m.native_compiles,
       (unsigned long long)m.native_compile_failures, m.native_compile_ms,

@@ -588,7 +588,9 @@ static std::string py_metrics_json() {
      << ",\"nodes_traced\":" << m.nodes_traced << ",\"last_graph_nodes\":" << m.last_graph_nodes
      << ",\"max_graph_nodes\":" << m.max_graph_nodes << ",\"live_tensors\":" << m.live_tensors
      << ",\"pending_nodes\":" << m.pending_nodes << ",\"bytes_in_use\":" << m.bytes_in_use
-     << ",\"bytes_peak\":" << m.bytes_peak << ",\"transfers_to_device\":" << m.transfers_to_device
+     << ",\"bytes_peak\":" << m.bytes_peak << ",\"bytes_pooled\":" << m.bytes_pooled
+     << ",\"donated_buffers\":" << m.donated_buffers
+     << ",\"transfers_to_device\":" << m.transfers_to_device
      << ",\"bytes_to_device\":" << m.bytes_to_device << ",\"transfers_to_host\":" << m.transfers_to_host
      << ",\"bytes_to_host\":" << m.bytes_to_host << ",\"compile_ms\":" << m.compile_ms
      << ",\"execute_ms\":" << m.execute_ms << ",\"native_compiles\":" << m.native_compiles

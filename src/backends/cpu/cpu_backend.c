@@ -23,6 +23,7 @@ typedef struct {
   const exec_program *p;
   exec_buffer **B;
   void **S;
+  const unsigned char *is_param;
 } cpu_run;
 
 static bool cpu_supports(const exec_instr *ins) {
@@ -111,6 +112,7 @@ static int cpu_rt_alloc(void *ctx, int s) {
 
 static void cpu_rt_release(void *ctx, int s) {
   cpu_run *r = ctx;
+  if (r->is_param[s] && !(r->B[s] && r->B[s]->donated)) return; /* borrowed from the caller */
   buffer_release(r->B[s]);
   r->B[s] = NULL;
   r->S[s] = NULL;
@@ -145,7 +147,8 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
                        exec_buffer **outs) {
   cpu_exe *e = exe;
   int n = p->ninstr;
-  cpu_run run = {p, calloc((size_t)n + 1, sizeof(exec_buffer *)), calloc((size_t)n + 1, sizeof(void *))};
+  cpu_run run = {p, calloc((size_t)n + 1, sizeof(exec_buffer *)), calloc((size_t)n + 1, sizeof(void *)),
+                 NULL};
   if (!run.B || !run.S) {
     free(run.B);
     free(run.S);
@@ -159,6 +162,7 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
     err_set(GRAFT_ERR_OOM, "cpu: out of memory running a graph");
     return -1;
   }
+  run.is_param = is_param;
   for (int k = 0; k < p->nparams; k++) {
     int s = p->param_slot[k];
     run.B[s] = params[k];
@@ -182,7 +186,7 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
     for (int k = 0; k < p->noutputs; k++)
       if (outs[k]) { buffer_release(outs[k]); outs[k] = NULL; }
   for (int s = 0; s < n; s++)
-    if (!is_param[s] && run.B[s]) buffer_release(run.B[s]);
+    if (run.B[s] && (!is_param[s] || run.B[s]->donated)) buffer_release(run.B[s]);
   free(is_param);
   free(run.B);
   free(run.S);

@@ -426,6 +426,7 @@ static void cpu_emit_releases(const exec_program *p, const cpu_plan *pl, const i
 
 static void cpu_finish_entry(const exec_program *p, const cpu_plan *pl, const int *last_step,
                              int nsteps, const cpu_sb *entry, cpu_sb *out) {
+  (void)pl;
   size_t from = 0;
   for (int st = 0; st < nsteps; st++) {
     size_t to = cpu_step_end[st];
@@ -438,7 +439,7 @@ static void cpu_finish_entry(const exec_program *p, const cpu_plan *pl, const in
     }
     from = to;
     for (int s = 0; s < p->ninstr; s++)
-      if (last_step[s] == st && pl->role[s] != CPU_PARAM && !p->instr[s].is_output)
+      if (last_step[s] == st && !p->instr[s].is_output) /* params: only if donated */
         cpu_sb_printf(out, "  rt->release(rt->ctx, %d);\n", s);
   }
   if (entry->s) cpu_sb_puts(out, entry->s + from);

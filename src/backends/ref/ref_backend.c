@@ -26,7 +26,7 @@ static int ref_execute(void *exe, const exec_program *p, exec_buffer *const *par
   }
   for (int k = 0; k < p->nparams; k++) {
     slot[p->param_slot[k]] = params[k];
-    buffer_retain(params[k]);
+    if (!params[k]->donated) buffer_retain(params[k]); /* a donated one comes with its reference */
   }
   int rc = 0;
   for (int i = 0; i < p->ninstr && !rc; i++) {
