@@ -14,11 +14,48 @@ static graph_capture cap;
  * it at its last use, so an output allocated after that reuses the memory (an optimizer's
  * parameter update then needs no second copy). The leaf keeps no data: if the step fails
  * anyway, a later sync of these tensors reports the lost input instead of reading garbage. So
- * that nothing ordinary can fail after a donation, graphs with ops that check their data at run
- * time (gather, scatter_add) donate nothing, and nothing is donated under a memory limit (where
- * running out of memory is an expected, recoverable error). */
+ * that nothing ordinary can fail after a donation, a graph whose gather/scatter indices cannot
+ * be checked in range beforehand donates nothing, and nothing is donated under a memory limit
+ * (where running out of memory is an expected, recoverable error). */
 static int *edges;
 static int edges_cap;
+
+/* True when every value of slot lies in [0, size), judged on the host before anything runs:
+ * inputs are scanned, constants compared, and reshapes, broadcasts, transposes, slices,
+ * integer converts and selects followed to their sources. Anything else: unknown (false). */
+static bool exec_in_range(const exec_program *p, exec_buffer **bufs, int slot, int64_t size,
+                          int depth) {
+  const exec_instr *ins = &p->instr[slot];
+  if (depth > 16 || !dtype_is_int(ins->dtype)) return false;
+  switch (ins->op) {
+  case IR_DATA:
+    for (int k = 0; k < p->nparams; k++)
+      if (p->param_slot[k] == slot) {
+        for (int64_t e = 0; e < ins->numel; e++) {
+          int64_t v = dtype_load_i(bufs[k]->ptr, ins->dtype, e);
+          if (v < 0 || v >= size) return false;
+        }
+        return true;
+      }
+    return false;
+  case IR_CONSTANT:
+    return ins->attr.f >= 0 && ins->attr.f < (double)size;
+  case IR_RESHAPE: case IR_BROADCAST: case IR_TRANSPOSE: case IR_SLICE: case IR_CONVERT:
+    return exec_in_range(p, bufs, ins->in[0], size, depth + 1);
+  case IR_SELECT:
+    return exec_in_range(p, bufs, ins->in[1], size, depth + 1) &&
+           exec_in_range(p, bufs, ins->in[2], size, depth + 1);
+  default:
+    return false;
+  }
+}
+
+/* True when gather/scatter instruction i cannot fail at run time. */
+static bool exec_index_in_range(const exec_program *p, exec_buffer **bufs, int i) {
+  const exec_instr *ins = &p->instr[i];
+  int64_t size = p->instr[ins->in[0]].shape[ins->attr.a[0]];
+  return exec_in_range(p, bufs, ins->in[1], size, 0);
+}
 
 static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *const *roots, int n) {
   bool any = false;
@@ -27,7 +64,9 @@ static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *cons
     any = cap.params[k]->data->refcnt == 1 && cap.params[k]->data->bytes >= 4096;
   if (!any) return;
   for (int i = 0; i < p->ninstr; i++)
-    if (p->instr[i].op == IR_GATHER || p->instr[i].op == IR_SCATTER_ADD) return;
+    if ((p->instr[i].op == IR_GATHER || p->instr[i].op == IR_SCATTER_ADD) &&
+        !exec_index_in_range(p, bufs, i))
+      return;
   if (cap.n > edges_cap) {
     int *e = realloc(edges, sizeof *e * (size_t)cap.n);
     if (!e) return; /* no donation: still correct */
