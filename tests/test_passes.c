@@ -33,6 +33,18 @@ static void run(const exec_program *p, int k, void *out, size_t bytes) {
   free(outs);
 }
 
+/* Output 0 of both programs holds the same bytes; frees both programs. */
+static void check_same_and_free(exec_program *raw, exec_program *opt, size_t bytes) {
+  unsigned char *a = malloc(bytes), *b = malloc(bytes);
+  run(raw, 0, a, bytes);
+  run(opt, 0, b, bytes);
+  CHECK(!memcmp(a, b, bytes));
+  free(a);
+  free(b);
+  program_free(raw);
+  program_free(opt);
+}
+
 static graft_tensor *data(int64_t n, float scale) {
   float *v = malloc(sizeof(float) * (size_t)n);
   for (int64_t i = 0; i < n; i++) v[i] = scale * (float)(i % 7) - 1.5f;
@@ -54,12 +66,7 @@ TEST(identities_are_removed) {
   /* What is left: x, exp(x). */
   CHECK(opt->ninstr == 2);
   CHECK(opt->instr[opt->output_slot[0]].op == IR_EXP);
-  float a[6], b[6];
-  run(raw, 0, a, sizeof a);
-  run(opt, 0, b, sizeof b);
-  CHECK(!memcmp(a, b, sizeof a));
-  program_free(raw);
-  program_free(opt);
+  check_same_and_free(raw, opt, 6 * sizeof(float));
   graft_scope_end();
 }
 
@@ -74,12 +81,7 @@ TEST(common_subexpressions_merge) {
   int ntanh = 0;
   for (int i = 0; i < opt->ninstr; i++) ntanh += opt->instr[i].op == IR_TANH;
   CHECK(ntanh == 1);
-  float a[5], b[5];
-  run(raw, 0, a, sizeof a);
-  run(opt, 0, b, sizeof b);
-  CHECK(!memcmp(a, b, sizeof a));
-  program_free(raw);
-  program_free(opt);
+  check_same_and_free(raw, opt, 5 * sizeof(float));
   graft_scope_end();
 }
 
@@ -100,12 +102,7 @@ TEST(constants_fold_and_dead_code_goes) {
     found |= opt->instr[i].op == IR_CONSTANT && opt->instr[i].attr.f == 1.5;
   CHECK(found);
   CHECK(opt->ninstr == 3); /* x, the constant 1.5, the multiply */
-  float a[4], b[4];
-  run(raw, 0, a, sizeof a);
-  run(opt, 0, b, sizeof b);
-  CHECK(!memcmp(a, b, sizeof a));
-  program_free(raw);
-  program_free(opt);
+  check_same_and_free(raw, opt, 4 * sizeof(float));
   graft_scope_end();
 }
 
