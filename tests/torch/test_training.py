@@ -71,7 +71,7 @@ def test_steady_loop_compiles_at_most_two():
     Y = torch.randint(0, 10, (32,)).to(DEV)
     graft.step()
     graft.reset_metrics()
-    for i in range(30):
+    for i in range(100):  # the steady loop: 100 steps
         opt.zero_grad()
         F.cross_entropy(model(X), Y).backward()
         opt.step()
