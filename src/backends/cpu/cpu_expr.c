@@ -257,6 +257,50 @@ static bool cpu_only_unit_dims_differ(const exec_instr *a, const exec_instr *b) 
   }
 }
 
+/* Source coordinates of a reshape from output coordinates, group by group: dims are grouped
+ * where the products of both shapes agree, so a split or merge costs arithmetic on the group's
+ * own coordinates instead of unravelling the flat index over the whole shape. False when it
+ * does not apply (zero-size dims). */
+static bool cpu_reshape_groups(cpu_cg *g, const exec_instr *ins, const exec_instr *x,
+                               const cpu_pos *pos, cpu_pos *q) {
+  int no = ins->ndim, ns = x->ndim, i = 0, k = 0;
+  for (int d = 0; d < no; d++)
+    if (ins->shape[d] == 0) return false;
+  for (int d = 0; d < ns; d++) q->c[d] = "0";
+  while (i < no && k < ns) {
+    int i0 = i, k0 = k;
+    int64_t po = ins->shape[i++], ps = x->shape[k++];
+    while (po != ps) {
+      if (po < ps) {
+        if (i == no) return false;
+        po *= ins->shape[i++];
+      } else {
+        if (k == ns) return false;
+        ps *= x->shape[k++];
+      }
+    }
+    /* lin: this group's row-major index over its output dims */
+    cpu_sb e = {0};
+    int64_t st = 1;
+    for (int d = i - 1; d >= i0; d--) {
+      if (ins->shape[d] != 1)
+        cpu_sb_printf(&e, "%s%s * %" PRId64, e.n ? " + " : "", pos->c[d], st);
+      st *= ins->shape[d];
+    }
+    const char *lin = cpu_fmt(&g->ar, "(%s)", e.n ? e.s : "0");
+    cpu_sb_free(&e);
+    int64_t sst = 1;
+    for (int d = k - 1; d >= k0; d--) {
+      if (x->shape[d] == 1) q->c[d] = "0";
+      else if (d == k0) q->c[d] = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", lin, sst);
+      else q->c[d] = cpu_fmt(&g->ar, "(%s / %" PRId64 " %% %" PRId64 ")", lin, sst, x->shape[d]);
+      sst *= x->shape[d];
+    }
+  }
+  q->has_c = 1; /* dims left on either side have size 1 */
+  return true;
+}
+
 int64_t cpu_row_len(const cpu_cg *g) {
   int64_t n = 1;
   for (int d = g->gouter; d < g->ond; d++) n *= g->oshape[d];
@@ -352,7 +396,7 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
           q.c[d] = pos.c[j++];
         }
         q.has_c = 1;
-      } else {
+      } else if (!(pos.has_c && cpu_reshape_groups(g, ins, x, &pos, &q))) {
         q.lin = cpu_pos_lin(g, &pos);
       }
       v = cpu_value(g, in[0], q);
