@@ -183,17 +183,25 @@ U static int expect_meta(graft_tensor *t, graft_dtype dt, int nd, const int64_t 
   return ok;
 }
 
+/* Syncs t and returns a fresh host copy of its n elements of dt (free it), or NULL after
+ * printing why. */
+U static void *fetch_host(graft_tensor *t, graft_dtype dt, int64_t n) {
+  void *buf = calloc((size_t)n + 1, 8);
+  graft_status st = graft_to_host(t, buf, (size_t)n * graft_dtype_size(dt));
+  if (st == GRAFT_OK) return buf;
+  fprintf(stderr, "  to_host failed (%d): %s\n", (int)st, graft_last_error());
+  free(buf);
+  return NULL;
+}
+
 /* Syncs t, checks dtype/shape, and compares every element with want (|a-b| <= tol*(1+|b|),
  * NaN matches NaN, inf matches the same inf). */
 U static int expect_d(graft_tensor *t, graft_dtype dt, int nd, const int64_t *shape,
                     const double *want, double tol) {
   if (!expect_meta(t, dt, nd, shape)) return 0;
   int64_t n = numel_of(nd, shape);
-  size_t es = graft_dtype_size(dt);
-  void *buf = calloc((size_t)n + 1, 8);
-  graft_status st = graft_to_host(t, buf, (size_t)n * es);
-  int ok = st == GRAFT_OK, shown = 0;
-  if (!ok) fprintf(stderr, "  to_host failed (%d): %s\n", (int)st, graft_last_error());
+  void *buf = fetch_host(t, dt, n);
+  int ok = buf != NULL, shown = 0;
   for (int64_t i = 0; ok && i < n; i++) {
     double a = load_d(buf, dt, i), b = want[i];
     int good = (isnan(a) && isnan(b)) || a == b || fabs(a - b) <= tol * (1 + fabs(b));
@@ -211,11 +219,8 @@ U static int expect_i(graft_tensor *t, graft_dtype dt, int nd, const int64_t *sh
                     const int64_t *want) {
   if (!expect_meta(t, dt, nd, shape)) return 0;
   int64_t n = numel_of(nd, shape);
-  size_t es = graft_dtype_size(dt);
-  void *buf = calloc((size_t)n + 1, 8);
-  graft_status st = graft_to_host(t, buf, (size_t)n * es);
-  int ok = st == GRAFT_OK, shown = 0;
-  if (!ok) fprintf(stderr, "  to_host failed (%d): %s\n", (int)st, graft_last_error());
+  void *buf = fetch_host(t, dt, n);
+  int ok = buf != NULL, shown = 0;
   for (int64_t i = 0; ok && i < n; i++) {
     int64_t a = load_i(buf, dt, i);
     if (a != want[i] && shown++ < 6)

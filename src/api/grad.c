@@ -37,6 +37,14 @@ graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes) {
   FINISH(cur == a ? graft_broadcast_to(a, nd, shape) : cur);
 }
 
+/* Reads the shapes of two tensors that must both be 4-D; -1 with the error set otherwise. */
+static int shapes_4d(const char *fn, graft_tensor *a, const char *an, int64_t *as,
+                     graft_tensor *b, const char *bn, int64_t *bs) {
+  if (graft_shape(a, as) == 4 && graft_shape(b, bs) == 4) return 0;
+  if (!graft_last_status()) err_set(GRAFT_ERR_SHAPE, "%s: %s and %s must be 4-D", fn, an, bn);
+  return -1;
+}
+
 static int conv_args(const char *fn, const int64_t *s4, const int *stride, const int *padding,
                      const int *dilation, int groups, int *st, int *pd, int *dl) {
   if (!s4) return err_set(GRAFT_ERR_NULL, "%s: shape is NULL", fn), -1;
@@ -58,11 +66,8 @@ graft_tensor *graft_conv2d_backward_input(graft_tensor *dy, graft_tensor *w, con
   const char *fn = "graft_conv2d_backward_input";
   int st[2], pd[2], dl[2];
   int64_t ws[GRAFT_MAX_DIMS], ys[GRAFT_MAX_DIMS];
-  if (graft_shape(dy, ys) != 4 || graft_shape(w, ws) != 4) {
-    if (!graft_last_status()) err_set(GRAFT_ERR_SHAPE, "%s: dy and w must be 4-D", fn);
-    return NULL;
-  }
-  if (conv_args(fn, xs, stride, padding, dilation, groups, st, pd, dl)) return NULL;
+  if (shapes_4d(fn, dy, "dy", ys, w, "w", ws) ||
+      conv_args(fn, xs, stride, padding, dilation, groups, st, pd, dl)) return NULL;
   int64_t O = ws[0], Cg = ws[1], g = groups;
   if (O % g || xs[1] != Cg * g || ys[1] != O)
     return err_set(GRAFT_ERR_SHAPE, "%s: w [%lld,%lld,..] does not match x channels %lld, dy "
@@ -94,11 +99,8 @@ graft_tensor *graft_conv2d_backward_weight(graft_tensor *x, graft_tensor *dy, co
   const char *fn = "graft_conv2d_backward_weight";
   int st[2], pd[2], dl[2];
   int64_t xs[GRAFT_MAX_DIMS], ys[GRAFT_MAX_DIMS];
-  if (graft_shape(x, xs) != 4 || graft_shape(dy, ys) != 4) {
-    if (!graft_last_status()) err_set(GRAFT_ERR_SHAPE, "%s: x and dy must be 4-D", fn);
-    return NULL;
-  }
-  if (conv_args(fn, wsz, stride, padding, dilation, groups, st, pd, dl)) return NULL;
+  if (shapes_4d(fn, x, "x", xs, dy, "dy", ys) ||
+      conv_args(fn, wsz, stride, padding, dilation, groups, st, pd, dl)) return NULL;
   int64_t N = xs[0], C = xs[1], O = wsz[0], g = groups, Cg = C / g;
   if (C % g || O % g || wsz[1] != Cg || ys[1] != O || ys[0] != N)
     return err_set(GRAFT_ERR_SHAPE, "%s: x, dy and weight shape do not match (groups %d)", fn,
