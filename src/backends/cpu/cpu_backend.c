@@ -17,6 +17,8 @@ const char *cpu_last_source(void) { return cpu_last_src ? cpu_last_src : ""; }
 typedef struct {
   cpu_object obj;
   int nkernels;
+  uint64_t hash;
+  cpu_profile prof; /* GRAFT_PROFILE: time per kernel and GEMM call site */
 } cpu_exe;
 
 typedef struct {
@@ -24,6 +26,8 @@ typedef struct {
   exec_buffer **B;
   void **S;
   const unsigned char *is_param;
+  cpu_exe *e;
+  int site; /* the call site's index within this execution (profiling) */
 } cpu_run;
 
 static bool cpu_supports(const exec_instr *ins) {
@@ -95,6 +99,7 @@ static void *cpu_compile_locked(const exec_program *p) {
     return NULL;
   }
   e->nkernels = nk;
+  e->hash = p->hash;
   cpu_stats.kernels += (uint64_t)nk;
   return e;
 }
@@ -143,12 +148,32 @@ static void cpu_rt_parallel(void *ctx, cpu_kernel_fn fn, void **S, int64_t total
   cpu_parallel_run(fn, S, total);
 }
 
+static void cpu_rt_parallel_prof(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
+  cpu_run *r = ctx;
+  double t0 = cpu_profile_now();
+  cpu_parallel_run(fn, S, total);
+  cpu_profile_kernel(&r->e->prof, r->site++, fn, total, cpu_profile_now() - t0);
+}
+
+/* GEMMs do not pass ctx: the run being profiled is per thread (a program runs on one). */
+static _Thread_local cpu_run *cpu_prof_run;
+
+static void cpu_rt_gemm_prof(int dbl, int ta, int tb, int m, int n, int k, const void *a, int lda,
+                             int64_t sa, const void *b, int ldb, int64_t sb, void *c, int ldc,
+                             int64_t sc, int64_t batch) {
+  cpu_run *r = cpu_prof_run;
+  double t0 = cpu_profile_now();
+  cpu_blas()->gemm(dbl, ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
+  cpu_profile_gemm(&r->e->prof, r->site++, dbl, ta != 111, tb != 111, m, n, k, batch,
+                   cpu_profile_now() - t0);
+}
+
 static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *params,
                        exec_buffer **outs) {
   cpu_exe *e = exe;
   int n = p->ninstr;
   cpu_run run = {p, calloc((size_t)n + 1, sizeof(exec_buffer *)), calloc((size_t)n + 1, sizeof(void *)),
-                 NULL};
+                 NULL, e, 0};
   if (!run.B || !run.S) {
     free(run.B);
     free(run.S);
@@ -163,6 +188,7 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
     return -1;
   }
   run.is_param = is_param;
+  run.e = e;
   for (int k = 0; k < p->nparams; k++) {
     int s = p->param_slot[k];
     run.B[s] = params[k];
@@ -171,8 +197,17 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
   }
   const cpu_blas_fns *bl = cpu_blas();
   cpu_rt rt = {&run, run.S, cpu_rt_alloc, cpu_rt_release, cpu_rt_fallback, cpu_rt_parallel,
-               bl->sgemm, bl->dgemm};
+               bl->gemm};
+  bool prof = cpu_profile_enabled();
+  double t0 = 0;
+  if (prof) {
+    rt.parallel = cpu_rt_parallel_prof;
+    rt.gemm = cpu_rt_gemm_prof;
+    cpu_prof_run = &run;
+    t0 = cpu_profile_now();
+  }
   int rc = e->obj.entry(&rt);
+  if (prof) cpu_profile_run(&e->prof, e->hash, cpu_profile_now() - t0);
   if (rc && !err_pending()) err_set(GRAFT_ERR_INTERNAL, "cpu: generated code failed");
   for (int k = 0; k < p->noutputs && !rc; k++) {
     outs[k] = run.B[p->output_slot[k]];
@@ -196,6 +231,7 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
 static void cpu_free_exe(void *exe) {
   cpu_exe *e = exe;
   if (!e) return;
+  cpu_profile_free(&e->prof);
   cpu_object_close(&e->obj);
   free(e);
 }

@@ -197,6 +197,58 @@ static void cpu_member_reduce(cpu_cg *g, int i) {
 
 static bool cpu_is_arg(ir_op op) { return op == IR_ARGMAX || op == IR_ARGMIN; }
 
+enum { CPU_COLSUM_BLOCK = 512 };
+
+/* A float sum that keeps the operand's innermost dim (a bias gradient: [256,1024] summed over
+ * rows): the row-at-a-time form read a column with a stride of a whole row per element. This
+ * form walks the reduced dims outside and a block of up to CPU_COLSUM_BLOCK contiguous
+ * columns inside, accumulating each column in double in the operand's order. */
+static bool cpu_is_colsum(const exec_program *p, int i) {
+  const exec_instr *ins = &p->instr[i];
+  const exec_instr *x = &p->instr[ins->in[0]];
+  int64_t mask = ins->attr.a[0];
+  return ins->op == IR_REDUCE_SUM && (ins->dtype == GRAFT_F32 || ins->dtype == GRAFT_F64) &&
+         x->ndim >= 2 && !(mask >> (x->ndim - 1) & 1) && mask != 0 && x->shape[x->ndim - 1] > 1;
+}
+
+static void cpu_member_colsum(cpu_cg *g, int i) {
+  const exec_instr *ins = &g->p->instr[i];
+  const exec_instr *x = &g->p->instr[ins->in[0]];
+  int64_t mask = ins->attr.a[0];
+  int last = x->ndim - 1;
+  int64_t W = x->shape[last];
+  cpu_sb *b = g->body;
+  cpu_sb_printf(b, "  double cacc[%d];\n", CPU_COLSUM_BLOCK);
+  cpu_sb_puts(b, "  for (int64_t r0 = lo; r0 < hi;) {\n");
+  cpu_sb_printf(b, "    const int64_t o = r0 / %" PRId64 ", w0 = r0 %% %" PRId64 ";\n", W, W);
+  cpu_sb_printf(b, "    int64_t w1 = w0 + (hi - r0);\n    if (w1 > %" PRId64 ") w1 = %" PRId64
+                ";\n    if (w1 - w0 > %d) w1 = w0 + %d;\n", W, W, CPU_COLSUM_BLOCK, CPU_COLSUM_BLOCK);
+  int64_t st = 1;
+  for (int d = last - 1; d >= 0; d--) { /* the other kept dims, from o */
+    if (mask >> d & 1) continue;
+    cpu_sb_printf(b, "    const int64_t i%d = o / %" PRId64 " %% %" PRId64 ";\n", d, st, x->shape[d]);
+    st *= x->shape[d];
+  }
+  cpu_sb_puts(b, "    for (int64_t w = 0; w < w1 - w0; w++) cacc[w] = 0.0;\n");
+  int nr = 0;
+  for (int d = 0; d < last; d++)
+    if (mask >> d & 1) {
+      cpu_sb_printf(b, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d, x->shape[d], d);
+      nr++;
+    }
+  cpu_sb_printf(b, "    #pragma omp simd\n    for (int64_t i%d = w0; i%d < w1; i%d++) {\n", last,
+                last, last);
+  g->nmemo = 0;
+  g->self = -1;
+  cpu_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
+  const char *v = cpu_value(g, ins->in[0], pos);
+  cpu_sb_printf(b, "      cacc[i%d - w0] += (double)%s;\n    }\n", last, v);
+  cpu_close_loops(b, nr);
+  cpu_sb_printf(b, "    for (int64_t w = w0; w < w1; w++) p%d[o * %" PRId64 " + w] = %s(cacc[w - w0]);\n",
+                i, W, ins->dtype == GRAFT_F32 ? "gc_f32" : "");
+  cpu_sb_puts(b, "    r0 += w1 - w0;\n  }\n");
+}
+
 /* argmax/argmin root i (a standalone kernel: vars for the other dims exist; r is the output
  * index). As the reference: the first extreme wins; for floats the first NaN is the extreme. */
 static void cpu_member_arg(cpu_cg *g, int i) {
@@ -305,6 +357,11 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   } else {
     const exec_instr *f = &p->instr[G->inst[0]];
     bool standalone_reduce = G->nm == 1 && ir_ops[f->op].kind == IR_K_REDUCE;
+    if (standalone_reduce && cpu_is_colsum(p, G->inst[0])) {
+      cpu_member_colsum(g, G->inst[0]);
+      writes[G->inst[0]] = 1;
+      goto done;
+    }
     cpu_sb_puts(&body, "  for (int64_t r = lo; r < hi; r++) {\n");
     if (standalone_reduce) { /* unravel r over the kept dims of the operand */
       const exec_instr *x = &p->instr[f->in[0]];
@@ -338,6 +395,7 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
     cpu_sb_puts(&body, "  }\n");
     if (g->violation) rc = 1;
   }
+done:
   if (g->stream >= 0) cpu_sb_puts(&body, "  gc_sfence();\n");
   if (!rc) {
     cpu_kernel_head(g, out, kid, writes);
@@ -520,11 +578,11 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
         cpu_sb_printf(&entry, "    for (int64_t q = 0; q < %" PRId64 "; q++) C[q] = 0;\n", ins->numel);
       else if (batch)
         cpu_sb_printf(&entry,
-                      "    for (int64_t q = 0; q < %" PRId64 "; q++)\n      rt->%s(101, %d, %d, %"
-                      PRId64 ", %" PRId64 ", %" PRId64 ", 1, A + q * %" PRId64 ", %" PRId64
-                      ", B + q * %" PRId64 ", %" PRId64 ", 0, C + q * %" PRId64 ", %" PRId64 ");\n",
-                      batch, f ? "sgemm" : "dgemm", ta ? 112 : 111, tb ? 112 : 111, M, N, K, M * K,
-                      ta ? M : K, K * N, tb ? K : N, M * N, N);
+                      "    rt->gemm(%d, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", A, %" PRId64
+                      ", %" PRId64 ", B, %" PRId64 ", %" PRId64 ", C, %" PRId64 ", %" PRId64
+                      ", %" PRId64 ");\n",
+                      !f, ta ? 112 : 111, tb ? 112 : 111, M, N, K, ta ? M : K, M * K, tb ? K : N,
+                      K * N, N, M * N, batch);
       cpu_sb_puts(&entry, "  }\n");
       last_step[sa] = last_step[sb] = step;
       cpu_emit_releases(p, pl, last_step, step, &entry);

@@ -257,6 +257,46 @@ static bool cpu_only_unit_dims_differ(const exec_instr *a, const exec_instr *b) 
   }
 }
 
+/* A group whose dims refine to common factors (output [64,64] and source [8,512] share
+ * [8,8,64]): each source coordinate is a sum of output digits, (c / inner) % f, so the inner
+ * loop's index stays affine in its variable (vectorizable; no division of a flat index). False
+ * when some pair of sizes does not divide (the caller then unravels the group's flat index). */
+static bool cpu_reshape_refine(cpu_cg *g, const exec_instr *ins, const exec_instr *x,
+                               const cpu_pos *pos, cpu_pos *q, int i0, int i1, int k0, int k1) {
+  cpu_sb terms[GRAFT_MAX_DIMS];
+  memset(terms, 0, sizeof terms);
+  int oi = i1 - 1, si = k1 - 1;
+  int64_t ro = 0, rs = 0, oin = 1, sin = 1;
+  bool ok = true;
+  for (;;) {
+    if (ro == 0) { /* next output dim (size-1 dims carry no digit) */
+      while (oi >= i0 && ins->shape[oi] == 1) oi--;
+      if (oi >= i0) ro = ins->shape[oi], oin = 1;
+    }
+    if (rs == 0) {
+      while (si >= k0 && x->shape[si] == 1) si--;
+      if (si >= k0) rs = x->shape[si], sin = 1;
+    }
+    if (oi < i0 || si < k0) break;
+    int64_t f = ro < rs ? ro : rs;
+    if ((ro > rs ? ro % rs : rs % ro) != 0) { ok = false; break; }
+    const char *c = pos->c[oi];
+    if (oin > 1) c = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", c, oin);
+    if (f < ro) c = cpu_fmt(&g->ar, "(%s %% %" PRId64 ")", c, f);
+    if (sin > 1) cpu_sb_printf(&terms[si], "%s%s * %" PRId64, terms[si].n ? " + " : "", c, sin);
+    else cpu_sb_printf(&terms[si], "%s%s", terms[si].n ? " + " : "", c);
+    ro /= f; rs /= f; oin *= f; sin *= f;
+    if (ro == 1) { oi--; ro = 0; }
+    if (rs == 1) { si--; rs = 0; }
+  }
+  ok = ok && oi < i0 && si < k0;
+  for (int d = k0; d < k1; d++) {
+    if (ok) q->c[d] = x->shape[d] == 1 || !terms[d].n ? "0" : cpu_fmt(&g->ar, "(%s)", terms[d].s);
+    cpu_sb_free(&terms[d]);
+  }
+  return ok;
+}
+
 /* Source coordinates of a reshape from output coordinates, group by group: dims are grouped
  * where the products of both shapes agree, so a split or merge costs arithmetic on the group's
  * own coordinates instead of unravelling the flat index over the whole shape. False when it
@@ -279,6 +319,7 @@ static bool cpu_reshape_groups(cpu_cg *g, const exec_instr *ins, const exec_inst
         ps *= x->shape[k++];
       }
     }
+    if (cpu_reshape_refine(g, ins, x, pos, q, i0, i, k0, k)) continue;
     /* lin: this group's row-major index over its output dims */
     cpu_sb e = {0};
     int64_t st = 1;

@@ -63,8 +63,34 @@ typedef struct {
                 float *, int);
   void (*dgemm)(int, int, int, int, int, int, double, const double *, int, const double *, int,
                 double, double *, int);
+  /* the generated code's batched product (cpu_rt.gemm) */
+  void (*gemm)(int dbl, int ta, int tb, int m, int n, int k, const void *a, int lda, int64_t sa,
+               const void *b, int ldb, int64_t sb, void *c, int ldc, int64_t sc, int64_t batch);
 } cpu_blas_fns;
 const cpu_blas_fns *cpu_blas(void); /* NULL fields when OpenBLAS cannot be loaded */
+
+/* ---- cpu_profile.c: GRAFT_PROFILE=1, time per call site of each compiled graph ---- */
+typedef struct {
+  char name[48];
+  double ms;
+  int64_t calls;
+} cpu_profile_site;
+typedef struct cpu_profile {
+  cpu_profile_site *site;
+  int n, cap;
+  int64_t runs;
+  double ms;
+  uint64_t hash;
+  struct cpu_profile *next; /* the list printed at exit */
+} cpu_profile;
+bool cpu_profile_enabled(void);
+double cpu_profile_now(void); /* milliseconds, monotonic */
+void cpu_profile_kernel(cpu_profile *p, int site, cpu_kernel_fn fn, int64_t total, double ms);
+void cpu_profile_gemm(cpu_profile *p, int site, int dbl, int ta, int tb, int m, int n, int k,
+                      int64_t batch, double ms);
+/* Counts a run; the first registers the table to be written to stderr at exit (or when freed). */
+void cpu_profile_run(cpu_profile *p, uint64_t hash, double ms);
+void cpu_profile_free(cpu_profile *p);
 
 /* ---- cpu_kernels.c: typed host kernels for ops without generated code ---- */
 typedef int (*cpu_host_fn)(const exec_instr *ins, const ref_arg *in, void *out);

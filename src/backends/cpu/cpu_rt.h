@@ -16,10 +16,10 @@ typedef struct cpu_rt {
   void (*release)(void *ctx, int slot);
   int (*fallback)(void *ctx, int instr);
   void (*parallel)(void *ctx, cpu_kernel_fn fn, void **S, int64_t total);
-  void (*sgemm)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
-                int lda, const float *b, int ldb, float beta, float *c, int ldc);
-  void (*dgemm)(int order, int ta, int tb, int m, int n, int k, double alpha, const double *a,
-                int lda, const double *b, int ldb, double beta, double *c, int ldc);
+  /* batch row-major products C[q] = op(A[q]) op(B[q]), q < batch, element strides sa sb sc
+     between items; dbl: f64, else f32 */
+  void (*gemm)(int dbl, int ta, int tb, int m, int n, int k, const void *a, int lda, int64_t sa,
+               const void *b, int ldb, int64_t sb, void *c, int ldc, int64_t sc, int64_t batch);
 } cpu_rt;
 typedef int (*cpu_entry_fn)(const cpu_rt *rt);
 )
