@@ -80,8 +80,9 @@ TEST(conv2d_gradients) {
 }
 
 TEST(max_pool2d_gradient) {
-  int cases[][3] = {{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0}}; /* kernel, stride, padding */
-  for (size_t t = 0; t < 4; t++) {
+  /* kernel, stride, padding; stride == kernel takes the non-overlapping path */
+  int cases[][3] = {{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 0}, {2, 2, 1}, {3, 3, 0}, {3, 3, 1}};
+  for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
     int K = cases[t][0], S = cases[t][1], P = cases[t][2], N = 2, C = 2, H = 7, W = 6;
     int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
     int64_t xs[4] = {N, C, H, W}, ys[4] = {N, C, OH, OW};

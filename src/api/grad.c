@@ -122,6 +122,49 @@ graft_tensor *graft_conv2d_backward_weight(graft_tensor *x, graft_tensor *dy, co
   FINISH(graft_slice(r, (int64_t[]){0, 0, 0, 0}, (int64_t[]){O, Cg, wsz[2], wsz[3]}, NULL));
 }
 
+/* Non-overlapping windows (stride == kernel, the usual 2x2/2): each element of the padded x
+ * lies in at most one window, so the gradient is one elementwise pass over x viewed as
+ * [..., OH, kh, OW, kw]: the element whose offset is its window's first maximum gets dy. The
+ * first maximum's offset is found on the pooled grid (a min over the k*k strided views). */
+static graft_tensor *pool_backward_tiled(graft_tensor *xpad, graft_tensor *pooled, graft_tensor *dy,
+                                         graft_tensor *zero, const int *kernel, int nd,
+                                         const int64_t *xp, const int64_t *ys) {
+  int kh = kernel[0], kw = kernel[1];
+  int64_t start[GRAFT_MAX_DIMS] = {0}, limit[GRAFT_MAX_DIMS], step[GRAFT_MAX_DIMS];
+  for (int i = 0; i < nd; i++) limit[i] = xp[i], step[i] = 1;
+  step[nd - 2] = kh;
+  step[nd - 1] = kw;
+  graft_tensor *none = graft_scalar(kh * kw, GRAFT_I32), *idx = graft_full(kh * kw, GRAFT_I32, nd, ys);
+  for (int i = 0; i < kh; i++)
+    for (int j = 0; j < kw; j++) {
+      start[nd - 2] = i;
+      start[nd - 1] = j;
+      limit[nd - 2] = i + (ys[nd - 2] - 1) * kh + 1;
+      limit[nd - 1] = j + (ys[nd - 1] - 1) * kw + 1;
+      graft_tensor *hit = graft_eq(graft_slice(xpad, start, limit, step), pooled);
+      idx = graft_minimum(idx, graft_where(hit, graft_scalar(i * kw + j, GRAFT_I32), none));
+    }
+  int64_t t6[GRAFT_MAX_DIMS], w6[GRAFT_MAX_DIMS]; /* [..., OH, kh, OW, kw] and [..., OH, 1, OW, 1] */
+  for (int i = 0; i < nd - 2; i++) t6[i] = w6[i] = xp[i];
+  int64_t OH = ys[nd - 2], OW = ys[nd - 1];
+  t6[nd - 2] = w6[nd - 2] = OH;
+  t6[nd - 1] = kh, w6[nd - 1] = 1;
+  t6[nd] = w6[nd] = OW;
+  t6[nd + 1] = kw, w6[nd + 1] = 1;
+  graft_tensor *off = graft_add(graft_mul(graft_iota(GRAFT_I32, nd + 2, t6, nd - 1),
+                                          graft_scalar(kw, GRAFT_I32)),
+                                graft_iota(GRAFT_I32, nd + 2, t6, nd + 1));
+  graft_tensor *first = graft_eq(off, graft_reshape(idx, nd + 2, w6));
+  graft_tensor *g = graft_where(first, graft_reshape(dy, nd + 2, w6), zero);
+  int64_t gs[GRAFT_MAX_DIMS], plo[GRAFT_MAX_DIMS] = {0}, phi[GRAFT_MAX_DIMS] = {0};
+  memcpy(gs, xp, sizeof(int64_t) * (size_t)nd);
+  gs[nd - 2] = OH * kh;
+  gs[nd - 1] = OW * kw;
+  phi[nd - 2] = xp[nd - 2] - gs[nd - 2]; /* rows and columns no window covers */
+  phi[nd - 1] = xp[nd - 1] - gs[nd - 1];
+  return graft_pad(graft_reshape(g, nd, gs), plo, phi, 0);
+}
+
 /* For each offset in the window: the strided view of x at that offset, equal to the window's
  * max and not yet claimed by an earlier offset, receives dy; interior padding puts it back. */
 graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const int *kernel,
@@ -157,6 +200,15 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
   xp[nd - 1] += 2 * pd[1];
   graft_tensor *xpad = graft_pad(x, lo, hi, -INFINITY);
   graft_tensor *zero = graft_zeros(dt, 0, NULL);
+  if (st[0] == kernel[0] && st[1] == kernel[1] && nd + 2 <= GRAFT_MAX_DIMS) {
+    graft_tensor *g = pool_backward_tiled(xpad, pooled, dy, zero, kernel, nd, xp, ys);
+    for (int d = 0; d < 2; d++) {
+      lo[nd - 2 + d] = pd[d];
+      hi[nd - 2 + d] = pd[d] + xs[nd - 2 + d];
+    }
+    for (int i = 0; i < nd - 2; i++) lo[i] = 0, hi[i] = xs[i];
+    FINISH(graft_slice(g, lo, hi, NULL));
+  }
   graft_tensor *taken = graft_full(0, GRAFT_BOOL, nd, ys);
   graft_tensor *acc = graft_zeros(dt, nd, xp);
   int64_t start[GRAFT_MAX_DIMS] = {0}, limit[GRAFT_MAX_DIMS], sstep[GRAFT_MAX_DIMS];

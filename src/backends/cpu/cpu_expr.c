@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *cpu_ctype(graft_dtype dt) {
@@ -483,26 +484,43 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
       break;
     }
     case IR_CONCAT: {
+      /* Only the part an element lies in is computed: an if/else chain on the concat axis
+       * (im2col's 9 slices computed for every element cost 9x). Values computed inside a
+       * branch are scoped to it, so the memo and the row-scratch states are rolled back. */
       int ax = (int)ins->attr.a[0];
       cpu_pos_coords(g, &pos);
-      cpu_sb e = {0};
-      int64_t off = 0;
       int nparts = 0;
+      for (int k = 0; k < ins->nin; k++) nparts += g->p->instr[in[k]].shape[ax] != 0;
+      if (!nparts) { v = cpu_literal(g, ins->dtype, 0); break; }
+      char *t = cpu_tmp(g);
+      cpu_sb_printf(g->body, "      %s %s;\n", cpu_ctype(ins->dtype), t);
+      unsigned char *rc_saved = NULL;
+      if (g->rc_state && (rc_saved = malloc((size_t)g->p->ninstr)))
+        memcpy(rc_saved, g->rc_state, (size_t)g->p->ninstr);
+      else if (g->rc_state) g->failed = 1;
+      int64_t off = 0;
+      int seen = 0;
       for (int k = 0; k < ins->nin; k++) {
         const exec_instr *xk = &g->p->instr[in[k]];
         int64_t ext = xk->shape[ax];
         if (ext == 0) continue;
+        seen++;
+        if (seen == 1 && nparts > 1) cpu_sb_printf(g->body, "      if (%s < %" PRId64 ") {\n", pos.c[ax], off + ext);
+        else if (seen < nparts) cpu_sb_printf(g->body, "      } else if (%s < %" PRId64 ") {\n", pos.c[ax], off + ext);
+        else if (nparts > 1) cpu_sb_puts(g->body, "      } else {\n");
         cpu_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
         for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos.c[d];
-        qk.c[ax] = cpu_clamp(g, cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[ax], off), ext);
+        qk.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[ax], off) : pos.c[ax];
+        int nmemo = g->nmemo;
         const char *a = cpu_value(g, in[k], qk);
+        cpu_sb_printf(g->body, "      %s = %s;\n", t, a);
+        g->nmemo = nmemo;
+        if (rc_saved) memcpy(g->rc_state, rc_saved, (size_t)g->p->ninstr);
         off += ext;
-        if (off < ins->shape[ax]) cpu_sb_printf(&e, "%s < %" PRId64 " ? %s : ", pos.c[ax], off, a);
-        else cpu_sb_printf(&e, "%s", a);
-        nparts++;
       }
-      v = nparts ? cpu_def(g, ins->dtype, e.s) : cpu_literal(g, ins->dtype, 0);
-      cpu_sb_free(&e);
+      if (nparts > 1) cpu_sb_puts(g->body, "      }\n");
+      free(rc_saved);
+      v = t;
       break;
     }
     default: {

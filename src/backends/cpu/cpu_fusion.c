@@ -97,11 +97,16 @@ int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl) {
       if (pl->role[s] == CPU_INLINE) pl->role[s] = CPU_KERNEL;
     }
   }
-  /* A computed value read through an expanding broadcast gets a buffer. */
+  /* A computed value read through an expanding broadcast gets a buffer (also behind reshapes
+   * transposes and slices: a pooling gradient's dy viewed as [..., OH, 1, OW, 1] and broadcast). */
   for (int i = 0; i < n; i++) {
     const exec_instr *ins = &p->instr[i];
     if (ins->op != IR_BROADCAST || pl->role[i] == CPU_DEAD) continue;
     int s = ins->in[0];
+    while (pl->role[s] == CPU_INLINE &&
+           (p->instr[s].op == IR_RESHAPE || p->instr[s].op == IR_TRANSPOSE ||
+            p->instr[s].op == IR_SLICE))
+      s = p->instr[s].in[0];
     if (pl->role[s] == CPU_INLINE && cpu_computes(p->instr[s].op) && p->instr[s].numel < ins->numel)
       pl->role[s] = CPU_KERNEL;
   }
