@@ -484,6 +484,15 @@ TEST(dot_blas_and_fallback) {
       CHECK(strstr(cpu_last_source(), want) != NULL);
       release_all();
     }
+  /* products big enough to split over threads: by columns (wide) and by rows (tall) */
+  int64_t wide[2][2] = {{16, 300}, {300, 700}}, tall[2][2] = {{700, 300}, {300, 16}};
+  for (int t = 0; t < 2; t++) {
+    int64_t (*sh)[2] = t ? tall : wide;
+    ir_node *ab[2] = {data(GRAFT_F32, 2, sh[0]), data(GRAFT_F32, 2, sh[1])};
+    ir_node *y = mk(IR_DOT, 2, ab, NULL, 0, 0, NULL);
+    CHECK(compare(&y, 1, 1e-4) == 0); /* f32 sums of 300 terms of up to 4 */
+    release_all();
+  }
   ir_node *in[2] = {data(GRAFT_F32, 2, a2), data(GRAFT_F32, 2, b2s)};
   ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL); /* K = 0 */
   CHECK(compare(&y, 1, 0) == 0);

@@ -143,9 +143,29 @@ static int cpu_rt_fallback(void *ctx, int i) {
   return rc;
 }
 
+static int cpu_rt_fallback_prof(void *ctx, int i) {
+  cpu_run *r = ctx;
+  double t0 = cpu_profile_now();
+  int rc = cpu_rt_fallback(ctx, i);
+  cpu_profile_host(&r->e->prof, r->site++, ir_ops[r->p->instr[i].op].name, cpu_profile_now() - t0);
+  return rc;
+}
+
 static void cpu_rt_parallel(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
   (void)ctx;
   cpu_parallel_run(fn, S, total);
+}
+
+static void cpu_rt_serial(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
+  (void)ctx;
+  fn(S, 0, total);
+}
+
+static void cpu_rt_serial_prof(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
+  cpu_run *r = ctx;
+  double t0 = cpu_profile_now();
+  fn(S, 0, total);
+  cpu_profile_kernel(&r->e->prof, r->site++, fn, total, cpu_profile_now() - t0);
 }
 
 static void cpu_rt_parallel_prof(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
@@ -197,11 +217,13 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
   }
   const cpu_blas_fns *bl = cpu_blas();
   cpu_rt rt = {&run, run.S, cpu_rt_alloc, cpu_rt_release, cpu_rt_fallback, cpu_rt_parallel,
-               bl->gemm};
+               cpu_rt_serial, bl->gemm};
   bool prof = cpu_profile_enabled();
   double t0 = 0;
   if (prof) {
     rt.parallel = cpu_rt_parallel_prof;
+    rt.serial = cpu_rt_serial_prof;
+    rt.fallback = cpu_rt_fallback_prof;
     rt.gemm = cpu_rt_gemm_prof;
     cpu_prof_run = &run;
     t0 = cpu_profile_now();

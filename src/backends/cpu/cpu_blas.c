@@ -1,7 +1,7 @@
 /* OpenBLAS, loaded at run time so libgraft has no link-time BLAS dependency: a machine without
  * it runs dot on the reference kernel. GRAFT_BLAS=0 disables it.
  *
- * GEMMs are split by rows over graft's own thread pool, each part a single-threaded BLAS call:
+ * GEMMs are split by rows (or columns, when wider than tall) over graft's own thread pool, each part a single-threaded BLAS call:
  * OpenBLAS's threads spin (sched_yield) after each call and fought the pool's next kernel for
  * the two cores. The process's BLAS thread count (shared with PyTorch, which links the same
  * library) is set to 1 only for the duration of a call and restored after. */
@@ -24,7 +24,7 @@ static int (*get_threads)(void);
 static pthread_once_t cpu_blas_once = PTHREAD_ONCE_INIT;
 
 typedef struct {
-  int dbl, ta, tb, m, n, k, lda, ldb, ldc, parts;
+  int dbl, ta, tb, m, n, k, lda, ldb, ldc, parts, cols;
   double alpha, beta;
   const void *A, *B;
   void *C;
@@ -35,19 +35,27 @@ enum { CPU_ROW_MAJOR = 101, CPU_NO_TRANS = 111 };
 static void cpu_gemm_part(void **S, int64_t lo, int64_t hi) {
   const cpu_gemm_job *j = (const cpu_gemm_job *)S;
   for (int64_t part = lo; part < hi; part++) {
-    int r0 = (int)(part * j->m / j->parts), r1 = (int)((part + 1) * j->m / j->parts);
-    if (r1 <= r0) continue;
-    /* Rows r0..r1 of op(A): row offsets when A is stored as is, column offsets if transposed. */
-    size_t aoff = j->ta == CPU_NO_TRANS ? (size_t)r0 * (size_t)j->lda : (size_t)r0;
-    size_t coff = (size_t)r0 * (size_t)j->ldc;
+    int m = j->m, n = j->n;
+    size_t aoff = 0, boff = 0, coff = 0;
+    if (j->cols) { /* columns c0..c1 of op(B) and C */
+      int c0 = (int)(part * j->n / j->parts), c1 = (int)((part + 1) * j->n / j->parts);
+      n = c1 - c0;
+      boff = j->tb == CPU_NO_TRANS ? (size_t)c0 : (size_t)c0 * (size_t)j->ldb;
+      coff = (size_t)c0;
+    } else { /* rows r0..r1 of op(A) and C */
+      int r0 = (int)(part * j->m / j->parts), r1 = (int)((part + 1) * j->m / j->parts);
+      m = r1 - r0;
+      aoff = j->ta == CPU_NO_TRANS ? (size_t)r0 * (size_t)j->lda : (size_t)r0;
+      coff = (size_t)r0 * (size_t)j->ldc;
+    }
+    if (m <= 0 || n <= 0) continue;
     if (j->dbl)
-      raw_dgemm(CPU_ROW_MAJOR, j->ta, j->tb, r1 - r0, j->n, j->k, j->alpha,
-                (const double *)j->A + aoff, j->lda, j->B, j->ldb, j->beta, (double *)j->C + coff,
-                j->ldc);
+      raw_dgemm(CPU_ROW_MAJOR, j->ta, j->tb, m, n, j->k, j->alpha, (const double *)j->A + aoff,
+                j->lda, (const double *)j->B + boff, j->ldb, j->beta, (double *)j->C + coff, j->ldc);
     else
-      raw_sgemm(CPU_ROW_MAJOR, j->ta, j->tb, r1 - r0, j->n, j->k, (float)j->alpha,
-                (const float *)j->A + aoff, j->lda, j->B, j->ldb, (float)j->beta,
-                (float *)j->C + coff, j->ldc);
+      raw_sgemm(CPU_ROW_MAJOR, j->ta, j->tb, m, n, j->k, (float)j->alpha, (const float *)j->A + aoff,
+                j->lda, (const float *)j->B + boff, j->ldb, (float)j->beta, (float *)j->C + coff,
+                j->ldc);
   }
 }
 
@@ -56,7 +64,10 @@ static void cpu_gemm_run(cpu_gemm_job *j) {
   if (saved > 1) set_threads(1);
   /* Small products are not worth a second thread. */
   double flops = 2.0 * j->m * j->n * j->k;
-  j->parts = flops < 4e6 || j->m < 32 ? 1 : cpu_pool_threads();
+  /* Split the longer side: a few rows by many columns (a convolution's [32, 1024]) splits
+   * by columns, each part then packing only its share of B. */
+  j->cols = j->n > j->m;
+  j->parts = flops < 4e6 || (j->cols ? j->n : j->m) < 32 ? 1 : cpu_pool_threads();
   if (j->parts == 1) cpu_gemm_part((void **)j, 0, 1);
   else cpu_parallel_run(cpu_gemm_part, (void **)j, j->parts);
   if (saved > 1) set_threads(saved);
@@ -68,7 +79,7 @@ static void cpu_sgemm(int order, int ta, int tb, int m, int n, int k, float alph
     raw_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  cpu_gemm_job j = {0, ta, tb, m, n, k, lda, ldb, ldc, 1, alpha, beta, a, b, c};
+  cpu_gemm_job j = {0, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, alpha, beta, a, b, c};
   cpu_gemm_run(&j);
 }
 
@@ -79,7 +90,7 @@ static void cpu_dgemm(int order, int ta, int tb, int m, int n, int k, double alp
     raw_dgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  cpu_gemm_job j = {1, ta, tb, m, n, k, lda, ldb, ldc, 1, alpha, beta, a, b, c};
+  cpu_gemm_job j = {1, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, alpha, beta, a, b, c};
   cpu_gemm_run(&j);
 }
 
@@ -114,7 +125,7 @@ static void cpu_gemm_batch(int dbl, int ta, int tb, int m, int n, int k, const v
   /* Items big enough to split well by rows keep the row split (one item at a time). */
   if (batch < nt || 2.0 * m * n * k >= 64e6) {
     for (int64_t q = 0; q < batch; q++) {
-      cpu_gemm_job j = {dbl, ta, tb, m, n, k, lda, ldb, ldc, 1, 1.0, 0.0,
+      cpu_gemm_job j = {dbl, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, 1.0, 0.0,
                         (const char *)a + (size_t)(q * sa) * es, (const char *)b + (size_t)(q * sb) * es,
                         (char *)c + (size_t)(q * sc) * es};
       cpu_gemm_run(&j);

@@ -644,7 +644,7 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
     }
     if (work >= CPU_PAR_MIN_WORK && units >= 2)
       cpu_sb_printf(&entry, "  rt->parallel(rt->ctx, k%d, S, %" PRId64 ");\n", kid, units);
-    else cpu_sb_printf(&entry, "  k%d(S, 0, %" PRId64 ");\n", kid, units);
+    else cpu_sb_printf(&entry, "  rt->serial(rt->ctx, k%d, S, %" PRId64 ");\n", kid, units);
     for (int s = 0; s < n; s++)
       if (g->reads[s]) last_step[s] = step;
     kid++;

@@ -86,6 +86,7 @@ typedef struct cpu_profile {
 bool cpu_profile_enabled(void);
 double cpu_profile_now(void); /* milliseconds, monotonic */
 void cpu_profile_kernel(cpu_profile *p, int site, cpu_kernel_fn fn, int64_t total, double ms);
+void cpu_profile_host(cpu_profile *p, int site, const char *op, double ms);
 void cpu_profile_gemm(cpu_profile *p, int site, int dbl, int ta, int tb, int m, int n, int k,
                       int64_t batch, double ms);
 /* Counts a run; the first registers the table to be written to stderr at exit (or when freed). */

@@ -57,6 +57,14 @@ void cpu_profile_kernel(cpu_profile *p, int site, cpu_kernel_fn fn, int64_t tota
   s->calls++;
 }
 
+void cpu_profile_host(cpu_profile *p, int site, const char *op, double ms) {
+  cpu_profile_site *s = cpu_profile_at(p, site);
+  if (!s) return;
+  if (!s->calls) snprintf(s->name, sizeof s->name, "host %s", op);
+  s->ms += ms;
+  s->calls++;
+}
+
 void cpu_profile_gemm(cpu_profile *p, int site, int dbl, int ta, int tb, int m, int n, int k,
                       int64_t batch, double ms) {
   cpu_profile_site *s = cpu_profile_at(p, site);
@@ -76,7 +84,7 @@ static void cpu_profile_print(const cpu_profile *p) {
   double sum = 0;
   for (int i = 0; i < p->n; i++) sum += p->site[i].ms;
   fprintf(stderr, "graft profile: graph %016" PRIx64 ": %" PRId64 " runs, %.3f ms a run, %.3f ms "
-          "of it in %d timed call sites (the rest: allocation, host kernels)\n",
+          "of it in %d call sites (the rest: allocation and release)\n",
           hash, p->runs, p->ms / (double)p->runs, sum / (double)p->runs, p->n);
   for (int i = 0; i < p->n; i++) {
     const cpu_profile_site *s = &p->site[i];

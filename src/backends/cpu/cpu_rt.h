@@ -16,6 +16,8 @@ typedef struct cpu_rt {
   void (*release)(void *ctx, int slot);
   int (*fallback)(void *ctx, int instr);
   void (*parallel)(void *ctx, cpu_kernel_fn fn, void **S, int64_t total);
+  /* a kernel too small to split, on the calling thread (a call, so that profiling sees it) */
+  void (*serial)(void *ctx, cpu_kernel_fn fn, void **S, int64_t total);
   /* batch row-major products C[q] = op(A[q]) op(B[q]), q < batch, element strides sa sb sc
      between items; dbl: f64, else f32 */
   void (*gemm)(int dbl, int ta, int tb, int m, int n, int k, const void *a, int lda, int64_t sa,
