@@ -6,8 +6,9 @@
 Each benchmark runs the same PyTorch code on graft's device (graft.step() per step) and on eager
 CPU at its best settings (OMP_WAIT_POLICY=PASSIVE, set before torch is imported; the faster of 1
 and 2 intra-op threads; OpenBLAS uses both cores), from the same initial weights. Times are
-medians over repeated steps after warm-up; for graft, graft.wait_compiles() after the warm-up
-makes the steady state run natively compiled code when the compiling backend is present.
+medians over repeated steps after warm-up, graft and eager timed in alternating blocks so that
+both see the same machine (it is shared; its speed drifts). For graft, graft.wait_compiles()
+after the warm-up makes the steady state run natively compiled code.
 
 Roofline: FLOPs of the step's matrix products / convolutions (counted analytically) divided by
 the sgemm rate measured here (torch.mm 2048x2048 = OpenBLAS sgemm on 2 threads). The steps are
@@ -48,22 +49,22 @@ def ref_ops(m):
     return m.get("fallback_ops", 0) - _BASE["fallback_ops"]
 
 
-def median_ms(fn, warmup, reps, sync):
-    """Median ms of fn() + sync(out) over reps, after warm-up (for graft: metrics are reset
-    after the warm-up, so they describe the timed steady state)."""
+def timed(fn, sync):
+    t0 = time.perf_counter()
+    sync(fn())
+    return (time.perf_counter() - t0) * 1000
+
+
+def graft_warm(fn, warmup):
+    """Warm-up on graft: the first steps trace, compile (in the background) and cache; after
+    graft.wait_compiles() the steady state runs natively compiled code. Metrics are reset so
+    that they describe the timed steps."""
     for _ in range(warmup):
-        sync(fn())
-    if sync is graft_sync:
-        graft.wait_compiles()
-        sync(fn())    # first run after the compile lands
-        graft.reset_metrics()
-        _BASE["fallback_ops"] = graft.metrics().get("fallback_ops", 0)  # not reset by graft
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        sync(fn())
-        ts.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(ts)
+        graft_sync(fn())
+    graft.wait_compiles()
+    graft_sync(fn())    # first run after the compile lands
+    graft.reset_metrics()
+    _BASE["fallback_ops"] = graft.metrics().get("fallback_ops", 0)  # not reset by graft
 
 
 def graft_sync(out=None):
@@ -90,16 +91,35 @@ def sgemm_gflops():
 
 
 def best_eager(make_fn, warmup, reps):
-    """Eager at its best thread setting: (ms, threads)."""
+    """Eager at its best thread setting: (step fn, threads), from a short probe of each."""
     best = None
     for th in (1, 2):
         torch.set_num_threads(th)
         fn = make_fn()
-        ms = median_ms(fn, warmup, reps, cpu_sync)
+        for _ in range(warmup):
+            fn()
+        ms = statistics.median(timed(fn, cpu_sync) for _ in range(max(3, reps // 4)))
         if best is None or ms < best[0]:
-            best = (ms, th)
+            best = (ms, th, fn)
     torch.set_num_threads(1)
-    return best
+    return best[2], best[1]
+
+
+def interleaved(gfn, efn, eth, reps, rounds=5):
+    """Median ms of graft and of eager, timed in alternating blocks: this machine is shared and
+    its speed drifts, so both see the same conditions."""
+    gts, ets = [], []
+    per = max(1, reps // rounds)
+    for _ in range(rounds):
+        torch.set_num_threads(1)
+        graft_sync(gfn())  # each block starts with an untimed step (caches, sleeping threads)
+        gts += [timed(gfn, graft_sync) for _ in range(per)]
+        torch.set_num_threads(eth)
+        efn()
+        ets += [timed(efn, cpu_sync) for _ in range(per)]
+        time.sleep(0.2)  # OpenBLAS's threads spin for a while after eager's last product
+    torch.set_num_threads(1)
+    return statistics.median(gts), statistics.median(ets)
 
 
 def bench_line(name, g_ms, e_ms, flops, gflops):
@@ -124,11 +144,11 @@ def run_train(name, model, X, Y, loss_fn, opt_fn, flops, gflops, warmup, reps):
     gm = copy.deepcopy(model).to(DEV)
     xg, yg = X.to(DEV), Y.to(DEV)
     gstep = train_step_fn(gm, xg, yg, loss_fn, opt_fn)
-
     graft.step()
-    g_ms = median_ms(gstep, warmup, reps, graft_sync)
+    graft_warm(gstep, warmup)
+    estep, th = best_eager(lambda: train_step_fn(copy.deepcopy(model), X, Y, loss_fn, opt_fn), warmup, reps)
+    g_ms, e_ms = interleaved(gstep, estep, th, reps)
     m = graft.metrics()
-    e_ms, th = best_eager(lambda: train_step_fn(copy.deepcopy(model), X, Y, loss_fn, opt_fn), warmup, reps)
     print(f"# {name}: eager best at {th} thread(s); graft in the timed steps: graphs compiled "
           f"{m['graphs_compiled']}, compiled executions {m['compiled_executions']}/{m['executions']}, "
           f"instructions on reference kernels {ref_ops(m)}, fallbacks {m['fallbacks']}", flush=True)
@@ -169,14 +189,13 @@ def bench_encoder(gflops, quick):
     T = B * S
     flops = 2 * T * d * 3 * d + 2 * 2 * B * S * S * d + 2 * T * d * d + 2 * 2 * T * d * ff
     eg, xg = copy.deepcopy(enc).to(DEV), x.to(DEV)
-    reps = 3 if quick else 7
+    reps = 5 if quick else 10
 
     def gfn():
         with torch.no_grad():
             return eg(xg)
     graft.step()
-    g_ms = median_ms(gfn, 2, reps, graft_sync)
-    m = graft.metrics()
+    graft_warm(gfn, 2)
 
     def make():
         e = copy.deepcopy(enc)
@@ -185,7 +204,9 @@ def bench_encoder(gflops, quick):
             with torch.no_grad():
                 return e(x)
         return f
-    e_ms, th = best_eager(make, 2, reps)
+    efn, th = best_eager(make, 2, reps)
+    g_ms, e_ms = interleaved(gfn, efn, th, reps)
+    m = graft.metrics()
     print(f"# torch_encoder_fwd: eager best at {th} thread(s); graft in the timed steps: graphs "
           f"compiled {m['graphs_compiled']}, compiled executions {m['compiled_executions']}/"
           f"{m['executions']}, instructions on reference kernels {ref_ops(m)}, fallbacks "
