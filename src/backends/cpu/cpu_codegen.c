@@ -639,7 +639,12 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
       for (int d = 0; d < G.a; d++) units *= G.oshape[d];
     }
     for (int m = 0; m < G.nm; m++) {
-      work += cpu_work(p, G.inst[m]);
+      /* elements times a rough per-element cost: a col2im sum of 9 padded slices over a
+       * small tensor is worth both threads; a copy of the same size is not */
+      int64_t c = 1;
+      const exec_instr *mi = &p->instr[G.inst[m]];
+      for (int k = 0; k < mi->nin && g->cost; k++) c += g->cost[mi->in[k]];
+      work += cpu_work(p, G.inst[m]) * c;
       cpu_sb_printf(&entry, "  if (rt->alloc(rt->ctx, %d)) return -1;\n", G.inst[m]);
     }
     if (work >= CPU_PAR_MIN_WORK && units >= 2)
