@@ -1,7 +1,7 @@
 /* OpenBLAS, loaded at run time so libgraft has no link-time BLAS dependency: a machine without
  * it runs dot on the reference kernel. GRAFT_BLAS=0 disables it.
  *
- * GEMMs are split by rows (or columns, when wider than tall) over graft's own thread pool, each part a single-threaded BLAS call:
+ * GEMMs are split by rows (or columns, when short and wide) over graft's own thread pool, each part a single-threaded BLAS call:
  * OpenBLAS's threads spin (sched_yield) after each call and fought the pool's next kernel for
  * the two cores. The process's BLAS thread count (shared with PyTorch, which links the same
  * library) is set to 1 only for the duration of a call and restored after. */
@@ -64,9 +64,9 @@ static void cpu_gemm_run(cpu_gemm_job *j) {
   if (saved > 1) set_threads(1);
   /* Small products are not worth a second thread. */
   double flops = 2.0 * j->m * j->n * j->k;
-  /* Split the longer side: a few rows by many columns (a convolution's [32, 1024]) splits
-   * by columns, each part then packing only its share of B. */
-  j->cols = j->n > j->m;
+  /* Rows, unless there are few of them and many columns (a convolution's [32, 1024]: 0.11 ms
+   * by columns against 0.23 by rows here); measured no better by columns at 256 rows. */
+  j->cols = j->n > j->m && j->m < 128;
   j->parts = flops < 4e6 || (j->cols ? j->n : j->m) < 32 ? 1 : cpu_pool_threads();
   if (j->parts == 1) cpu_gemm_part((void **)j, 0, 1);
   else cpu_parallel_run(cpu_gemm_part, (void **)j, j->parts);
