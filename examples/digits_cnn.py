@@ -104,13 +104,17 @@ def main():
     step_ms = []
     for epoch in range(args.epochs):
         idx = batches(len(Xtr), args.batch, epoch)
-        loss_sum, correct = None, None
+        # Running sums start as zeros copied to the device (data, like the later sums; zeros
+        # made on the device would be constants of a different graph), so that every step of
+        # every epoch runs the same graph.
+        loss_sum = torch.zeros(()).to(dev)
+        correct = torch.zeros((), dtype=torch.long).to(dev)
         t0 = time.perf_counter()
         for bi in idx:
             bi = bi.to(dev)
             l, c = train_step(model, opt, xtr[bi], ytr[bi])
-            loss_sum = l if loss_sum is None else loss_sum + l
-            correct = c if correct is None else correct + c
+            loss_sum = loss_sum + l
+            correct = correct + c
             graft.step()   # cut the step's graph: compiled once, then a cache hit per step
         loss = loss_sum.item() / len(idx)
         ms = (time.perf_counter() - t0) * 1000 / len(idx)

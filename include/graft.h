@@ -313,7 +313,8 @@ void graft_metrics_get(graft_metrics *m);
 void graft_metrics_reset(void);
 /** A text report of every counter and recent compile reasons; free() it. */
 char *graft_metrics_report(void);
-/** Blocks until background native compiles have finished (tests, benchmarks). */
+/** Compiles every cached graph not yet native (graphs run once included; normally a graph is
+ *  compiled when it runs again) and blocks until background compiles have finished. */
 void graft_wait_compiles(void);
 /** Why the last graph was compiled ("" before any compile); valid until the next compile. */
 const char *graft_last_compile_reason(void);

@@ -27,6 +27,11 @@ cache_entry *cache_insert(exec_program *prog, const backend *be, void *exe) {
   return e;
 }
 
+void cache_foreach(void (*fn)(cache_entry *e)) {
+  for (int b = 0; b < NBUCKETS; b++)
+    for (cache_entry *e = buckets[b]; e; e = e->next) fn(e);
+}
+
 void cache_clear(void) {
   for (int b = 0; b < NBUCKETS; b++) {
     while (buckets[b]) {

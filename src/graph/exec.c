@@ -97,6 +97,7 @@ static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n)
   double tc = 0;
   if (e) {
     metrics.m.cache_hits++;
+    tier_hit(e);
   } else {
     double c0 = metrics_now_ms();
     char reason[512];
@@ -108,7 +109,7 @@ static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n)
       program_free(p);
       return graft_last_status();
     }
-    const backend *be = &ref_backend;
+    const backend *be = tier_first_backend();
     void *exe = be->compile(p);
     if (!exe) {
       program_free(p);

@@ -24,7 +24,9 @@ exec_program *capture_lower(const graph_capture *g);
 void capture_free(graph_capture *g);
 
 /* Compile cache: graph hash -> program + backend executable. */
-typedef enum { TIER_OFF, TIER_COMPILING, TIER_READY, TIER_FAILED } tier_state;
+/* TIER_ONCE: ran once on the first tier; queued for compiling when it runs again (a training
+ * loop's first step, which sets up optimizer state, is a graph of its own that never recurs). */
+typedef enum { TIER_OFF, TIER_ONCE, TIER_COMPILING, TIER_READY, TIER_FAILED } tier_state;
 typedef struct cache_entry {
   exec_program *prog;
   const backend *be;        /* the reference backend: runs at once */
@@ -39,6 +41,8 @@ cache_entry *cache_lookup(uint64_t hash);
 /* Builds the reason a graph with capture g is compiled, naming the nearest cached graph. */
 void cache_reason(const graph_capture *g, char *buf, size_t n);
 cache_entry *cache_insert(exec_program *prog, const backend *be, void *exe);
+/* Calls fn on every cached entry (lock held). */
+void cache_foreach(void (*fn)(cache_entry *e));
 void cache_clear(void);
 
 /* Writes the graph's IR text and Graphviz file into $GRAFT_DUMP_DIR, if set. */
@@ -47,9 +51,15 @@ void dump_graph(const graph_capture *g, const exec_program *p, const char *reaso
 
 /* Materializes the given tensors (lock held). Returns GRAFT_OK or an error status. */
 graft_status exec_sync_locked(graft_tensor *const *ts, int n);
-/* Starts compiling e's program with the compiling backend (lock held): on a background thread,
- * or at once with GRAFT_COMPILE=sync; nothing with GRAFT_COMPILE=off. */
+/* A new graph (lock held): compiled at once with GRAFT_COMPILE=sync or when the first tier would
+ * be slower than the compiler; else marked TIER_ONCE, to compile on a background thread if it
+ * runs again; nothing with GRAFT_COMPILE=off. */
 void tier_submit(cache_entry *e);
+/* A cached graph runs again (lock held): one that ran once is queued for compiling now. */
+void tier_hit(cache_entry *e);
+/* The backend a new graph first runs on: the interpreter with host kernels, or the plain
+ * reference backend under GRAFT_COMPILE=off. */
+const backend *tier_first_backend(void);
 /* Stops the compile thread (lock NOT held: the thread takes it to publish results). */
 void tier_shutdown(void);
 /* Frees the executor's scratch (graft_shutdown). */

@@ -1,5 +1,5 @@
-/* Tiered execution. A graph seen for the first time runs at once on the reference backend
- * while the compiling backend builds it on a background thread; later executions switch to the
+/* Tiered execution. A graph seen for the first time runs at once on the interpreter (reference
+ * kernels, BLAS for contractions) while the compiling backend builds it on a background thread; later executions switch to the
  * compiled code, so the first step never waits for the compiler.
  * GRAFT_COMPILE=async (default) | sync (compile before the first run; tests) | off;
  * GRAFT_MAX_COMPILE_NODES (default 20000): larger graphs stay on the reference backend. */
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const backend cpu_backend;
+extern const backend cpu_backend, cpu_interp_backend;
 
 typedef enum { TIER_MODE_ASYNC, TIER_MODE_SYNC, TIER_MODE_OFF } tier_mode;
 
@@ -83,8 +83,13 @@ static void *tier_worker(void *arg) {
   return NULL;
 }
 
-/* Rough cost of a program on the reference kernels, as measured here: ~250M elements/s for
- * elementwise and movement work, ~100M multiply-adds/s for contractions. */
+const backend *tier_first_backend(void) {
+  return tier_get_mode() == TIER_MODE_OFF ? &ref_backend : &cpu_interp_backend;
+}
+
+/* Rough cost of a program on the first tier, as measured here: ~250M elements/s for
+ * elementwise and movement work on the reference kernels, ~20G multiply-adds/s for the
+ * contractions and convolutions the interpreter runs on BLAS. */
 static double tier_ref_cost_ms(const exec_program *p) {
   double elems = 0, macs = 0;
   for (int i = 0; i < p->ninstr; i++) {
@@ -99,7 +104,7 @@ static double tier_ref_cost_ms(const exec_program *p) {
       elems += (double)ins->numel;
     }
   }
-  return elems / 250e3 + macs / 100e3;
+  return elems / 250e3 + macs / 20e6;
 }
 
 /* Rough cost of a native compile here: the compiler's start plus a little per instruction. */
@@ -126,6 +131,11 @@ void tier_submit(cache_entry *e) {
     tier_finish(e, exe, err, metrics_now_ms() - t0);
     return;
   }
+  e->tier = TIER_ONCE;
+}
+
+/* Queues e for the compile thread (lock held). */
+static void tier_queue(cache_entry *e) {
   e->tier = TIER_COMPILING;
   pthread_mutex_lock(&q_mu);
   if (!q_started) {
@@ -145,7 +155,14 @@ void tier_submit(cache_entry *e) {
   pthread_mutex_unlock(&q_mu);
 }
 
+void tier_hit(cache_entry *e) {
+  if (e->tier == TIER_ONCE) tier_queue(e);
+}
+
 void graft_wait_compiles(void) {
+  graft_lock(); /* graphs that ran once are compiled too: the caller wants native code */
+  cache_foreach(tier_hit);
+  graft_unlock();
   pthread_mutex_lock(&q_mu);
   while (q_started && (q_head || q_busy)) pthread_cond_wait(&q_idle, &q_mu);
   pthread_mutex_unlock(&q_mu);

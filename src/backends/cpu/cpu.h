@@ -7,6 +7,9 @@
 #include "program.h"
 
 extern const backend cpu_backend;
+/* The first tier: interprets a program with the reference kernels, except the instructions
+ * that have host kernels (BLAS contractions, convolution, pooling, gather, scatter_add). */
+extern const backend cpu_interp_backend;
 
 typedef struct {
   uint64_t compiles;      /* compiler invocations that succeeded */

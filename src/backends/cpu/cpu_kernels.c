@@ -162,9 +162,34 @@ static int cpu_k_scatter_add(const exec_instr *ins, const ref_arg *in, void *out
   return 0;
 }
 
+/* ---- dot: the batch of row-major products as one (batched) BLAS call ---- */
+static int cpu_k_dot(const exec_instr *ins, const ref_arg *in, void *out) {
+  const ref_arg *a = &in[0];
+  int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = ins->shape[ins->ndim - 1];
+  int64_t batch = M && N ? ins->numel / (M * N) : 0;
+  size_t es = graft_dtype_size(ins->dtype);
+  if (K == 0) {
+    memset(out, 0, (size_t)ins->numel * es);
+    return 0;
+  }
+  if (batch)
+    cpu_blas()->gemm(ins->dtype == GRAFT_F64, 111, 111, (int)M, (int)N, (int)K, a->data, (int)K,
+                     M * K, in[1].data, (int)N, K * N, out, (int)N, M * N, batch);
+  return 0;
+}
+
+static bool cpu_dot_ok(const exec_instr *ins, const ref_arg *in) {
+  const cpu_blas_fns *bl = cpu_blas();
+  if (!bl->gemm) return false;
+  for (int d = 0; d < ins->ndim; d++)
+    if (ins->shape[d] > 0x7fffffff) return false;
+  return in[0].shape[in[0].ndim - 1] <= 0x7fffffff;
+}
+
 cpu_host_fn cpu_host_kernel(const exec_instr *ins, const ref_arg *in) {
   bool fl = ins->dtype == GRAFT_F32 || ins->dtype == GRAFT_F64;
   switch (ins->op) {
+  case IR_DOT: return fl && cpu_dot_ok(ins, in) ? cpu_k_dot : NULL;
   case IR_CONV2D: {
     const cpu_blas_fns *bl = cpu_blas();
     return fl && bl->sgemm && bl->dgemm ? cpu_k_conv2d : NULL;

@@ -19,4 +19,10 @@ typedef int (*ref_fn)(const exec_instr *ins, const ref_arg *in, void *out);
 
 /* One per op-table row except IR_DATA (NULL: data leaves are bound, not computed). */
 extern const ref_fn ref_kernels[IR_OP_COUNT];
+
+/* A faster kernel for an instruction, or NULL for the reference one. */
+typedef ref_fn (*ref_pick_fn)(const exec_instr *ins, const ref_arg *in);
+/* Interprets program p one instruction at a time (operands freed at their last use), each with
+ * pick's kernel or the reference one; outs receive new references. Returns 0 or -1 (error set). */
+int ref_run(const exec_program *p, exec_buffer *const *params, exec_buffer **outs, ref_pick_fn pick);
 #endif

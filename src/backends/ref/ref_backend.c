@@ -9,9 +9,8 @@ static bool ref_supports(const exec_instr *ins) { return ref_kernels[ins->op] !=
 /* Nothing to compile: the program is the executable. */
 static void *ref_compile(const exec_program *p) { return (void *)p; }
 
-static int ref_execute(void *exe, const exec_program *p, exec_buffer *const *params,
-                       exec_buffer **outs) {
-  (void)exe;
+int ref_run(const exec_program *p, exec_buffer *const *params, exec_buffer **outs,
+            ref_pick_fn pick) {
   exec_buffer **slot = calloc((size_t)p->ninstr + 1, sizeof *slot);
   ref_arg *args = NULL;
   int maxin = 1;
@@ -38,7 +37,8 @@ static int ref_execute(void *exe, const exec_program *p, exec_buffer *const *par
     }
     slot[i] = buffer_new((size_t)ins->numel * graft_dtype_size(ins->dtype), p->device, 0,
                          ir_ops[ins->op].name);
-    if (!slot[i] || ref_kernels[ins->op](ins, args, slot[i]->ptr)) {
+    ref_fn fn = pick ? pick(ins, args) : NULL;
+    if (!slot[i] || (fn ? fn : ref_kernels[ins->op])(ins, args, slot[i]->ptr)) {
       rc = -1;
       break;
     }
@@ -59,6 +59,12 @@ static int ref_execute(void *exe, const exec_program *p, exec_buffer *const *par
   free(slot);
   free(args);
   return rc;
+}
+
+static int ref_execute(void *exe, const exec_program *p, exec_buffer *const *params,
+                       exec_buffer **outs) {
+  (void)exe;
+  return ref_run(p, params, outs, NULL);
 }
 
 const backend ref_backend = {

@@ -1,0 +1,130 @@
+/* Tiered execution: a new graph runs at once on the first tier (reference kernels, BLAS and
+ * host kernels for contractions and convolutions); it is compiled when it runs a second time,
+ * or at graft_wait_compiles, or before its first run when the first tier would be slower than
+ * the compiler. Each mode is set here (the suite may run under any GRAFT_COMPILE). */
+#define _DEFAULT_SOURCE
+#include "check.h"
+#include "graft.h"
+#include <stdlib.h>
+#include <unistd.h>
+
+static graft_metrics M(void) {
+  graft_metrics m;
+  graft_metrics_get(&m);
+  return m;
+}
+
+static float *ramp(int64_t n, float scale) {
+  float *v = malloc(sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) v[i] = scale * (float)((i * 37) % 101 - 50) / 50.0f;
+  return v;
+}
+
+/* exp(x) * 2 + k over 1000 elements, synced; returns element 7. */
+static float small_graph(graft_tensor *x, double k) {
+  graft_scope_begin();
+  graft_tensor *y = graft_add_scalar(graft_mul_scalar(graft_exp(x), 2), k);
+  float out[1000];
+  CHECK(graft_to_host(y, out, sizeof out) == GRAFT_OK);
+  graft_scope_end();
+  return out[7];
+}
+
+TEST(compiled_when_run_again) {
+  setenv("GRAFT_COMPILE", "async", 1);
+  int64_t n = 1000;
+  float *v = ramp(n, 1);
+  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  graft_metrics_reset();
+  float first = small_graph(x, 1);
+  /* Run once: not queued. A queued compile of this graph would have landed within a second. */
+  usleep(1000 * 1000);
+  CHECK(M().native_compiles == 0 && M().compiled_executions == 0);
+  small_graph(x, 2); /* a scalar is a parameter: the same graph, now queued */
+  graft_wait_compiles();
+  CHECK(M().native_compiles == 1);
+  float third = small_graph(x, 1);
+  CHECK(M().compiled_executions == 1);
+  CHECK(M().graphs_compiled == 1);
+  CHECK_NEAR(third, first, 1e-6);
+  CHECK_NEAR(first, expf(v[7]) * 2 + 1, 1e-6);
+  graft_release(x);
+  free(v);
+}
+
+TEST(wait_compiles_builds_graphs_seen_once) {
+  setenv("GRAFT_COMPILE", "async", 1);
+  int64_t n = 1000;
+  float *v = ramp(n, 0.5f);
+  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  graft_scope_begin();
+  graft_tensor *y = graft_tanh(graft_sub(x, graft_exp(x)));
+  float a[1000], b[1000];
+  CHECK(graft_to_host(y, a, sizeof a) == GRAFT_OK);
+  graft_scope_end();
+  graft_metrics_reset();
+  graft_wait_compiles();
+  CHECK(M().native_compiles == 1);
+  graft_scope_begin();
+  y = graft_tanh(graft_sub(x, graft_exp(x)));
+  CHECK(graft_to_host(y, b, sizeof b) == GRAFT_OK);
+  graft_scope_end();
+  CHECK(M().compiled_executions == 1);
+  for (int i = 0; i < 1000; i++) CHECK_NEAR(b[i], a[i], 1e-6);
+  graft_release(x);
+  free(v);
+}
+
+/* The first tier's BLAS matmul and im2col convolution against the reference kernels. */
+TEST(first_tier_matches_reference) {
+  int64_t as[3] = {3, 40, 70}, bs[3] = {3, 70, 50}, xs[4] = {2, 3, 9, 9}, ws[4] = {4, 3, 3, 3};
+  float *av = ramp(3 * 40 * 70, 1), *bv = ramp(3 * 70 * 50, 0.5f), *xv = ramp(2 * 3 * 81, 1),
+        *wv = ramp(4 * 27, 0.3f);
+  static float r[2][6000], c[2][1000];
+  for (int mode = 0; mode < 2; mode++) {
+    setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
+    graft_scope_begin();
+    graft_tensor *a = graft_from_host(av, GRAFT_F32, 3, as, 0), *b = graft_from_host(bv, GRAFT_F32, 3, bs, 0);
+    graft_tensor *x = graft_from_host(xv, GRAFT_F32, 4, xs, 0), *w = graft_from_host(wv, GRAFT_F32, 4, ws, 0);
+    /* (a distinct graph per mode: a constant differs, so each run is a first run) */
+    graft_tensor *m = graft_add_scalar(graft_matmul(a, b), mode);
+    graft_tensor *y = graft_add_scalar(graft_conv2d(x, w, (int[]){2, 2}, (int[]){1, 1}, NULL, 1), mode);
+    CHECK(graft_numel(m) == 6000 && graft_numel(y) == 2 * 4 * 5 * 5);
+    graft_metrics_reset();
+    CHECK(graft_to_host(m, r[mode], sizeof r[mode]) == GRAFT_OK);
+    CHECK(graft_to_host(y, c[mode], sizeof(float) * 200) == GRAFT_OK);
+    CHECK(M().compiled_executions == 0);
+    graft_scope_end();
+  }
+  for (int i = 0; i < 6000; i++) CHECK_NEAR(r[1][i] - 1, r[0][i], 1e-5);
+  for (int i = 0; i < 200; i++) CHECK_NEAR(c[1][i] - 1, c[0][i], 1e-5);
+  free(av), free(bv), free(xv), free(wv);
+}
+
+/* 2*1024*2048*1024 FLOPs: slower on the first tier than compiling, so compiled first. */
+TEST(heavy_graph_compiles_before_first_run) {
+  setenv("GRAFT_COMPILE", "async", 1);
+  int64_t as[2] = {1024, 2048}, bs[2] = {2048, 1024};
+  graft_scope_begin();
+  graft_tensor *a = graft_full(0.5, GRAFT_F32, 2, as), *b = graft_full(0.25, GRAFT_F32, 2, bs);
+  graft_tensor *in[2] = {graft_add(a, graft_scalar(0, GRAFT_F32)), graft_add(b, graft_scalar(0, GRAFT_F32))};
+  CHECK(graft_sync(in, 2) == GRAFT_OK); /* data leaves */
+  graft_metrics_reset();
+  graft_tensor *m = graft_matmul(in[0], in[1]);
+  float out[4];
+  graft_tensor *s = graft_slice(m, (int64_t[]){0, 0}, (int64_t[]){2, 2}, NULL);
+  CHECK(graft_to_host(s, out, sizeof out) == GRAFT_OK);
+  CHECK(M().compiled_executions == 1);
+  CHECK_NEAR(out[3], 0.5 * 0.25 * 2048, 1e-6);
+  graft_scope_end();
+}
+
+int main(void) {
+  setenv("GRAFT_DISK_CACHE", "0", 1); /* real compiles */
+  RUN(compiled_when_run_again);
+  RUN(wait_compiles_builds_graphs_seen_once);
+  RUN(first_tier_matches_reference);
+  RUN(heavy_graph_compiles_before_first_run);
+  graft_shutdown();
+  return CHECK_DONE();
+}
