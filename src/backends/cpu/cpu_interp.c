@@ -1,8 +1,12 @@
-/* The first tier: a new graph runs at once, one instruction at a time, while the cpu backend
- * compiles it. The reference kernels run most instructions, but contractions, convolutions,
- * pooling, gather and scatter_add take the host kernels (BLAS, im2col): a CNN step ran 107 ms
- * on the reference kernels alone, the time a first epoch spent waiting for the compiler. */
+/* The first tier: a new graph runs at once, one instruction at a time, while it waits to be
+ * compiled. Contractions, convolutions, pooling, gather and scatter_add take the host kernels
+ * (BLAS, im2col): a CNN step ran 107 ms on the reference kernels alone. Float elementwise ops
+ * and the copying movement ops (broadcast, transpose, slice) take typed loops here: the same
+ * math as the reference kernels (float math in double, rounded once), so the same results,
+ * without a dtype dispatch per element. Everything else runs on the reference kernels. */
 #include "cpu_internal.h"
+#include <math.h>
+#include <string.h>
 
 static bool interp_supports(const exec_instr *ins) {
   return ins->op == IR_DATA || ref_kernels[ins->op] != NULL;
@@ -10,7 +14,219 @@ static bool interp_supports(const exec_instr *ins) {
 
 static void *interp_compile(const exec_program *p) { return (void *)p; } /* nothing to build */
 
-static ref_fn interp_pick(const exec_instr *ins, const ref_arg *in) { return cpu_host_kernel(ins, in); }
+/* ---- float elementwise (f32 and f64; operands share the output's shape) ---- */
+static double interp_sigmoid(double x) {
+  if (x >= 0) return 1.0 / (1.0 + exp(-x));
+  double e = exp(x);
+  return e / (1.0 + e);
+}
+
+#define UNARY_LOOP(T, EXPR)                                                                      \
+  do {                                                                                           \
+    const T *x = in[0].data;                                                                     \
+    T *y = out;                                                                                  \
+    for (int64_t i = 0; i < n; i++) {                                                            \
+      double v = x[i];                                                                           \
+      y[i] = (T)(EXPR);                                                                          \
+    }                                                                                            \
+  } while (0)
+
+#define UNARY_OPS(T)                                                                             \
+  switch (ins->op) {                                                                             \
+  case IR_NEG: UNARY_LOOP(T, -v); break;                                                         \
+  case IR_ABS: UNARY_LOOP(T, fabs(v)); break;                                                    \
+  case IR_EXP: UNARY_LOOP(T, exp(v)); break;                                                     \
+  case IR_LOG: UNARY_LOOP(T, log(v)); break;                                                     \
+  case IR_SQRT: UNARY_LOOP(T, sqrt(v)); break;                                                   \
+  case IR_RSQRT: UNARY_LOOP(T, 1.0 / sqrt(v)); break;                                            \
+  case IR_TANH: UNARY_LOOP(T, tanh(v)); break;                                                   \
+  case IR_ERF: UNARY_LOOP(T, erf(v)); break;                                                     \
+  case IR_SIGMOID: UNARY_LOOP(T, interp_sigmoid(v)); break;                                      \
+  case IR_RECIPROCAL: UNARY_LOOP(T, 1.0 / v); break;                                             \
+  default: return -1;                                                                            \
+  }
+
+static int interp_unary(const exec_instr *ins, const ref_arg *in, void *out) {
+  int64_t n = ins->numel;
+  if (ins->dtype == GRAFT_F32) UNARY_OPS(float) else UNARY_OPS(double)
+  return 0;
+}
+
+static bool interp_unary_ok(ir_op op) {
+  switch (op) {
+  case IR_NEG: case IR_ABS: case IR_EXP: case IR_LOG: case IR_SQRT: case IR_RSQRT:
+  case IR_TANH: case IR_ERF: case IR_SIGMOID: case IR_RECIPROCAL: return true;
+  default: return false;
+  }
+}
+
+#define BINARY_LOOP(T, EXPR)                                                                     \
+  do {                                                                                           \
+    const T *x = in[0].data, *z = in[1].data;                                                    \
+    T *y = out;                                                                                  \
+    for (int64_t i = 0; i < n; i++) {                                                            \
+      double a = x[i], b = z[i];                                                                 \
+      y[i] = (T)(EXPR);                                                                          \
+    }                                                                                            \
+  } while (0)
+
+/* max/min: NaN propagates (the first NaN operand), as the reference */
+#define BINARY_OPS(T)                                                                            \
+  switch (ins->op) {                                                                             \
+  case IR_ADD: BINARY_LOOP(T, a + b); break;                                                     \
+  case IR_SUB: BINARY_LOOP(T, a - b); break;                                                     \
+  case IR_MUL: BINARY_LOOP(T, a * b); break;                                                     \
+  case IR_DIV: BINARY_LOOP(T, a / b); break;                                                     \
+  case IR_MAX: BINARY_LOOP(T, isnan(a) ? a : isnan(b) ? b : a > b ? a : b); break;               \
+  case IR_MIN: BINARY_LOOP(T, isnan(a) ? a : isnan(b) ? b : a < b ? a : b); break;               \
+  default: return -1;                                                                            \
+  }
+
+static int interp_binary(const exec_instr *ins, const ref_arg *in, void *out) {
+  int64_t n = ins->numel;
+  if (ins->dtype == GRAFT_F32) BINARY_OPS(float) else BINARY_OPS(double)
+  return 0;
+}
+
+static bool interp_binary_ok(ir_op op) {
+  return op == IR_ADD || op == IR_SUB || op == IR_MUL || op == IR_DIV || op == IR_MAX ||
+         op == IR_MIN;
+}
+
+/* NaN: every comparison false except ne */
+#define COMPARE_OPS(T)                                                                           \
+  do {                                                                                           \
+    const T *x = in[0].data, *z = in[1].data;                                                    \
+    uint8_t *y = out;                                                                            \
+    for (int64_t i = 0; i < n; i++) {                                                            \
+      T a = x[i], b = z[i];                                                                      \
+      switch (ins->op) {                                                                         \
+      case IR_EQ: y[i] = a == b; break;                                                          \
+      case IR_NE: y[i] = !(a == b); break;                                                       \
+      case IR_LT: y[i] = a < b; break;                                                           \
+      case IR_LE: y[i] = a <= b; break;                                                          \
+      case IR_GT: y[i] = a > b; break;                                                           \
+      default: y[i] = a >= b; break;                                                             \
+      }                                                                                          \
+    }                                                                                            \
+  } while (0)
+
+static int interp_compare(const exec_instr *ins, const ref_arg *in, void *out) {
+  int64_t n = ins->numel;
+  if (in[0].dtype == GRAFT_F32) COMPARE_OPS(float);
+  else COMPARE_OPS(double);
+  return 0;
+}
+
+#define SELECT_LOOP(T)                                                                           \
+  do {                                                                                           \
+    const uint8_t *c = in[0].data;                                                               \
+    const T *a = in[1].data, *b = in[2].data;                                                    \
+    T *y = out;                                                                                  \
+    for (int64_t i = 0; i < n; i++) y[i] = c[i] ? a[i] : b[i];                                   \
+  } while (0)
+
+static int interp_select(const exec_instr *ins, const ref_arg *in, void *out) {
+  int64_t n = ins->numel;
+  if (ins->dtype == GRAFT_F32) SELECT_LOOP(float);
+  else SELECT_LOOP(double);
+  return 0;
+}
+
+/* ---- copying movement: out (row-major) = src[base + sum c[d] * sst[d]], any dtype ---- */
+static void interp_gather_strided(const exec_instr *ins, const void *src, int64_t base,
+                                  const int64_t *sst, void *out) {
+  size_t es = graft_dtype_size(ins->dtype);
+  int nd = ins->ndim;
+  if (ins->numel == 0) return;
+  if (nd == 0) {
+    memcpy(out, (const char *)src + (size_t)base * es, es);
+    return;
+  }
+  int64_t c[GRAFT_MAX_DIMS] = {0}, inner = ins->shape[nd - 1], is = sst[nd - 1];
+  int64_t rows = ins->numel / inner, off = base;
+  char *o = out;
+  const char *s = src;
+  for (int64_t r = 0; r < rows; r++) {
+    if (is == 1) {
+      memcpy(o, s + (size_t)off * es, (size_t)inner * es);
+    } else if (es == 4) {
+      const uint32_t *sp = (const uint32_t *)(const void *)s + off;
+      uint32_t *op = (uint32_t *)(void *)o;
+      for (int64_t k = 0; k < inner; k++) op[k] = sp[k * is];
+    } else {
+      for (int64_t k = 0; k < inner; k++) memcpy(o + (size_t)k * es, s + (size_t)(off + k * is) * es, es);
+    }
+    o += (size_t)inner * es;
+    for (int d = nd - 2; d >= 0; d--) { /* odometer over the outer dims */
+      off += sst[d];
+      if (++c[d] < ins->shape[d]) break;
+      off -= sst[d] * ins->shape[d];
+      c[d] = 0;
+    }
+  }
+}
+
+static void interp_src_strides(const ref_arg *x, int64_t *st) {
+  int64_t s = 1;
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    st[d] = s;
+    s *= x->shape[d];
+  }
+}
+
+static int interp_broadcast(const exec_instr *ins, const ref_arg *in, void *out) {
+  int64_t st[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS] = {0};
+  int off = ins->ndim - in[0].ndim; /* operand dims are right-aligned */
+  interp_src_strides(&in[0], st);
+  for (int d = 0; d < in[0].ndim; d++) sst[d + off] = in[0].shape[d] == 1 ? 0 : st[d];
+  interp_gather_strided(ins, in[0].data, 0, sst, out);
+  return 0;
+}
+
+static int interp_transpose(const exec_instr *ins, const ref_arg *in, void *out) {
+  int64_t st[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS];
+  interp_src_strides(&in[0], st);
+  for (int d = 0; d < ins->ndim; d++) sst[d] = st[ins->attr.a[d]]; /* out dim d = in dim perm[d] */
+  interp_gather_strided(ins, in[0].data, 0, sst, out);
+  return 0;
+}
+
+static int interp_slice(const exec_instr *ins, const ref_arg *in, void *out) {
+  int64_t st[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS], base = 0;
+  interp_src_strides(&in[0], st);
+  for (int d = 0; d < ins->ndim; d++) {
+    sst[d] = st[d] * ins->attr.a[16 + d];
+    base += ins->attr.a[d] * st[d];
+  }
+  interp_gather_strided(ins, in[0].data, base, sst, out);
+  return 0;
+}
+
+static ref_fn interp_pick(const exec_instr *ins, const ref_arg *in) {
+  cpu_host_fn host = cpu_host_kernel(ins, in);
+  if (host) return host;
+  bool fl = ins->dtype == GRAFT_F32 || ins->dtype == GRAFT_F64;
+  switch (ir_ops[ins->op].kind) {
+  case IR_K_UNARY: return fl && in[0].dtype == ins->dtype && interp_unary_ok(ins->op) ? interp_unary : NULL;
+  case IR_K_BINARY:
+    return fl && in[0].dtype == ins->dtype && in[1].dtype == ins->dtype && interp_binary_ok(ins->op)
+               ? interp_binary : NULL;
+  case IR_K_COMPARE:
+    return (in[0].dtype == GRAFT_F32 || in[0].dtype == GRAFT_F64) && in[1].dtype == in[0].dtype
+               ? interp_compare : NULL;
+  case IR_K_SELECT:
+    return fl && in[0].dtype == GRAFT_BOOL && in[1].dtype == ins->dtype && in[2].dtype == ins->dtype
+               ? interp_select : NULL;
+  default: break;
+  }
+  switch (ins->op) {
+  case IR_BROADCAST: return interp_broadcast;
+  case IR_TRANSPOSE: return interp_transpose;
+  case IR_SLICE: return interp_slice;
+  default: return NULL;
+  }
+}
 
 static int interp_execute(void *exe, const exec_program *p, exec_buffer *const *params,
                           exec_buffer **outs) {
