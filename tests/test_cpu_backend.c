@@ -377,6 +377,34 @@ TEST(column_sums) {
     }
 }
 
+/* GRAFT_PROFILE=1: a graph's table (runs, time a run, a row per kernel / GEMM call site)
+ * goes to stderr when the graph is freed. */
+TEST(profile_table) {
+  char path[] = "/tmp/graft-profile-XXXXXX";
+  int fd = mkstemp(path), saved = dup(2);
+  CHECK(fd >= 0 && saved >= 0);
+  fflush(stderr);
+  dup2(fd, 2);
+  setenv("GRAFT_PROFILE", "1", 1);
+  int64_t a[2] = {64, 48}, b[2] = {48, 32};
+  ir_node *in[2] = {data(GRAFT_F32, 2, a), data(GRAFT_F32, 2, b)};
+  ir_node *y = u1(IR_TANH, mk(IR_DOT, 2, in, NULL, 0, 0, NULL));
+  CHECK(compare(&y, 1, 1e-5) == 0); /* compiles, runs once, frees: the table is written */
+  release_all();
+  unsetenv("GRAFT_PROFILE");
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char buf[4096] = {0};
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  close(fd);
+  unlink(path);
+  CHECK(n > 0);
+  CHECK(strstr(buf, "graft profile: graph") != NULL && strstr(buf, "1 runs") != NULL);
+  CHECK(strstr(buf, "sgemm NN 1 x 64x32x48") != NULL);
+  CHECK(strstr(buf, "kernel x") != NULL);
+}
+
 /* softmax and layer_norm written from primitives, as the front-end decomposes them. */
 static ir_node *softmax_last(ir_node *x) {
   int nd = x->ndim;
@@ -879,6 +907,7 @@ int main(void) {
   RUN(streaming_stores);
   RUN(argmax_argmin);
   RUN(dot_blas_and_fallback);
+  RUN(profile_table);
   RUN(fallbacks_counted);
   RUN(compiler_failure_is_an_error);
   RUN(disk_cache);

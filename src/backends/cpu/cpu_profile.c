@@ -11,13 +11,9 @@
 #include <string.h>
 #include <time.h>
 
-bool cpu_profile_enabled(void) {
-  static int on = -1;
-  if (on < 0) {
-    const char *e = getenv("GRAFT_PROFILE");
-    on = e && *e && strcmp(e, "0") != 0;
-  }
-  return on;
+bool cpu_profile_enabled(void) { /* read per execution: a program may switch it on and off */
+  const char *e = getenv("GRAFT_PROFILE");
+  return e && *e && strcmp(e, "0") != 0;
 }
 
 double cpu_profile_now(void) {
