@@ -108,6 +108,28 @@ TEST(first_tier_matches_reference) {
   free(av), free(bv), free(xv), free(wv);
 }
 
+/* GRAFT_COMPILE=off holds for a graph first seen under async: it is not compiled when it runs
+ * again, nor at graft_wait_compiles. */
+TEST(off_means_no_compile) {
+  setenv("GRAFT_COMPILE", "async", 1);
+  int64_t n = 1000;
+  float *v = ramp(n, 0.25f);
+  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  graft_tensor *c = graft_full(3, GRAFT_F32, 0, NULL); /* a constant: a graph of its own */
+  graft_metrics_reset();
+  graft_scope_begin();
+  float out[1000];
+  CHECK(graft_to_host(graft_mul(graft_exp(x), c), out, sizeof out) == GRAFT_OK);
+  setenv("GRAFT_COMPILE", "off", 1);
+  CHECK(graft_to_host(graft_mul(graft_exp(x), c), out, sizeof out) == GRAFT_OK);
+  graft_wait_compiles();
+  CHECK(M().native_compiles == 0 && M().executions == 2 && M().graphs_compiled == 1);
+  graft_scope_end();
+  graft_release(c);
+  graft_release(x);
+  free(v);
+}
+
 /* The first tier's typed elementwise and movement loops do the reference's math: equal bits. */
 static void chain(graft_dtype dt, int mode, double *res) {
   int64_t xs[3] = {4, 6, 10}, bs[1] = {10};
@@ -164,6 +186,7 @@ int main(void) {
   setenv("GRAFT_DISK_CACHE", "0", 1); /* real compiles */
   RUN(compiled_when_run_again);
   RUN(wait_compiles_builds_graphs_seen_once);
+  RUN(off_means_no_compile);
   RUN(first_tier_matches_reference);
   RUN(first_tier_elementwise_equals_reference);
   RUN(heavy_graph_compiles_before_first_run);

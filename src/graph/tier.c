@@ -156,7 +156,7 @@ static void tier_queue(cache_entry *e) {
 }
 
 void tier_hit(cache_entry *e) {
-  if (e->tier == TIER_ONCE) tier_queue(e);
+  if (e->tier == TIER_ONCE && tier_get_mode() != TIER_MODE_OFF) tier_queue(e);
 }
 
 void graft_wait_compiles(void) {

@@ -7,7 +7,6 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 const char *cpu_ctype(graft_dtype dt) {
@@ -486,7 +485,8 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
     case IR_CONCAT: {
       /* Only the part an element lies in is computed: an if/else chain on the concat axis
        * (im2col's 9 slices computed for every element cost 9x). Values computed inside a
-       * branch are scoped to it, so the memo and the row-scratch states are rolled back. */
+       * branch are scoped to it: the memo is rolled back after each branch, and row-scratch
+       * caching is off inside branches (a store there would be conditional). */
       int ax = (int)ins->attr.a[0];
       cpu_pos_coords(g, &pos);
       int nparts = 0;
@@ -494,10 +494,8 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
       if (!nparts) { v = cpu_literal(g, ins->dtype, 0); break; }
       char *t = cpu_tmp(g);
       cpu_sb_printf(g->body, "      %s %s;\n", cpu_ctype(ins->dtype), t);
-      unsigned char *rc_saved = NULL;
-      if (g->rc_state && (rc_saved = malloc((size_t)g->p->ninstr)))
-        memcpy(rc_saved, g->rc_state, (size_t)g->p->ninstr);
-      else if (g->rc_state) g->failed = 1;
+      unsigned char *rc_state = g->rc_state;
+      g->rc_state = NULL;
       int64_t off = 0;
       int seen = 0;
       for (int k = 0; k < ins->nin; k++) {
@@ -515,11 +513,10 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
         const char *a = cpu_value(g, in[k], qk);
         cpu_sb_printf(g->body, "      %s = %s;\n", t, a);
         g->nmemo = nmemo;
-        if (rc_saved) memcpy(g->rc_state, rc_saved, (size_t)g->p->ninstr);
         off += ext;
       }
       if (nparts > 1) cpu_sb_puts(g->body, "      }\n");
-      free(rc_saved);
+      g->rc_state = rc_state;
       v = t;
       break;
     }
