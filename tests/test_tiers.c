@@ -30,11 +30,17 @@ static float small_graph(graft_tensor *x, double k) {
   return out[7];
 }
 
-TEST(compiled_when_run_again) {
+/* Async mode and a 1000-element input (its values in *v). */
+static graft_tensor *async_input(float scale, float **v) {
   setenv("GRAFT_COMPILE", "async", 1);
   int64_t n = 1000;
-  float *v = ramp(n, 1);
-  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  *v = ramp(n, scale);
+  return graft_from_host(*v, GRAFT_F32, 1, &n, 0);
+}
+
+TEST(compiled_when_run_again) {
+  float *v;
+  graft_tensor *x = async_input(1, &v);
   graft_metrics_reset();
   float first = small_graph(x, 1);
   /* Run once: not queued. A queued compile of this graph would have landed within a second. */
@@ -53,10 +59,8 @@ TEST(compiled_when_run_again) {
 }
 
 TEST(wait_compiles_builds_graphs_seen_once) {
-  setenv("GRAFT_COMPILE", "async", 1);
-  int64_t n = 1000;
-  float *v = ramp(n, 0.5f);
-  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  float *v;
+  graft_tensor *x = async_input(0.5f, &v);
   graft_scope_begin();
   graft_tensor *y = graft_tanh(graft_sub(x, graft_exp(x)));
   float a[1000], b[1000];
@@ -111,10 +115,8 @@ TEST(first_tier_matches_reference) {
 /* GRAFT_COMPILE=off holds for a graph first seen under async: it is not compiled when it runs
  * again, nor at graft_wait_compiles. */
 TEST(off_means_no_compile) {
-  setenv("GRAFT_COMPILE", "async", 1);
-  int64_t n = 1000;
-  float *v = ramp(n, 0.25f);
-  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  float *v;
+  graft_tensor *x = async_input(0.25f, &v);
   graft_tensor *c = graft_full(3, GRAFT_F32, 0, NULL); /* a constant: a graph of its own */
   graft_metrics_reset();
   graft_scope_begin();
