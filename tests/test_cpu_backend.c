@@ -358,6 +358,16 @@ TEST(reshape_digits) {
   CHECK(compare(&o, 1, 1e-6) == 0);
   CHECK(strstr(cpu_last_source(), "% 32") == NULL); /* no unravelled E index */
   release_all();
+  /* merging heads back: [B*H,S,hd] -> [S,B*H,hd] -> [S*B, E]: the inner loop over E splits
+   * into heads x hd (i1h, i1l), so the inner index is affine */
+  int64_t bhs[3] = {8, 6, 8}, se[2] = {12, 32};
+  ir_node *h = data(GRAFT_F32, 3, bhs);
+  ir_node *hh = b2(IR_MUL, h, h);
+  ir_node *ht = mk(IR_TRANSPOSE, 1, &hh, &tp, 0, 0, NULL); /* [6,8,8] */
+  ir_node *m = b2(IR_ADD, reshape(ht, 2, se), cnst(GRAFT_F32, 0.5, 2, se));
+  CHECK(compare(&m, 1, 0) == 0);
+  CHECK(strstr(cpu_last_source(), "i1l") != NULL);
+  release_all();
 }
 
 /* Sums that keep the innermost dim run over column blocks (more columns than one block, other

@@ -103,13 +103,66 @@ static cpu_pos cpu_loop_pos(cpu_cg *g, int nd, const int64_t *shape) {
 }
 
 /* Elementwise root i, row mode: outer vars i0..i<a-1> exist. */
+/* The split factor for member i's innermost loop (see cpu_cg.split_var): a trial generation
+ * into a scratch body, the generator's row-scratch state restored after it. */
+static int64_t cpu_member_split(cpu_cg *g, int i, int a) {
+  const exec_instr *ins = &g->p->instr[i];
+  int L = ins->ndim - 1, n = g->p->ninstr;
+  if (L < a || ins->shape[L] < 2) return 0;
+  unsigned char *rs = NULL;
+  int *rcnt = NULL;
+  if (g->rc_state) {
+    rs = malloc((size_t)n);
+    rcnt = malloc(sizeof(int) * (size_t)n);
+    if (!rs || !rcnt) {
+      free(rs);
+      free(rcnt);
+      return 0;
+    }
+    memcpy(rs, g->rc_state, (size_t)n);
+    memcpy(rcnt, g->rc_count, sizeof(int) * (size_t)n);
+  }
+  cpu_sb trial = {0}, *body = g->body;
+  g->body = &trial;
+  g->split_var = cpu_fmt(&g->ar, "i%d", L);
+  g->split_want = 0;
+  g->split_f = 0;
+  g->nmemo = 0;
+  g->self = i;
+  cpu_value(g, i, cpu_loop_pos(g, ins->ndim, ins->shape));
+  g->body = body;
+  cpu_sb_free(&trial);
+  if (rs) {
+    memcpy(g->rc_state, rs, (size_t)n);
+    memcpy(g->rc_count, rcnt, sizeof(int) * (size_t)n);
+  }
+  free(rs);
+  free(rcnt);
+  int64_t F = g->split_want;
+  return F > 1 && ins->shape[L] % F == 0 && ins->shape[L] > F ? F : 0;
+}
+
 static void cpu_member_kernel(cpu_cg *g, int i, int a) {
   const exec_instr *ins = &g->p->instr[i];
-  cpu_open_loops(g->body, a, ins->ndim, ins->shape, NULL);
+  int64_t F = cpu_member_split(g, i, a);
+  int L = ins->ndim - 1;
+  if (F) {
+    cpu_open_loops(g->body, a, L, ins->shape, NULL);
+    cpu_sb_printf(g->body, "    for (int64_t i%dh = 0; i%dh < %" PRId64 "; i%dh++)\n", L, L,
+                  ins->shape[L] / F, L);
+    cpu_sb_printf(g->body, "    for (int64_t i%dl = 0; i%dl < %" PRId64 "; i%dl++) {\n", L, L, F, L);
+    cpu_sb_printf(g->body, "      const int64_t i%d = i%dh * %" PRId64 " + i%dl;\n", L, L, F, L);
+  } else {
+    cpu_open_loops(g->body, a, ins->ndim, ins->shape, NULL);
+  }
+  g->split_var = F ? cpu_fmt(&g->ar, "i%d", L) : NULL;
+  g->split_f = F;
   g->nmemo = 0;
   g->self = i;
   cpu_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
   const char *v = cpu_value(g, i, pos);
+  g->split_var = NULL;
+  g->split_f = 0;
   if (g->stream == i) {
     cpu_sb_printf(g->body, "      ob%d[%s] = %s;\n", i, cpu_row_inner(g), v);
     cpu_close_loops(g->body, ins->ndim - a);

@@ -43,6 +43,11 @@ typedef struct {
   int *cost;               /* rough per-element cost of an inlined value (its subtree) */
   int ond;                 /* dims of the group's row space (oshape) */
   int stream;              /* member whose rows go out through a scratch row + streaming stores */
+  /* Splitting a member's innermost loop i<L> into i<L>h * F + i<L>l, when a reshape reads it
+   * by digits (merging attention's heads reads (i % 64) and (i / 64)): the inner loop's index
+   * is then affine in i<L>l. A trial generation records the wanted F (0 none, -1 conflicting). */
+  const char *split_var;   /* "i<L>" while generating a kernel member, else NULL */
+  int64_t split_want, split_f;
 } cpu_cg;
 
 const char *cpu_ctype(graft_dtype dt);

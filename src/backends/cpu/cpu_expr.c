@@ -281,8 +281,18 @@ static bool cpu_reshape_refine(cpu_cg *g, const exec_instr *ins, const exec_inst
     int64_t f = ro < rs ? ro : rs;
     if ((ro > rs ? ro % rs : rs % ro) != 0) { ok = false; break; }
     const char *c = pos->c[oi];
-    if (oin > 1) c = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", c, oin);
-    if (f < ro) c = cpu_fmt(&g->ar, "(%s %% %" PRId64 ")", c, f);
+    bool inner = g->split_var && !strcmp(c, g->split_var);
+    if (inner && !g->split_f && oin == 1 && f < ro) /* trial: the low digit of the inner loop */
+      g->split_want = g->split_want == 0 || g->split_want == f ? f : -1;
+    if (inner && g->split_f && oin == 1 && f == g->split_f) {
+      c = cpu_fmt(&g->ar, "%sl", g->split_var);
+    } else if (inner && g->split_f && oin == g->split_f) {
+      c = cpu_fmt(&g->ar, "%sh", g->split_var);
+      if (f < ro) c = cpu_fmt(&g->ar, "(%s %% %" PRId64 ")", c, f);
+    } else {
+      if (oin > 1) c = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", c, oin);
+      if (f < ro) c = cpu_fmt(&g->ar, "(%s %% %" PRId64 ")", c, f);
+    }
     if (sin > 1) cpu_sb_printf(&terms[si], "%s%s * %" PRId64, terms[si].n ? " + " : "", c, sin);
     else cpu_sb_printf(&terms[si], "%s%s", terms[si].n ? " + " : "", c);
     ro /= f; rs /= f; oin *= f; sin *= f;
