@@ -1,8 +1,12 @@
-/* Tiered execution. A graph seen for the first time runs at once on the interpreter (reference
- * kernels, BLAS for contractions) while the compiling backend builds it on a background thread; later executions switch to the
- * compiled code, so the first step never waits for the compiler.
- * GRAFT_COMPILE=async (default) | sync (compile before the first run; tests) | off;
- * GRAFT_MAX_COMPILE_NODES (default 20000): larger graphs stay on the reference backend. */
+/* Tiered execution. A graph seen for the first time runs at once on the first tier (the
+ * interpreter of cpu_interp.c: BLAS and host kernels for contractions and convolutions, typed
+ * loops and reference kernels for the rest). When it runs a second time, the compiling backend
+ * builds it on a background thread and later executions switch to the compiled code: no step
+ * waits for the compiler, and a graph that runs once (a training loop's first step) costs no
+ * compile. A graph the first tier would run slower than the compiler builds it is compiled
+ * before its first run.
+ * GRAFT_COMPILE=async (default) | sync (compile before the first run; tests) | off (reference
+ * kernels only); GRAFT_MAX_COMPILE_NODES (default 20000): larger graphs stay on the first tier. */
 #define _GNU_SOURCE /* syscall(SYS_gettid) */
 #include "graph.h"
 #include "../core/error.h"

@@ -208,7 +208,6 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
     return -1;
   }
   run.is_param = is_param;
-  run.e = e;
   for (int k = 0; k < p->nparams; k++) {
     int s = p->param_slot[k];
     run.B[s] = params[k];
