@@ -298,9 +298,9 @@ typedef struct {
   double compile_ms;         /* total time building executables */
   double execute_ms;         /* total time running graphs */
   uint64_t native_compiles;  /* graphs compiled to native code (background or sync) */
-  uint64_t native_compile_failures; /* compiles that failed: those graphs stay on the reference */
+  uint64_t native_compile_failures; /* compiles that failed: those graphs stay on the first tier */
   double native_compile_ms;  /* time in the native compiler (mostly off the critical path) */
-  uint64_t compiled_executions; /* executions that ran native code (the rest ran reference) */
+  uint64_t compiled_executions; /* executions that ran native code (the rest: first tier) */
   uint64_t native_disk_hits; /* native executables loaded from the disk cache, not compiled */
   uint64_t fallback_ops;     /* instructions of compiled graphs run on the reference kernels */
   uint64_t syncs;            /* syncs that had pending work */

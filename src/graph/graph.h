@@ -29,7 +29,7 @@ void capture_free(graph_capture *g);
 typedef enum { TIER_OFF, TIER_ONCE, TIER_COMPILING, TIER_READY, TIER_FAILED } tier_state;
 typedef struct cache_entry {
   exec_program *prog;
-  const backend *be;        /* the reference backend: runs at once */
+  const backend *be;        /* the first tier: runs at once */
   void *exe;
   const backend *fast;      /* the compiling backend, once tier == TIER_READY */
   void *fast_exe;

@@ -52,14 +52,14 @@ static void tier_finish(cache_entry *e, void *exe, const char *err, double ms) {
   if (!warned) {
     warned = 1;
     fprintf(stderr, "graft: warning: the %s backend could not compile a graph; graphs that fail "
-            "run on the reference backend: %s\n", e->fast->name, err);
+            "run on the first tier: %s\n", e->fast->name, err);
   }
 }
 
 static void *tier_worker(void *arg) {
   (void)arg;
   /* The compiler (forked from this thread, so it inherits the niceness) must not slow down the
-   * steps running meanwhile on the reference kernels: on Linux this lowers this thread only. */
+   * steps running meanwhile on the first tier: on Linux this lowers this thread only. */
   (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10); /* best effort */
   pthread_mutex_lock(&q_mu);
   for (;;) {
@@ -117,21 +117,21 @@ static double tier_compile_cost_ms(const exec_program *p) { return 50 + 1.5 * p-
 void tier_submit(cache_entry *e) {
   tier_mode mode = tier_get_mode();
   e->fast = &cpu_backend;
-  /* A huge graph would stall the compiler for long; it stays on the reference backend. */
+  /* A huge graph would stall the compiler for long; it stays on the first tier. */
   const char *cap = getenv("GRAFT_MAX_COMPILE_NODES");
   int max_nodes = cap && atoi(cap) > 0 ? atoi(cap) : 20000;
   if (mode == TIER_MODE_OFF || e->prog->ninstr > max_nodes) {
     e->tier = TIER_OFF;
     return;
   }
-  /* Running first on the reference kernels only pays when they beat the compiler: a graph with
+  /* Running first on the first tier only pays when it beats the compiler: a graph with
    * big contractions (a 256x784x1024 matmul takes seconds there) is compiled before its first run. */
   if (mode == TIER_MODE_SYNC || tier_ref_cost_ms(e->prog) > tier_compile_cost_ms(e->prog)) {
     double t0 = metrics_now_ms();
     void *exe = e->fast->compile(e->prog);
     char err[512];
     snprintf(err, sizeof err, "%s", exe ? "" : graft_last_error());
-    if (!exe) graft_clear_error(); /* the graph still runs, on the reference backend */
+    if (!exe) graft_clear_error(); /* the graph still runs, on the first tier */
     tier_finish(e, exe, err, metrics_now_ms() - t0);
     return;
   }
