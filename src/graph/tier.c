@@ -125,7 +125,7 @@ void tier_submit(cache_entry *e) {
     return;
   }
   /* Running first on the first tier only pays when it beats the compiler: a graph with big
-   * contractions (a 1024x2048x1024 matmul, ~100 ms on one thread's worth of BLAS estimate) or
+   * contractions (the estimate puts a 1024x2048x1024 matmul at ~100 ms there) or
    * a huge elementwise volume is compiled before its first run. */
   if (mode == TIER_MODE_SYNC || tier_ref_cost_ms(e->prog) > tier_compile_cost_ms(e->prog)) {
     double t0 = metrics_now_ms();
