@@ -7,7 +7,8 @@ Each benchmark runs the same PyTorch code on graft's device (graft.step() per st
 CPU at its best settings (OMP_WAIT_POLICY=PASSIVE, set before torch is imported; the faster of 1
 and 2 intra-op threads; OpenBLAS uses both cores), from the same initial weights. Times are
 medians over repeated steps after warm-up, graft and eager timed in alternating blocks so that
-both see the same machine (it is shared; its speed drifts). For graft, graft.wait_compiles()
+both see the same machine (it is shared; its speed drifts); each block starts with a pause and
+a few untimed steps, the same for both. For graft, graft.wait_compiles()
 after the warm-up makes the steady state run natively compiled code.
 
 Roofline: FLOPs of the step's matrix products / convolutions (counted analytically) divided by
@@ -105,19 +106,20 @@ def best_eager(make_fn, warmup, reps):
     return best[2], best[1]
 
 
-def interleaved(gfn, efn, eth, reps, rounds=5):
+def interleaved(gfn, efn, eth, reps, rounds=5, warm=3):
     """Median ms of graft and of eager, timed in alternating blocks: this machine is shared and
-    its speed drifts, so both see the same conditions."""
+    its speed drifts, so both see the same conditions. Every block starts the same way: a pause
+    (OpenBLAS's threads spin for a while after eager's last product) and a few untimed steps
+    (caches, sleeping threads, clock speed after the pause)."""
     gts, ets = [], []
     per = max(1, reps // rounds)
     for _ in range(rounds):
-        torch.set_num_threads(1)
-        graft_sync(gfn())  # each block starts with an untimed step (caches, sleeping threads)
-        gts += [timed(gfn, graft_sync) for _ in range(per)]
-        torch.set_num_threads(eth)
-        efn()
-        ets += [timed(efn, cpu_sync) for _ in range(per)]
-        time.sleep(0.2)  # OpenBLAS's threads spin for a while after eager's last product
+        for fn, sync, th, ts in ((gfn, graft_sync, 1, gts), (efn, cpu_sync, eth, ets)):
+            torch.set_num_threads(th)
+            time.sleep(0.2)
+            for _ in range(warm):
+                sync(fn())
+            ts += [timed(fn, sync) for _ in range(per)]
     torch.set_num_threads(1)
     return statistics.median(gts), statistics.median(ets)
 
