@@ -161,18 +161,21 @@ static void cpu_rt_serial(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) 
   fn(S, 0, total);
 }
 
-static void cpu_rt_serial_prof(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
+/* Profiling: a kernel call, serial or over the pool, timed as call site r->site. */
+static void cpu_rt_kernel_prof(void *ctx, cpu_kernel_fn fn, void **S, int64_t total, bool par) {
   cpu_run *r = ctx;
   double t0 = cpu_profile_now();
-  fn(S, 0, total);
+  if (par) cpu_parallel_run(fn, S, total);
+  else fn(S, 0, total);
   cpu_profile_kernel(&r->e->prof, r->site++, fn, total, cpu_profile_now() - t0);
 }
 
+static void cpu_rt_serial_prof(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
+  cpu_rt_kernel_prof(ctx, fn, S, total, false);
+}
+
 static void cpu_rt_parallel_prof(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
-  cpu_run *r = ctx;
-  double t0 = cpu_profile_now();
-  cpu_parallel_run(fn, S, total);
-  cpu_profile_kernel(&r->e->prof, r->site++, fn, total, cpu_profile_now() - t0);
+  cpu_rt_kernel_prof(ctx, fn, S, total, true);
 }
 
 /* GEMMs do not pass ctx: the run being profiled is per thread (a program runs on one). */

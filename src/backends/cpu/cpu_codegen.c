@@ -104,26 +104,15 @@ static cpu_pos cpu_loop_pos(cpu_cg *g, int nd, const int64_t *shape) {
 
 /* Elementwise root i, row mode: outer vars i0..i<a-1> exist. */
 /* The split factor for member i's innermost loop (see cpu_cg.split_var): a trial generation
- * into a scratch body, the generator's row-scratch state restored after it. */
+ * into a scratch body, with row-scratch caching off so that it changes no planning state. */
 static int64_t cpu_member_split(cpu_cg *g, int i, int a) {
   const exec_instr *ins = &g->p->instr[i];
-  int L = ins->ndim - 1, n = g->p->ninstr;
+  int L = ins->ndim - 1;
   if (L < a || ins->shape[L] < 2) return 0;
-  unsigned char *rs = NULL;
-  int *rcnt = NULL;
-  if (g->rc_state) {
-    rs = malloc((size_t)n);
-    rcnt = malloc(sizeof(int) * (size_t)n);
-    if (!rs || !rcnt) {
-      free(rs);
-      free(rcnt);
-      return 0;
-    }
-    memcpy(rs, g->rc_state, (size_t)n);
-    memcpy(rcnt, g->rc_count, sizeof(int) * (size_t)n);
-  }
   cpu_sb trial = {0}, *body = g->body;
+  unsigned char *rc_state = g->rc_state;
   g->body = &trial;
+  g->rc_state = NULL;
   g->split_var = cpu_fmt(&g->ar, "i%d", L);
   g->split_want = 0;
   g->split_f = 0;
@@ -131,13 +120,8 @@ static int64_t cpu_member_split(cpu_cg *g, int i, int a) {
   g->self = i;
   cpu_value(g, i, cpu_loop_pos(g, ins->ndim, ins->shape));
   g->body = body;
+  g->rc_state = rc_state;
   cpu_sb_free(&trial);
-  if (rs) {
-    memcpy(g->rc_state, rs, (size_t)n);
-    memcpy(g->rc_count, rcnt, sizeof(int) * (size_t)n);
-  }
-  free(rs);
-  free(rcnt);
   int64_t F = g->split_want;
   return F > 1 && ins->shape[L] % F == 0 && ins->shape[L] > F ? F : 0;
 }
