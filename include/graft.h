@@ -302,6 +302,7 @@ typedef struct {
   double native_compile_ms;  /* time in the native compiler (mostly off the critical path) */
   uint64_t compiled_executions; /* executions that ran native code (the rest: first tier) */
   uint64_t native_disk_hits; /* native executables loaded from the disk cache, not compiled */
+  uint64_t native_disk_refused; /* compiles that could not use the disk cache folder (warned once) */
   uint64_t fallback_ops;     /* instructions of compiled graphs run on the reference kernels */
   uint64_t syncs;            /* syncs that had pending work */
   double sync_overhead_ms;   /* sync time outside compile and execute: capture, hash, lookup, bind */

@@ -4,6 +4,7 @@
 #include "check.h"
 #include "graft.h"
 #include <dirent.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -255,6 +256,75 @@ TEST(handles_refcount_and_release) {
   CHECK(graft_last_status() == GRAFT_OK);
 }
 
+/* A released handle's slot is reused at once; the stale handle must not reach the new tensor. */
+TEST(stale_handle_never_acts_on_a_new_tensor) {
+  graft_tensor *a = graft_ones(GRAFT_F32, 1, (int64_t[]){2});
+  graft_release(a);
+  graft_tensor *b = graft_ones(GRAFT_F32, 1, (int64_t[]){3});
+  graft_clear_error();
+  CHECK(graft_ndim(a) == -1 && graft_last_status() == GRAFT_ERR_RELEASED);
+  graft_clear_error();
+  graft_release(a); /* must not release b */
+  CHECK(graft_last_status() == GRAFT_ERR_RELEASED);
+  graft_clear_error();
+  CHECK(graft_numel(b) == 3 && graft_retain(a) == NULL);
+  graft_release(b);
+  graft_clear_error();
+  CHECK(graft_ndim((graft_tensor *)&b) == -1); /* a stack address is not a tensor */
+  CHECK(graft_last_status() == GRAFT_ERR_ARG || graft_last_status() == GRAFT_ERR_RELEASED);
+  graft_clear_error();
+}
+
+/* A scope remembers handles, not addresses: tensors released inside it and their slots reused
+ * by later tensors never make scope_end release a kept tensor. */
+TEST(scope_keeps_after_many_releases) {
+  int64_t live0 = (int64_t)M().live_tensors;
+  graft_scope_begin();
+  for (int i = 0; i < 6000; i++) graft_release(graft_ones(GRAFT_F32, 1, (int64_t[]){1}));
+  graft_tensor *kept = graft_keep(graft_ones(GRAFT_F32, 1, (int64_t[]){5}));
+  graft_tensor *dropped = graft_ones(GRAFT_F32, 1, (int64_t[]){2});
+  graft_scope_end();
+  graft_clear_error();
+  CHECK(graft_numel(kept) == 5);
+  CHECK(graft_ndim(dropped) == -1 && graft_last_status() == GRAFT_ERR_RELEASED);
+  graft_clear_error();
+  graft_release(kept);
+  CHECK((int64_t)M().live_tensors == live0);
+}
+
+typedef struct {
+  pthread_barrier_t *bar;
+  graft_tensor *made_elsewhere;
+} scope_thread_ctx;
+
+/* Opens a scope, makes and releases a tensor, lets the main thread reuse its slot, then ends
+ * the scope. */
+static void *scope_thread(void *arg) {
+  scope_thread_ctx *c = arg;
+  graft_scope_begin();
+  graft_release(graft_ones(GRAFT_F32, 1, (int64_t[]){1}));
+  pthread_barrier_wait(c->bar); /* main makes its tensor now */
+  pthread_barrier_wait(c->bar);
+  graft_scope_end();
+  return NULL;
+}
+
+TEST(one_threads_scope_never_releases_anothers_tensor) {
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  scope_thread_ctx c = {&bar, NULL};
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, scope_thread, &c) == 0);
+  pthread_barrier_wait(&bar);
+  graft_tensor *mine = graft_ones(GRAFT_F32, 1, (int64_t[]){7}); /* reuses the freed slot */
+  pthread_barrier_wait(&bar);
+  pthread_join(th, NULL);
+  pthread_barrier_destroy(&bar);
+  graft_clear_error();
+  CHECK(graft_numel(mine) == 7);
+  graft_release(mine);
+}
+
 TEST(memory_metrics_follow_data) {
   graft_metrics m0 = M();
   float *buf = calloc(1 << 20, sizeof(float));
@@ -423,6 +493,24 @@ TEST(failed_sync_leaves_tensors_pending) {
   graft_release(a);
 }
 
+/* Handles kept past graft_shutdown read as released, also once graft is used again. */
+TEST(handles_after_shutdown_read_as_released) {
+  graft_tensor *old = graft_ones(GRAFT_F32, 1, (int64_t[]){4});
+  graft_tensor *kept = graft_retain(old);
+  graft_shutdown();
+  graft_clear_error();
+  CHECK(graft_ndim(old) == -1 && graft_last_status() == GRAFT_ERR_RELEASED);
+  graft_clear_error();
+  graft_release(kept);
+  CHECK(graft_last_status() == GRAFT_ERR_RELEASED);
+  graft_tensor *fresh = graft_ones(GRAFT_F32, 1, (int64_t[]){3}); /* graft works again */
+  graft_clear_error();
+  CHECK(graft_numel(fresh) == 3 && graft_numel(old) == -1);
+  CHECK(graft_last_status() == GRAFT_ERR_RELEASED);
+  graft_clear_error();
+  graft_release(fresh);
+}
+
 int main(void) {
   RUN(loop_compiles_once);
   RUN(shape_change_recompiles_and_dump_names_why);
@@ -434,12 +522,16 @@ int main(void) {
   RUN(deep_chain_no_recursion);
   RUN(scopes_release_all_but_kept);
   RUN(handles_refcount_and_release);
+  RUN(stale_handle_never_acts_on_a_new_tensor);
+  RUN(scope_keeps_after_many_releases);
+  RUN(one_threads_scope_never_releases_anothers_tensor);
   RUN(memory_metrics_follow_data);
   RUN(released_blocks_are_pooled_and_reused);
   RUN(an_input_only_the_graph_holds_is_donated);
   RUN(oom_is_an_error_and_state_survives);
   RUN(devices_are_separate);
   RUN(failed_sync_leaves_tensors_pending);
+  RUN(handles_after_shutdown_read_as_released);
   graft_shutdown();
   return CHECK_DONE();
 }

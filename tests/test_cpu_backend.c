@@ -666,6 +666,71 @@ TEST(disk_cache) {
   release_all();
 }
 
+/* Compiles p in a fresh cache root named root (created); 1 when it compiled and loaded. */
+static int compile_with_root(exec_program *p, const char *root) {
+  setenv("XDG_CACHE_HOME", root, 1);
+  void *e = cpu_backend.compile(p);
+  if (e) cpu_backend.free_exe(e);
+  setenv("XDG_CACHE_HOME", cache_root, 1);
+  return e != NULL;
+}
+
+/* The compiler runs without a shell: quotes and ';' in the cache path are plain characters. */
+TEST(cache_path_is_not_shell_code) {
+  char base[300], root[800], pwned[400];
+  snprintf(base, sizeof base, "%s/inj", cache_root);
+  snprintf(root, sizeof root, "%s/x';touch %s/PWNED;'", base, base);
+  snprintf(pwned, sizeof pwned, "%s/PWNED", base);
+  for (char *c = root + strlen(cache_root) + 1; *c; c++) /* mkdir -p */
+    if (*c == '/') {
+      *c = 0;
+      mkdir(root, 0700);
+      *c = '/';
+    }
+  CHECK(mkdir(root, 0700) == 0);
+  exec_program *p = cache_prog(7.5);
+  uint64_t c0 = cpu_stats.compiles, h0 = cpu_stats.disk_hits;
+  CHECK(compile_with_root(p, root));
+  CHECK(access(pwned, F_OK) != 0);
+  CHECK(cpu_stats.compiles == c0 + 1);
+  CHECK(compile_with_root(p, root) && cpu_stats.disk_hits == h0 + 1); /* cached under that path */
+  /* GRAFT_CC is a command and its arguments, split on blanks */
+  setenv("GRAFT_CC", "cc -DGRAFT_TEST_ARG=1", 1);
+  CHECK(compile_with_root(p, root) && cpu_stats.compiles == c0 + 2);
+  setenv("GRAFT_CC", "cc;touch /tmp/graft-test-PWNED", 1);
+  CHECK(!compile_with_root(p, root) && access("/tmp/graft-test-PWNED", F_OK) != 0);
+  unsetenv("GRAFT_CC");
+  graft_clear_error();
+  program_free(p);
+  release_all();
+}
+
+/* A cache folder this process cannot write: compiling goes on in a temporary folder. Run as an
+ * unprivileged user (root writes anywhere), in a child process. */
+TEST(read_only_cache_folder) {
+  exec_program *p = cache_prog(9.25);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (geteuid() == 0 && (setgid(65534) || setuid(65534))) _exit(3);
+    unsetenv("TMPDIR");
+    char root[] = "/tmp/graft-ro-XXXXXX", dir[64];
+    if (!mkdtemp(root)) _exit(4);
+    snprintf(dir, sizeof dir, "%s/graft", root);
+    if (mkdir(dir, 0700) || chmod(dir, 0500)) _exit(5);
+    uint64_t r0 = cpu_stats.disk_refused, c0 = cpu_stats.compiles;
+    int ok = compile_with_root(p, root) && compile_with_root(p, root);
+    int counted = cpu_stats.disk_refused == r0 + 2 && cpu_stats.compiles == c0 + 2;
+    rmdir(dir);
+    rmdir(root);
+    _exit(ok && counted ? 0 : 1);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  program_free(p);
+  release_all();
+}
+
 /* ---- the random-graph generator ---- */
 typedef struct {
   ir_node *n;
@@ -921,6 +986,8 @@ int main(void) {
   RUN(fallbacks_counted);
   RUN(compiler_failure_is_an_error);
   RUN(disk_cache);
+  RUN(cache_path_is_not_shell_code);
+  RUN(read_only_cache_folder);
   RUN(fuzz_300_seeds);
   capture_free(&cap);
   cpu_pool_shutdown();

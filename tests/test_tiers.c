@@ -6,6 +6,8 @@
 #include "check.h"
 #include "graft.h"
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static graft_metrics M(void) {
@@ -114,6 +116,33 @@ TEST(first_tier_matches_reference) {
 
 /* GRAFT_COMPILE=off holds for a graph first seen under async: it is not compiled when it runs
  * again, nor at graft_wait_compiles. */
+/* An unknown GRAFT_COMPILE value is said once on stderr (in a child, whose stderr is a file). */
+TEST(unknown_mode_is_said_once) {
+  char path[] = "/tmp/graft-test-stderr-XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fd, 2);
+    float *v;
+    graft_tensor *x = async_input(0.5f, &v);
+    setenv("GRAFT_COMPILE", "bogus", 1);
+    float out[1000];
+    for (int i = 0; i < 3; i++) /* a graph no other test made: new, then run again */
+      if (graft_to_host(graft_sin(graft_mul_scalar(x, i)), out, sizeof out)) _exit(1);
+    _exit(0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  char buf[4096] = {0};
+  CHECK(pread(fd, buf, sizeof buf - 1, 0) > 0);
+  const char *w = strstr(buf, "GRAFT_COMPILE=bogus");
+  CHECK(w && !strstr(w + 1, "GRAFT_COMPILE=bogus"));
+  close(fd);
+  unlink(path);
+}
+
 TEST(off_means_no_compile) {
   float *v;
   graft_tensor *x = async_input(0.25f, &v);
@@ -189,6 +218,7 @@ int main(void) {
   RUN(compiled_when_run_again);
   RUN(wait_compiles_builds_graphs_seen_once);
   RUN(off_means_no_compile);
+  RUN(unknown_mode_is_said_once);
   RUN(first_tier_matches_reference);
   RUN(first_tier_elementwise_equals_reference);
   RUN(heavy_graph_compiles_before_first_run);

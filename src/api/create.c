@@ -29,7 +29,7 @@ graft_tensor *api_node(ir_node *n) {
 }
 
 ir_node *api_in(const graft_tensor *t, const char *fn) {
-  graft_tensor *c = tensor_check(t, fn);
+  tensor_slot *c = tensor_check(t, fn);
   return c ? c->node : NULL;
 }
 
@@ -171,9 +171,9 @@ graft_tensor *graft_to_device(graft_tensor *t, int device) {
   const char *fn = "graft_to_device";
   graft_lock();
   graft_tensor *r = NULL;
-  ir_node *n = api_in(t, fn);
-  if (n && !check_device(fn, device) && exec_sync_locked(&t, 1) == GRAFT_OK) {
-    n = t->node;
+  tensor_slot *s = tensor_check(t, fn);
+  if (s && !check_device(fn, device) && exec_sync_locked(&s, 1) == GRAFT_OK) {
+    ir_node *n = s->node;
     exec_buffer *b = buffer_new(n->data->bytes, device, 0, fn);
     if (b) {
       if (b->bytes) memcpy(b->ptr, n->data->ptr, b->bytes);
@@ -222,16 +222,16 @@ int64_t graft_dim(const graft_tensor *t, int axis) {
 
 /* ---- sync ---- */
 typedef struct {
-  graft_tensor **ts;
+  tensor_slot **ts;
   int n, cap, oom;
 } pending_list;
 
-static void collect_pending(graft_tensor *t, void *ctx) {
+static void collect_pending(tensor_slot *t, void *ctx) {
   pending_list *l = ctx;
   if (t->node->op == IR_DATA || l->oom) return;
   if (l->n == l->cap) {
     int cap = l->cap ? l->cap * 2 : 64;
-    graft_tensor **p = realloc(l->ts, sizeof *p * (size_t)cap);
+    tensor_slot **p = realloc(l->ts, sizeof *p * (size_t)cap);
     if (!p) {
       l->oom = 1;
       return;
@@ -263,18 +263,34 @@ graft_status graft_step(void) {
   return st;
 }
 
+/* The slots of n handles (lock held), or NULL with the error set; free() it. */
+static tensor_slot **decode_list(graft_tensor *const *ts, int n, const char *fn) {
+  if (n < 0) return err_set(GRAFT_ERR_ARG, "%s: negative count %d", fn, n);
+  if (n && !ts) return err_set(GRAFT_ERR_NULL, "%s: tensor array is NULL", fn);
+  tensor_slot **s = malloc(sizeof *s * ((size_t)n + 1));
+  if (!s) return err_set(GRAFT_ERR_OOM, "%s: out of memory", fn);
+  for (int i = 0; i < n; i++)
+    if (!(s[i] = tensor_check(ts[i], fn))) {
+      free(s);
+      return NULL;
+    }
+  return s;
+}
+
 graft_status graft_sync(graft_tensor *const *ts, int n) {
   graft_lock();
-  graft_status st = exec_sync_locked(ts, n);
+  tensor_slot **s = decode_list(ts, n, "graft_sync");
+  graft_status st = s ? exec_sync_locked(s, n) : graft_last_status();
+  free(s);
   graft_unlock();
   return st;
 }
 
 /* Syncs t (lock held) and returns its data leaf, or NULL with the error set. */
 static ir_node *sync_one(graft_tensor *t, const char *fn) {
-  if (!api_in(t, fn)) return NULL;
-  if (exec_sync_locked(&t, 1) != GRAFT_OK) return NULL;
-  return t->node;
+  tensor_slot *s = tensor_check(t, fn);
+  if (!s || exec_sync_locked(&s, 1) != GRAFT_OK) return NULL;
+  return s->node;
 }
 
 graft_status graft_to_host(graft_tensor *t, void *dst, size_t bytes) {

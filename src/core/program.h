@@ -37,6 +37,7 @@ void program_free(exec_program *p);
 typedef struct {
   uint64_t compiles;                 /* native compiler runs that succeeded */
   uint64_t disk_hits;                /* executables loaded from the disk cache */
+  uint64_t disk_refused;             /* compiles that could not use the disk cache folder */
   uint64_t fallbacks[IR_OP_COUNT];   /* per op: instructions run on the reference kernels */
 } backend_stats;
 

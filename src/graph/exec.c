@@ -90,7 +90,7 @@ static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *cons
 }
 
 /* One graph per device: roots holds the pending nodes of one device. */
-static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n) {
+static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) {
   double t0 = metrics_now_ms();
   if (capture_run(&cap, roots, n)) return graft_last_status();
   cache_entry *e = cache_lookup(cap.hash);
@@ -169,7 +169,7 @@ static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n)
     metrics.m.last_graph_nodes = (uint64_t)p->ninstr;
     if ((uint64_t)p->ninstr > metrics.m.max_graph_nodes) metrics.m.max_graph_nodes = (uint64_t)p->ninstr;
     for (int r = 0; r < n; r++) {
-      graft_tensor *t = ts[r];
+      tensor_slot *t = ts[r];
       ir_node *old = t->node;
       exec_buffer *b = outs[out_index[cap.out_slot[r]]];
       ir_node *leaf = ir_make_data(b, old->dtype, old->ndim, old->shape, old->device);
@@ -188,18 +188,8 @@ static graft_status exec_device(graft_tensor *const *ts, ir_node **roots, int n)
   return st;
 }
 
-graft_status exec_sync_locked(graft_tensor *const *ts, int n) {
-  if (n < 0) {
-    err_set(GRAFT_ERR_ARG, "graft_sync: negative count %d", n);
-    return GRAFT_ERR_ARG;
-  }
-  if (n && !ts) {
-    err_set(GRAFT_ERR_NULL, "graft_sync: tensor array is NULL");
-    return GRAFT_ERR_NULL;
-  }
-  for (int i = 0; i < n; i++)
-    if (!tensor_check(ts[i], "graft_sync")) return graft_last_status();
-  graft_tensor **sel = malloc(sizeof *sel * ((size_t)n + 1));
+graft_status exec_sync_locked(tensor_slot *const *ts, int n) {
+  tensor_slot **sel = malloc(sizeof *sel * ((size_t)n + 1));
   ir_node **roots = malloc(sizeof *roots * ((size_t)n + 1));
   if (!sel || !roots) {
     free(sel);

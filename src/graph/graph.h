@@ -50,7 +50,7 @@ void dump_graph(const graph_capture *g, const exec_program *p, const char *reaso
                 const passes_stats *ps);
 
 /* Materializes the given tensors (lock held). Returns GRAFT_OK or an error status. */
-graft_status exec_sync_locked(graft_tensor *const *ts, int n);
+graft_status exec_sync_locked(tensor_slot *const *ts, int n);
 /* A new graph (lock held): compiled at once with GRAFT_COMPILE=sync or when the first tier would
  * be slower than the compiler; else marked TIER_ONCE, to compile on a background thread if it
  * runs again; nothing with GRAFT_COMPILE=off. */

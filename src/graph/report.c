@@ -26,6 +26,7 @@ void graft_metrics_get(graft_metrics *m) {
   backend_stats bs;
   report_backend_stats(&bs);
   m->native_disk_hits = bs.disk_hits;
+  m->native_disk_refused = bs.disk_refused;
   m->fallback_ops = 0;
   for (int i = 0; i < IR_OP_COUNT; i++) m->fallback_ops += bs.fallbacks[i];
   graft_unlock();
@@ -53,7 +54,7 @@ char *graft_metrics_report(void) {
       "  to host              %llu transfers, %llu bytes\n"
       "  native compiles      %llu (%llu failed), %.1f ms in the compiler\n"
       "  compiled executions  %llu\n"
-      "  disk cache hits      %llu\n"
+      "  disk cache hits      %llu (%llu compiles could not use the cache folder)\n"
       "  graph build time     %.3f ms (capture miss, lowering, passes)\n"
       "  execute time         %.3f ms\n"
       "  sync overhead        %.3f ms over %llu syncs\n",
@@ -68,6 +69,7 @@ char *graft_metrics_report(void) {
       (unsigned long long)m.bytes_to_host, (unsigned long long)m.native_compiles,
       (unsigned long long)m.native_compile_failures, m.native_compile_ms,
       (unsigned long long)m.compiled_executions, (unsigned long long)m.native_disk_hits,
+      (unsigned long long)m.native_disk_refused,
       m.compile_ms, m.execute_ms, m.sync_overhead_ms,
       (unsigned long long)m.syncs);
   backend_stats bs;

@@ -12,6 +12,7 @@
 #include "../core/error.h"
 #include "../core/metrics.h"
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -32,9 +33,14 @@ static pthread_t q_thread;
 static int warned;
 
 static tier_mode tier_get_mode(void) {
+  static atomic_int unknown_said;
   const char *m = getenv("GRAFT_COMPILE");
-  if (m && !strcmp(m, "off")) return TIER_MODE_OFF;
-  if (m && !strcmp(m, "sync")) return TIER_MODE_SYNC;
+  if (!m || !*m || !strcmp(m, "async")) return TIER_MODE_ASYNC;
+  if (!strcmp(m, "off")) return TIER_MODE_OFF;
+  if (!strcmp(m, "sync")) return TIER_MODE_SYNC;
+  if (!atomic_exchange(&unknown_said, 1))
+    fprintf(stderr, "graft: warning: GRAFT_COMPILE=%s is not one of async, sync, off; using "
+            "async\n", m);
   return TIER_MODE_ASYNC;
 }
 

@@ -597,7 +597,8 @@ static std::string py_metrics_json() {
      << ",\"native_compile_failures\":" << m.native_compile_failures
      << ",\"native_compile_ms\":" << m.native_compile_ms
      << ",\"compiled_executions\":" << m.compiled_executions
-     << ",\"native_disk_hits\":" << m.native_disk_hits << ",\"fallback_ops\":" << m.fallback_ops
+     << ",\"native_disk_hits\":" << m.native_disk_hits
+     << ",\"native_disk_refused\":" << m.native_disk_refused << ",\"fallback_ops\":" << m.fallback_ops
      << ",\"syncs\":" << m.syncs
      << ",\"sync_overhead_ms\":" << m.sync_overhead_ms << ",\"fallbacks\":" << fallback_json() << "}";
   return os.str();

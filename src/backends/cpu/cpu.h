@@ -16,7 +16,7 @@ typedef struct {
   uint64_t compile_fail;  /* compiler invocations that failed */
   uint64_t disk_hits;     /* executables loaded from the disk cache (no compiler run) */
   uint64_t disk_corrupt;  /* cache entries rejected (size/checksum mismatch) and rebuilt */
-  uint64_t disk_refused;  /* times the cache dir was unsafe (group/other writable) and skipped */
+  uint64_t disk_refused;  /* compiles whose cache dir was unsafe, not creatable or read-only */
   double compile_ms;      /* wall time spent in the compiler */
   uint64_t fallback[IR_OP_COUNT]; /* per op: instructions run on ref kernels (per execution) */
   uint64_t kernels;       /* generated kernels (after fusion), summed over compiles */

@@ -51,6 +51,7 @@ static void cpu_backend_stats(backend_stats *out) {
   pthread_mutex_lock(&cpu_compile_mu);
   out->compiles = cpu_stats.compiles;
   out->disk_hits = cpu_stats.disk_hits;
+  out->disk_refused = cpu_stats.disk_refused;
   memcpy(out->fallbacks, cpu_stats.fallback, sizeof out->fallbacks);
   pthread_mutex_unlock(&cpu_compile_mu);
 }

@@ -3,7 +3,8 @@
  *
  * Disk cache: $XDG_CACHE_HOME/graft, else $HOME/.cache/graft, created 0700 and used only when
  * it is a directory owned by this user that neither group nor others can write
- * (GRAFT_DISK_CACHE=0 turns it off). An entry is <key>.so plus <key>.meta ("size checksum"),
+ * (GRAFT_DISK_CACHE=0 turns it off); a refused or read-only folder is said once on stderr and
+ * compiling goes on in a private temporary folder. An entry is <key>.so plus <key>.meta ("size checksum"),
  * key = hash of (source, compiler identity = first line of `cc --version`, flags, graft
  * version). Both files are written under temporary names and renamed into place; an entry whose
  * size or checksum does not match its .meta is recompiled, never loaded. */
@@ -14,6 +15,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,11 +27,13 @@
 
 extern char **environ;
 
-#define CPU_CFLAGS "-std=c11 -O3 -fPIC -shared -fopenmp-simd -fno-math-errno " \
-                   "-ffp-contract=off -w"
+#define CPU_CFLAG_LIST "-std=c11", "-O3", "-fPIC", "-shared", "-fopenmp-simd", \
+                       "-fno-math-errno", "-ffp-contract=off", "-w"
+/* The flags as one string: part of the disk cache key. */
+#define CPU_CFLAGS "-std=c11 -O3 -fPIC -shared -fopenmp-simd -fno-math-errno -ffp-contract=off -w"
 
 /* The target: -march=native, or $GRAFT_MARCH (e.g. x86-64-v3 for code that must run under
- * valgrind, which has no AVX-512). Only plain names pass into the shell command. */
+ * valgrind, which has no AVX-512); anything but a plain name is taken as native. */
 static const char *cpu_march(void) {
   const char *m = getenv("GRAFT_MARCH");
   if (!m || !*m || strlen(m) > 64) return "native";
@@ -52,11 +56,29 @@ static double cpu_now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* Runs /bin/sh -c cmd; returns the exit status (or -1). */
-static int cpu_sh(const char *cmd) {
-  char *argv[] = {"sh", "-c", (char *)cmd, NULL};
+/* GRAFT_CC split on blanks into a command and its arguments (e.g. "ccache gcc"); never passed
+ * to a shell, so no character of it, or of a path, is interpreted. Returns the word count. */
+#define CPU_CC_MAXW 16
+static int cpu_cc_words(char *buf, size_t n, char **w) {
+  snprintf(buf, n, "%s", cpu_cc());
+  int k = 0;
+  for (char *tok = strtok(buf, " \t"); tok && k < CPU_CC_MAXW; tok = strtok(NULL, " \t"))
+    w[k++] = tok;
+  return k;
+}
+
+/* Runs argv[0] (searched in PATH) without a shell, its stdout and stderr on fd_out, stdin
+ * /dev/null; returns the exit status, or -1 if it could not start or died of a signal. */
+static int cpu_spawn(char *const argv[], int fd_out) {
+  posix_spawn_file_actions_t fa;
+  if (posix_spawn_file_actions_init(&fa)) return -1;
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, fd_out, 1);
+  posix_spawn_file_actions_adddup2(&fa, fd_out, 2);
   pid_t pid;
-  if (posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ)) return -1;
+  int bad = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (bad) return -1;
   int st;
   while (waitpid(pid, &st, 0) < 0)
     if (errno != EINTR) return -1;
@@ -70,16 +92,20 @@ static void cpu_compiler_id(char *out, size_t n) {
   if (strcmp(cpu_cc_for, cc)) {
     snprintf(cpu_cc_for, sizeof cpu_cc_for, "%s", cc);
     snprintf(cpu_cc_id, sizeof cpu_cc_id, "unknown:%s", cc);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s --version 2>/dev/null", cc);
-    FILE *f = popen(cmd, "r");
-    if (f) {
-      char line[256];
-      if (fgets(line, sizeof line, f)) {
+    char buf[256], *argv[CPU_CC_MAXW + 2];
+    int k = cpu_cc_words(buf, sizeof buf, argv);
+    char tmpl[] = "/tmp/graft-ccid-XXXXXX";
+    int fd = k ? mkstemp(tmpl) : -1;
+    if (fd >= 0) {
+      unlink(tmpl);
+      argv[k] = "--version";
+      argv[k + 1] = NULL;
+      char line[256] = {0};
+      if (cpu_spawn(argv, fd) == 0 && pread(fd, line, sizeof line - 1, 0) > 0) {
         line[strcspn(line, "\n")] = 0;
         snprintf(cpu_cc_id, sizeof cpu_cc_id, "%s|%s", cc, line);
       }
-      pclose(f);
+      close(fd);
     }
   }
   snprintf(out, n, "%s", cpu_cc_id);
@@ -126,7 +152,17 @@ static int cpu_mkdir_private(const char *path) {
   return 0;
 }
 
-/* The cache directory, or "" when disabled or unsafe. */
+/* Each reason the disk cache is not used is said once per process, on stderr. */
+typedef enum { CPU_WARN_REFUSED, CPU_WARN_NOT_WRITABLE, CPU_WARN_COUNT } cpu_warning;
+static atomic_int cpu_warned[CPU_WARN_COUNT];
+
+static void cpu_warn_once(cpu_warning w, const char *dir, const char *why) {
+  if (atomic_exchange(&cpu_warned[w], 1)) return;
+  fprintf(stderr, "graft: warning: disk cache %s %s; compiling in a private temporary folder, "
+          "nothing is cached\n", dir, why);
+}
+
+/* The cache directory, or "" when disabled or unsafe (counted in disk_refused, said once). */
 static void cpu_cache_dir(char *out, size_t n) {
   out[0] = 0;
   const char *off = getenv("GRAFT_DISK_CACHE");
@@ -140,10 +176,15 @@ static void cpu_cache_dir(char *out, size_t n) {
   } else return;
   char dir[1000];
   snprintf(dir, sizeof dir, "%s/graft", base);
-  if (cpu_mkdir_private(dir)) return;
   struct stat st;
-  if (lstat(dir, &st) || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) {
+  const char *why = NULL;
+  if (cpu_mkdir_private(dir)) why = "cannot be created";
+  else if (lstat(dir, &st) || !S_ISDIR(st.st_mode)) why = "is not a directory";
+  else if (st.st_uid != geteuid()) why = "belongs to another user";
+  else if (st.st_mode & 022) why = "is writable by group or others";
+  if (why) {
     cpu_stats.disk_refused++;
+    cpu_warn_once(CPU_WARN_REFUSED, dir, why);
     return;
   }
   snprintf(out, n, "%s", dir);
@@ -197,6 +238,34 @@ static void cpu_tail(const char *path, char *out, size_t n) {
   free(b);
 }
 
+/* A fresh 0700 folder under $TMPDIR (else /tmp); 1 on success. */
+static int cpu_private_workdir(char *work, size_t n) {
+  const char *t = getenv("TMPDIR");
+  snprintf(work, n, "%s/graft-XXXXXX", t && *t ? t : "/tmp");
+  return mkdtemp(work) != NULL;
+}
+
+/* cc <flags> -march=M -o out src, diagnostics into errf; the exit status (or -1). */
+static int cpu_run_compiler(const char *src, const char *out, const char *errf) {
+  static const char *flags[] = {CPU_CFLAG_LIST};
+  enum { NFLAGS = sizeof flags / sizeof *flags };
+  char buf[256], march[80], *argv[CPU_CC_MAXW + NFLAGS + 5];
+  int k = cpu_cc_words(buf, sizeof buf, argv);
+  if (!k) return -1;
+  for (int i = 0; i < NFLAGS; i++) argv[k++] = (char *)flags[i];
+  snprintf(march, sizeof march, "-march=%s", cpu_march());
+  argv[k++] = march;
+  argv[k++] = "-o";
+  argv[k++] = (char *)out;
+  argv[k++] = (char *)src;
+  argv[k] = NULL;
+  int fd = open(errf, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return -1;
+  int st = cpu_spawn(argv, fd);
+  close(fd);
+  return st;
+}
+
 int cpu_compile_source(const char *src, cpu_object *obj) {
   memset(obj, 0, sizeof *obj);
   char id[600], dir[1000], key[40], so[1200], meta[1200], work[1100], tmp[1300], errf[1300];
@@ -222,11 +291,13 @@ int cpu_compile_source(const char *src, cpu_object *obj) {
       unlink(so);
     }
     snprintf(work, sizeof work, "%s/tmp-XXXXXX", dir);
-  } else {
-    const char *t = getenv("TMPDIR");
-    snprintf(work, sizeof work, "%s/graft-XXXXXX", t && *t ? t : "/tmp");
+    if (!mkdtemp(work)) { /* a read-only cache: compile elsewhere, cache nothing */
+      cpu_stats.disk_refused++;
+      cpu_warn_once(CPU_WARN_NOT_WRITABLE, dir, "is not writable");
+      dir[0] = 0;
+    }
   }
-  if (!mkdtemp(work)) {
+  if (!dir[0] && !cpu_private_workdir(work, sizeof work)) {
     err_set(GRAFT_ERR_COMPILE, "cpu: cannot create a work directory %s: %s", work, strerror(errno));
     return -1;
   }
@@ -239,18 +310,9 @@ int cpu_compile_source(const char *src, cpu_object *obj) {
     err_set(GRAFT_ERR_COMPILE, "cpu: cannot write %s: %s", tmp, strerror(errno));
     goto done;
   }
-  size_t cl = strlen(cpu_cc()) + 3 * 1300 + 256;
-  char *cmd = malloc(cl);
-  if (!cmd) {
-    err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling");
-    goto done;
-  }
-  snprintf(cmd, cl, "%s " CPU_CFLAGS " -march=%s -o '%s' '%s' > '%s' 2>&1", cpu_cc(), cpu_march(),
-           out, tmp, errf);
   double t0 = cpu_now_ms();
-  int st = cpu_sh(cmd);
+  int st = cpu_run_compiler(tmp, out, errf);
   cpu_stats.compile_ms += cpu_now_ms() - t0;
-  free(cmd);
   if (st != 0) {
     char tail[1200];
     cpu_tail(errf, tail, sizeof tail);
