@@ -157,6 +157,8 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
     n->dtype = a && n->op != IR_RNG ? a->dtype : out_dtype;
     if (!dtype_valid(n->dtype))
       return err_set(GRAFT_ERR_DTYPE, "%s: invalid dtype %d", nm, (int)n->dtype), -1;
+    if (n->op == IR_CONSTANT) /* its dtype's value: i32 3.7 hashes, folds and prints as 3 */
+      n->attr.f = dtype_round(n->dtype, n->attr.f);
     if (n->op == IR_IOTA && (at[0] < 0 || at[0] >= (ndim ? ndim : 1) || ndim == 0))
       return err_set(GRAFT_ERR_AXIS, "iota: axis %" PRId64 " out of range for %s", at[0],
                      SHP(ndim, shape)), -1;
@@ -269,6 +271,7 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
     return 0;
   }
   case IR_PAD:
+    n->attr.f = dtype_round(n->dtype, n->attr.f); /* the fill as the dtype holds it */
     for (int i = 0; i < a->ndim; i++) {
       if (at[i] < 0 || at[8 + i] < 0 || at[16 + i] < 0)
         return err_set(GRAFT_ERR_SHAPE, "pad: negative padding on dim %d", i), -1;
