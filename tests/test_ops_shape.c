@@ -468,6 +468,38 @@ TEST(test_to_host_and_item) {
   CHECK(sane());
 }
 
+/* Sizes past int64 are GRAFT_ERR_SHAPE errors naming the op and operands, never signed
+ * overflow (this program runs under UBSan with -fno-sanitize-recover). */
+TEST(test_huge_sizes) {
+  BEGIN();
+  const int64_t M = INT64_MAX, s23[2] = {2, 3}, z[2] = {0, 0}, e56[1] = {INT64_C(1) << 56};
+  graft_tensor *a = graft_full(1, GRAFT_F32, 2, s23);
+  CHECK(graft_pad(a, (int64_t[]){M, 0}, (int64_t[]){M, 0}, 0) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "[2,3]", "9223372036854775807"));
+  CHECK(graft_pad_ex(a, z, z, (int64_t[]){0, M}, 0) == NULL); /* 2 gaps of M */
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "pad", "interior 9223372036854775807"));
+  CHECK(graft_pad(a, (int64_t[]){INT64_C(1) << 60, 0}, z, 0) == NULL); /* fits int64, not numel */
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "[1152921504606846978,3]", "[2,3]"));
+  /* a huge stride takes one element: [2,1] */
+  graft_tensor *sl = graft_slice(a, z, s23, (int64_t[]){M, M});
+  CHECK(sl && graft_dim(sl, 0) == 1 && graft_dim(sl, 1) == 1);
+  graft_tensor *h = graft_full(0, GRAFT_F32, 1, e56), *ts[200];
+  for (int i = 0; i < 200; i++) ts[i] = h;
+  CHECK(graft_concat(ts, 200, 0) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "concat", "[72057594037927936]"));
+  CHECK(graft_reshape(a, 3, (int64_t[]){-1, INT64_C(1) << 40, INT64_C(1) << 40}) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "[2,3]", "[-1,1099511627776,1099511627776]"));
+  CHECK(graft_reshape(a, 3, (int64_t[]){M, M, 0}) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "[2,3]", NULL));
+  CHECK(graft_full(0, GRAFT_F32, 2, (int64_t[]){M, M}) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
+  CHECK(graft_iota(GRAFT_I64, 2, (int64_t[]){M, 2}, 0) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
+  CHECK(graft_broadcast_to(a, 3, (int64_t[]){M, 2, 3}) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
+  END();
+}
+
 int main(void) {
   RUN(test_broadcast_to);
   RUN(test_reshape);
@@ -476,6 +508,7 @@ int main(void) {
   RUN(test_slice);
   RUN(test_concat);
   RUN(test_pad);
+  RUN(test_huge_sizes);
   RUN(test_reductions);
   RUN(test_reduction_errors);
   RUN(test_argmax);

@@ -188,6 +188,11 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
     graft_scope_end();
     return err_set(GRAFT_ERR_SHAPE, "%s: dy does not have the pooled shape", fn);
   }
+  if ((int64_t)kernel[0] * kernel[1] > INT32_MAX) { /* window offsets are i32; one pass each */
+    graft_scope_end();
+    return err_set(GRAFT_ERR_SHAPE, "%s: kernel %dx%d has more than 2^31-1 elements", fn,
+                   kernel[0], kernel[1]);
+  }
   int64_t lo[GRAFT_MAX_DIMS] = {0}, hi[GRAFT_MAX_DIMS] = {0}, inner[GRAFT_MAX_DIMS] = {0};
   int64_t st[2], pd[2], xp[GRAFT_MAX_DIMS];
   for (int d = 0; d < 2; d++) {

@@ -173,32 +173,37 @@ graft_tensor *graft_broadcast_to(graft_tensor *a, int ndim, const int64_t *shape
   return t;
 }
 
+/* shape with its -1 (if any) inferred from n's element count into s; -1 with the error set when
+ * no shape fits. The known dims' product is checked before it overflows. */
+static int reshape_dims(const char *fn, const ir_node *n, int ndim, const int64_t *shape,
+                        int64_t *s) {
+  int64_t known = 1;
+  int infer = -1, bad = 0;
+  for (int i = 0; i < ndim; i++) {
+    s[i] = shape[i];
+    if (s[i] == -1 && infer < 0) infer = i;
+    else if (s[i] < 0 || __builtin_mul_overflow(known, s[i], &known)) bad = 1;
+  }
+  if (infer >= 0 && !bad) {
+    if (known == 0 || n->numel % known) bad = 1;
+    else s[infer] = n->numel / known;
+  }
+  if (!bad) return 0;
+  char sa[128], sb[128];
+  err_set(GRAFT_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) to %s", fn,
+          ir_shape_str(n->ndim, n->shape, sa, sizeof sa), (long long)n->numel,
+          ir_shape_str(ndim, shape, sb, sizeof sb));
+  return -1;
+}
+
 graft_tensor *graft_reshape(graft_tensor *a, int ndim, const int64_t *shape) {
   const char *fn = "graft_reshape";
   graft_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = NULL;
-  if (n && !check_nd(fn, ndim, shape)) {
-    int64_t s[GRAFT_MAX_DIMS], known = 1;
-    int infer = -1, bad = 0;
-    for (int i = 0; i < ndim; i++) {
-      s[i] = shape[i];
-      if (s[i] == -1 && infer < 0) infer = i;
-      else if (s[i] < 0) bad = 1;
-      else known *= s[i];
-    }
-    if (infer >= 0 && !bad) {
-      if (known == 0 || n->numel % known) bad = 1;
-      else s[infer] = n->numel / known;
-    }
-    char sa[128], sb[128];
-    if (bad)
-      err_set(GRAFT_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) to %s", fn,
-              ir_shape_str(n->ndim, n->shape, sa, sizeof sa), (long long)n->numel,
-              ir_shape_str(ndim, shape, sb, sizeof sb));
-    else
-      t = api_node(ir_make(IR_RESHAPE, 1, &n, NULL, n->dtype, ndim, s));
-  }
+  int64_t s[GRAFT_MAX_DIMS];
+  if (n && !check_nd(fn, ndim, shape) && !reshape_dims(fn, n, ndim, shape, s))
+    t = api_node(ir_make(IR_RESHAPE, 1, &n, NULL, n->dtype, ndim, s));
   graft_unlock();
   return t;
 }
