@@ -500,6 +500,46 @@ TEST(test_huge_sizes) {
   END();
 }
 
+/* The error starts with "fn: ", the function the user called (not an IR op such as "dot:",
+ * "select:", "reduce_window:"), and an earlier error a NULL operand carries keeps its name. */
+static int starts_with_fn(const char *fn, graft_status st) {
+  const char *m = graft_last_error();
+  size_t n = strlen(fn);
+  int ok = graft_last_status() == st && !strncmp(m, fn, n) && !strncmp(m + n, ": ", 2);
+  if (!ok) fprintf(stderr, "  want \"%s: \" (status %d), got %d: %s\n", fn, (int)st,
+                   (int)graft_last_status(), m);
+  graft_clear_error();
+  return ok;
+}
+
+TEST(test_errors_name_the_function_called) {
+  BEGIN();
+  const int64_t s23[2] = {2, 3}, s4[1] = {4}, z[2] = {0, 0}, neg[2] = {-1, 0};
+  graft_tensor *a = graft_full(1, GRAFT_F32, 2, s23), *ai = graft_full(1, GRAFT_I32, 2, s23);
+  graft_tensor *a64 = graft_full(1, GRAFT_F64, 2, (int64_t[]){3, 2});
+  CHECK(!graft_exp(ai) && starts_with_fn("graft_exp", GRAFT_ERR_DTYPE));
+  CHECK(!graft_add(a, ai) && starts_with_fn("graft_add", GRAFT_ERR_DTYPE));
+  CHECK(!graft_matmul(a, a64) && starts_with_fn("graft_matmul", GRAFT_ERR_DTYPE));
+  CHECK(!graft_where(a, a, a) && starts_with_fn("graft_where", GRAFT_ERR_DTYPE));
+  CHECK(!graft_reshape(a, 1, s4) && starts_with_fn("graft_reshape", GRAFT_ERR_SHAPE));
+  CHECK(!graft_pad(a, neg, z, 0) && starts_with_fn("graft_pad", GRAFT_ERR_SHAPE));
+  CHECK(!graft_pad_ex(a, neg, z, z, 0) && starts_with_fn("graft_pad_ex", GRAFT_ERR_SHAPE));
+  CHECK(!graft_zeros(GRAFT_F32, 1, (int64_t[]){-1}) && starts_with_fn("graft_zeros",
+                                                                     GRAFT_ERR_SHAPE));
+  CHECK(!graft_sum(graft_full(0, GRAFT_BOOL, 1, s4), NULL, 0, false) &&
+        starts_with_fn("graft_sum", GRAFT_ERR_DTYPE));
+  CHECK(!graft_max_pool2d(graft_full(0, GRAFT_F32, 2, s23), (int[]){3, 3}, NULL, NULL) &&
+        starts_with_fn("graft_max_pool2d", GRAFT_ERR_SHAPE));
+  CHECK(!graft_conv2d(graft_full(0, GRAFT_F32, 4, (int64_t[]){1, 1, 2, 2}),
+                      graft_full(0, GRAFT_F32, 4, (int64_t[]){1, 1, 3, 3}), NULL, NULL, NULL, 1) &&
+        starts_with_fn("graft_conv2d", GRAFT_ERR_SHAPE));
+  /* the first error survives a chain; a new error after an old one names its own call */
+  CHECK(!graft_exp(graft_neg(graft_add(a, ai))) && starts_with_fn("graft_add", GRAFT_ERR_DTYPE));
+  CHECK(!graft_exp(ai));
+  CHECK(!graft_reshape(a, 1, s4) && starts_with_fn("graft_reshape", GRAFT_ERR_SHAPE));
+  END();
+}
+
 int main(void) {
   RUN(test_broadcast_to);
   RUN(test_reshape);
@@ -509,6 +549,7 @@ int main(void) {
   RUN(test_concat);
   RUN(test_pad);
   RUN(test_huge_sizes);
+  RUN(test_errors_name_the_function_called);
   RUN(test_reductions);
   RUN(test_reduction_errors);
   RUN(test_argmax);

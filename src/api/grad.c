@@ -1,24 +1,18 @@
 /* Gradients of primitives that front-ends need as ops (conv2d, max_pool2d), and flip, written
  * on the public API only: they decompose into primitives like any composite. */
 #include "graft.h"
-#include "../core/error.h"
+#include "composite.h"
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-/* Each function opens a scope and keeps only its result. */
-#define FINISH(r)          \
-  do {                     \
-    graft_tensor *r_ = (r); \
-    graft_keep(r_);        \
-    graft_scope_end();     \
-    return r_;             \
-  } while (0)
+/* Each function opens a scope and returns through comp_finish, keeping only its result. */
 
 graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes) {
+  const char *fn = "graft_flip";
+  if (comp_bad_input(fn, "a", a)) return NULL;
+  if (naxes && !axes) return err_set(GRAFT_ERR_NULL, "%s: axes is NULL", fn);
   int nd = graft_ndim(a);
-  if (nd < 0) return NULL;
-  if (naxes && !axes) return err_set(GRAFT_ERR_NULL, "graft_flip: axes is NULL");
   int64_t shape[GRAFT_MAX_DIMS];
   graft_shape(a, shape);
   graft_scope_begin();
@@ -27,7 +21,7 @@ graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes) {
     int ax = axes[i] < 0 ? axes[i] + nd : axes[i];
     if (ax < 0 || ax >= nd) {
       graft_scope_end();
-      return err_set(GRAFT_ERR_AXIS, "graft_flip: axis %d out of range for %d dims", axes[i], nd);
+      return err_set(GRAFT_ERR_AXIS, "%s: axis %d out of range for %d dims", fn, axes[i], nd);
     }
     /* index = (n-1) - iota along ax, gathered along ax: computed in the graph, never uploaded */
     graft_tensor *idx = graft_sub(graft_full((double)shape[ax] - 1, GRAFT_I64, 0, NULL),
@@ -35,7 +29,7 @@ graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes) {
     cur = graft_gather(cur, ax, idx);
   }
   /* No axes: a new handle on the same value (the scope must own it, so not graft_retain). */
-  FINISH(cur == a ? graft_broadcast_to(a, nd, shape) : cur);
+  return comp_finish(fn, cur == a ? graft_broadcast_to(a, nd, shape) : cur);
 }
 
 /* "[d0,d1,...]" into buf. */
@@ -51,15 +45,11 @@ static const char *grad_shape_str(int nd, const int64_t *s, char *buf, size_t ca
 /* t's shape into s when t is a valid 4-D tensor; -1 with the error set otherwise (a NULL t
  * keeps the error of the op that produced it). */
 static int grad_shape4(const char *fn, const char *name, graft_tensor *t, int64_t *s) {
-  if (!t) {
-    if (!err_pending()) err_set(GRAFT_ERR_NULL, "%s: %s is NULL", fn, name);
-    return -1;
-  }
+  if (comp_bad_input(fn, name, t)) return -1;
   int nd = graft_shape(t, s);
   if (nd == 4) return 0;
-  if (nd >= 0)
-    err_set(GRAFT_ERR_SHAPE, "%s: %s %s must be 4-D", fn, name,
-            grad_shape_str(nd, s, (char[128]){0}, 128));
+  err_set(GRAFT_ERR_SHAPE, "%s: %s %s must be 4-D", fn, name,
+          grad_shape_str(nd, s, (char[128]){0}, 128));
   return -1;
 }
 
@@ -154,7 +144,7 @@ graft_tensor *graft_conv2d_backward_input(graft_tensor *dy, graft_tensor *w, con
   wt = graft_transpose(wt, (int[]){0, 2, 1, 3, 4});
   wt = graft_reshape(wt, 4, (int64_t[]){g * Cg, O / g, ws[2], ws[3]});
   wt = graft_flip(wt, (int[]){2, 3}, 2);
-  FINISH(graft_conv2d_ex(dy, wt, NULL, lo, hi, dl, st, groups));
+  return comp_finish(fn, graft_conv2d_ex(dy, wt, NULL, lo, hi, dl, st, groups));
 }
 
 /* dw = conv over the batch: x as [C/g, g*N, H, W] with dy as kernels [O, N, OH, OW], kernel
@@ -180,7 +170,8 @@ graft_tensor *graft_conv2d_backward_weight(graft_tensor *x, graft_tensor *dy, co
   /* [C/g, O, K', K'] with K' >= K: the forward output size was checked */
   graft_tensor *r = graft_conv2d_ex(xt, k, dl, pd, pd, st, NULL, groups);
   r = graft_transpose(r, (int[]){1, 0, 2, 3});
-  FINISH(graft_slice(r, (int64_t[]){0, 0, 0, 0}, (int64_t[]){O, Cg, wsz[2], wsz[3]}, NULL));
+  return comp_finish(fn, graft_slice(r, (int64_t[]){0, 0, 0, 0},
+                                     (int64_t[]){O, Cg, wsz[2], wsz[3]}, NULL));
 }
 
 /* Non-overlapping windows (stride == kernel, the usual 2x2/2): each element of the padded x
@@ -232,8 +223,9 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
                                         const int *stride, const int *padding) {
   const char *fn = "graft_max_pool2d_backward";
   int64_t xs[GRAFT_MAX_DIMS], ys[GRAFT_MAX_DIMS];
+  if (comp_bad_input(fn, "x", x) || comp_bad_input(fn, "dy", dy)) return NULL;
   int nd = graft_shape(x, xs);
-  if (nd < 0 || graft_shape(dy, ys) < 0) return NULL;
+  graft_shape(dy, ys);
   if (!kernel) return err_set(GRAFT_ERR_NULL, "%s: kernel is NULL", fn);
   if (nd < 2 || graft_ndim(dy) != nd)
     return err_set(GRAFT_ERR_SHAPE, "%s: x and dy need the same rank >= 2", fn);
@@ -241,10 +233,7 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
   graft_scope_begin();
   graft_tensor *pooled = graft_max_pool2d(x, kernel, stride, padding);
   int64_t ps[GRAFT_MAX_DIMS];
-  if (graft_shape(pooled, ps) < 0) {
-    graft_scope_end();
-    return NULL;
-  }
+  if (!pooled || graft_shape(pooled, ps) < 0) return comp_finish(fn, NULL);
   if (memcmp(ps, ys, sizeof(int64_t) * (size_t)nd)) {
     graft_scope_end();
     return err_set(GRAFT_ERR_SHAPE, "%s: dy does not have the pooled shape", fn);
@@ -273,7 +262,7 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
       hi[nd - 2 + d] = pd[d] + xs[nd - 2 + d];
     }
     for (int i = 0; i < nd - 2; i++) lo[i] = 0, hi[i] = xs[i];
-    FINISH(graft_slice(g, lo, hi, NULL));
+    return comp_finish(fn, graft_slice(g, lo, hi, NULL));
   }
   graft_tensor *taken = graft_full(0, GRAFT_BOOL, nd, ys);
   graft_tensor *acc = graft_zeros(dt, nd, xp);
@@ -301,5 +290,5 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
     limit[nd - 2 + d] = pd[d] + xs[nd - 2 + d];
   }
   for (int i = 0; i < nd - 2; i++) start[i] = 0, limit[i] = xs[i];
-  FINISH(graft_slice(acc, start, limit, NULL));
+  return comp_finish(fn, graft_slice(acc, start, limit, NULL));
 }
