@@ -176,7 +176,8 @@ TEST(convert_folds_in_the_constants_dtype) {
     size_t es = graft_dtype_size(cs[i].to);
     double got = folded_value(y, 3 * es);
     CHECK(got == cs[i].want);
-    if (got != cs[i].want) fprintf(stderr, "  case %zu: folded %.17g, want %.17g\n", i, got, cs[i].want);
+    if (got != cs[i].want)
+      fprintf(stderr, "  case %zu: folded %.17g, want %.17g\n", i, got, cs[i].want);
     double item;
     CHECK(graft_item(graft_reshape(graft_slice(y, (int64_t[]){1}, (int64_t[]){2}, NULL), 0, NULL),
                      &item) == GRAFT_OK && item == cs[i].want);
@@ -219,7 +220,8 @@ TEST(arithmetic_folds_in_the_dtype) {
                       : cs[i].op == 2 ? graft_mul(a, b) : graft_div(a, b);
     double got = folded_value(y, 2 * graft_dtype_size(cs[i].dt));
     CHECK(got == cs[i].want);
-    if (got != cs[i].want) fprintf(stderr, "  case %zu: folded %.17g, want %.17g\n", i, got, cs[i].want);
+    if (got != cs[i].want)
+      fprintf(stderr, "  case %zu: folded %.17g, want %.17g\n", i, got, cs[i].want);
     graft_scope_end();
   }
 }

@@ -168,8 +168,9 @@ static int ir_conv_dim(const ir_node *a, const ir_node *w, const int64_t *at, in
   if (st < 1 || dil < 1 || ld < 1 || lo < 0 || hi < 0)
     return err_set(GRAFT_ERR_ARG, "conv2d: stride, dilation must be >= 1, padding >= 0"), -1;
   if (__builtin_mul_overflow(x ? x - 1 : 0, ld, &in) ||
-      __builtin_add_overflow(in, x ? 1 : 0, &in) || __builtin_add_overflow(in, lo, &in) || __builtin_add_overflow(in, hi, &in) ||
-      __builtin_mul_overflow(dil, k - 1, &kext) || __builtin_sub_overflow(in, kext, &span))
+      __builtin_add_overflow(in, x ? 1 : 0, &in) || __builtin_add_overflow(in, lo, &in) ||
+      __builtin_add_overflow(in, hi, &in) || __builtin_mul_overflow(dil, k - 1, &kext) ||
+      __builtin_sub_overflow(in, kext, &span))
     return err_set(GRAFT_ERR_SHAPE, "conv2d: dim %d of input %s and weight %s with stride %"
                    PRId64 " padding %" PRId64 "/%" PRId64 " dilation %" PRId64 " lhs dilation %"
                    PRId64 " overflows int64", 2 + d, SHP(a->ndim, a->shape),
