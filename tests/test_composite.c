@@ -781,6 +781,46 @@ TEST(error_null_propagation) {
   LIVE_END;
 }
 
+/* The error starts with "fn: " and names no helper the composite called. */
+static bool names_only(const char *fn, graft_status st) {
+  const char *m = graft_last_error();
+  size_t n = strlen(fn);
+  bool ok = graft_last_status() == st && !strncmp(m, fn, n) && !strncmp(m + n, ": ", 2) &&
+            !strstr(m + n, "graft_");
+  if (!ok) fprintf(stderr, "  want %s: (status %d), got %d: %s\n", fn, (int)st,
+                   (int)graft_last_status(), m);
+  graft_clear_error();
+  return ok;
+}
+
+/* An error names the function the user called, not the query (graft_ndim, graft_shape) or the
+ * primitive (graft_sum, graft_max_pool2d) the composite called; a NULL input still keeps the
+ * first error. */
+TEST(errors_name_the_composite_called) {
+  LIVE_BEGIN;
+  const double v[16] = {0};
+  graft_tensor *dead = mk(v, GRAFT_F32, 2, (int64_t[]){2, 2});
+  graft_tensor *x = mk(v, GRAFT_F32, 2, (int64_t[]){2, 2});
+  graft_tensor *x4 = mk(v, GRAFT_F32, 4, (int64_t[]){1, 1, 4, 4});
+  graft_release(dead);
+  CHECK(graft_softmax(dead, 0) == NULL && names_only("graft_softmax", GRAFT_ERR_RELEASED));
+  CHECK(graft_relu(dead) == NULL && names_only("graft_relu", GRAFT_ERR_RELEASED));
+  CHECK(graft_flip(dead, (int[]){0}, 1) == NULL && names_only("graft_flip", GRAFT_ERR_RELEASED));
+  CHECK(graft_conv2d_backward_input(dead, x4, (int64_t[]){1, 1, 4, 4}, NULL, NULL, NULL, 1) ==
+            NULL && names_only("graft_conv2d_backward_input", GRAFT_ERR_RELEASED));
+  CHECK(graft_max_pool2d_backward(x4, dead, (int[]){2, 2}, NULL, NULL) == NULL &&
+        names_only("graft_max_pool2d_backward", GRAFT_ERR_RELEASED));
+  CHECK(graft_mean(x, (int[]){5}, 1, false) == NULL && names_only("graft_mean", GRAFT_ERR_AXIS));
+  CHECK(graft_max_pool2d_backward(x4, x4, (int[]){5, 5}, NULL, NULL) == NULL &&
+        names_only("graft_max_pool2d_backward", GRAFT_ERR_SHAPE));
+  /* an upstream failure passed in as NULL keeps its own name */
+  CHECK(graft_softmax(graft_mean(x, (int[]){5}, 1, false), 0) == NULL &&
+        names_only("graft_mean", GRAFT_ERR_AXIS));
+  graft_release(x);
+  graft_release(x4);
+  LIVE_END;
+}
+
 int main(void) {
   RUN(relu_values);
   RUN(gelu_both_forms);
@@ -797,6 +837,7 @@ int main(void) {
   RUN(inside_scope);
   RUN(error_shapes_and_dtypes);
   RUN(error_null_propagation);
+  RUN(errors_name_the_composite_called);
   graft_shutdown();
   return CHECK_DONE();
 }

@@ -2,6 +2,7 @@
  * direct loops written here from the definitions. */
 #include "check.h"
 #include "graft.h"
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -149,10 +150,66 @@ TEST(flip_pad_interior_argmin) {
   graft_scope_end();
 }
 
+/* NULL, with status st and a message holding every non-NULL string. */
+static bool fails_with(graft_tensor *t, graft_status st, const char *s1, const char *s2,
+                       const char *s3) {
+  const char *m = graft_last_error();
+  bool ok = !t && graft_last_status() == st && strstr(m, s1) && (!s2 || strstr(m, s2)) &&
+            (!s3 || strstr(m, s3));
+  if (!ok) fprintf(stderr, "  got %s, status %d: %s\n", t ? "a tensor" : "NULL",
+                   (int)graft_last_status(), m);
+  graft_clear_error();
+  return ok;
+}
+
+/* Backward calls with groups 1, dilation 1 and one stride / padding for both dims. */
+static graft_tensor *bw_in(graft_tensor *dy, graft_tensor *w, const int64_t *xs, int s, int p) {
+  return graft_conv2d_backward_input(dy, w, xs, (int[]){s, s}, (int[]){p, p}, NULL, 1);
+}
+static graft_tensor *bw_w(graft_tensor *x, graft_tensor *dy, const int64_t *ws, int groups) {
+  return graft_conv2d_backward_weight(x, dy, ws, NULL, NULL, NULL, groups);
+}
+
+/* x_shape / w_shape must be the shapes the forward convolution had: positive dims, channels
+ * that match w (or dy) and groups, and dy's size as the output the forward computes. */
+TEST(conv2d_backward_shape_checks) {
+  graft_scope_begin();
+  const char *fi = "graft_conv2d_backward_input", *fw = "graft_conv2d_backward_weight";
+  const graft_status S = GRAFT_ERR_SHAPE;
+  int64_t ys[4] = {2, 4, 5, 5}, ws[4] = {4, 3, 3, 3}, xs[4] = {2, 3, 7, 7};
+  graft_tensor *dy = graft_full(1, GRAFT_F32, 4, ys), *w = graft_full(1, GRAFT_F32, 4, ws),
+               *x = graft_full(1, GRAFT_F32, 4, xs);
+  graft_tensor *ok = bw_in(dy, w, xs, 1, 0);
+  CHECK(ok && graft_dim(ok, 2) == 7);
+  ok = bw_w(x, dy, ws, 1);
+  CHECK(ok && graft_dim(ok, 2) == 3);
+  /* backward_input: batch, spatial size, negative dim, channels, a size past int64 */
+  CHECK(fails_with(bw_in(dy, w, (int64_t[]){3, 3, 7, 7}, 1, 0), S, fi, "[3,3,7,7]", "[2,4,5,5]"));
+  CHECK(fails_with(bw_in(dy, w, (int64_t[]){2, 3, 9, 7}, 1, 0), S, fi, "[2,3,9,7]", "[2,4,5,5]"));
+  CHECK(fails_with(bw_in(dy, w, (int64_t[]){2, 3, -7, 7}, 1, 0), S, fi, "x_shape [2,3,-7,7]",
+                   NULL));
+  CHECK(fails_with(bw_in(dy, w, (int64_t[]){2, 6, 7, 7}, 1, 0), S, fi, "[2,6,7,7]", "[4,3,3,3]"));
+  CHECK(fails_with(bw_in(dy, w, (int64_t[]){2, 3, INT64_MAX, 7}, 1, 1), S, fi,
+                   "9223372036854775807", "int64"));
+  /* stride 2: H 10 and 9 both give 4 rows; 11 gives 5 */
+  graft_tensor *dy4 = graft_full(1, GRAFT_F32, 4, (int64_t[]){2, 4, 4, 4});
+  ok = bw_in(dy4, w, (int64_t[]){2, 3, 10, 9}, 2, 0);
+  CHECK(ok && graft_dim(ok, 2) == 10 && graft_dim(ok, 3) == 9);
+  CHECK(fails_with(bw_in(dy4, w, (int64_t[]){2, 3, 11, 9}, 2, 0), S, fi, "[2,3,11,9]",
+                   "[2,4,4,4]"));
+  /* backward_weight: kernel size, a zero or negative dim, channels per groups */
+  CHECK(fails_with(bw_w(x, dy, (int64_t[]){4, 3, 2, 2}, 1), S, fw, "[4,3,2,2]", "[2,4,5,5]"));
+  CHECK(fails_with(bw_w(x, dy, (int64_t[]){4, 3, 3, 0}, 1), S, fw, "w_shape [4,3,3,0]", NULL));
+  CHECK(fails_with(bw_w(x, dy, (int64_t[]){4, -3, 3, 3}, 1), S, fw, "w_shape [4,-3,3,3]", NULL));
+  CHECK(fails_with(bw_w(x, dy, (int64_t[]){4, 1, 3, 3}, 3), S, fw, "[4,1,3,3]", "groups 3"));
+  graft_scope_end();
+}
+
 int main(void) {
   RUN(conv2d_gradients);
   RUN(max_pool2d_gradient);
   RUN(flip_pad_interior_argmin);
+  RUN(conv2d_backward_shape_checks);
   graft_shutdown();
   return CHECK_DONE();
 }

@@ -11,6 +11,7 @@
 
 
 #include "ops_helpers.h"
+#include <limits.h>
 
 /* Test data: value i of a tensor of dt (small, exact in every dtype). */
 static double val(graft_dtype dt, int64_t i) {
@@ -535,6 +536,30 @@ TEST(test_err_to_host_and_item) {
   CHECK(sane());
 }
 
+/* conv2d and pooling sizes past int64 are GRAFT_ERR_SHAPE errors, never signed overflow. */
+TEST(test_err_huge_sizes) {
+  BEGIN();
+  const int64_t xs[4] = {1, 1, INT64_C(1) << 40, 1}, k1[4] = {1, 1, 1, 1};
+  const int64_t kbig[4] = {1, 1, INT64_C(1) << 34, 1}, p64k[4] = {1, 1, 65536, 65536};
+  graft_tensor *x = graft_full(1, GRAFT_F32, 4, xs);
+  CHECK(graft_conv2d_ex(x, graft_full(1, GRAFT_F32, 4, k1), NULL, NULL, NULL, NULL,
+                        (int[]){INT_MAX, 1}, 1) == NULL); /* lhs dilation */
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "[1,1,1099511627776,1]", "lhs dilation 2147483647"));
+  CHECK(graft_conv2d_ex(x, graft_full(1, GRAFT_F32, 4, kbig), NULL, NULL, NULL,
+                        (int[]){INT_MAX, 1}, NULL, 1) == NULL); /* dilation * (kernel - 1) */
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "[1,1,17179869184,1]", "dilation 2147483647"));
+  const int64_t xw[4] = {1, 1, 4294967299, 1}; /* dilated by INT_MAX: INT64_MAX rows */
+  CHECK(graft_conv2d_ex(graft_full(1, GRAFT_F32, 4, xw), graft_full(1, GRAFT_F32, 4, k1), NULL,
+                        (int[]){1, 0}, NULL, NULL, (int[]){INT_MAX, 1}, 1) == NULL); /* + pad */
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "[1,1,4294967299,1]", "padding 1/0"));
+  graft_tensor *p = graft_full(1, GRAFT_F32, 4, p64k);
+  const int k[2] = {65536, 65536};
+  CHECK(graft_max_pool2d_backward(p, graft_max_pool2d(p, k, NULL, NULL), k, NULL, NULL) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "65536x65536", NULL));
+  END();
+  CHECK(sane());
+}
+
 int main(void) {
   RUN(test_matmul);
   RUN(test_conv2d);
@@ -544,6 +569,7 @@ int main(void) {
   RUN(test_err_null);
   RUN(test_err_released);
   RUN(test_err_shape);
+  RUN(test_err_huge_sizes);
   RUN(test_err_dtype);
   RUN(test_err_device);
   RUN(test_err_axis);

@@ -468,6 +468,78 @@ TEST(test_to_host_and_item) {
   CHECK(sane());
 }
 
+/* Sizes past int64 are GRAFT_ERR_SHAPE errors naming the op and operands, never signed
+ * overflow (this program runs under UBSan with -fno-sanitize-recover). */
+TEST(test_huge_sizes) {
+  BEGIN();
+  const int64_t M = INT64_MAX, s23[2] = {2, 3}, z[2] = {0, 0}, e56[1] = {INT64_C(1) << 56};
+  graft_tensor *a = graft_full(1, GRAFT_F32, 2, s23);
+  CHECK(graft_pad(a, (int64_t[]){M, 0}, (int64_t[]){M, 0}, 0) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "[2,3]", "9223372036854775807"));
+  CHECK(graft_pad_ex(a, z, z, (int64_t[]){0, M}, 0) == NULL); /* 2 gaps of M */
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "pad", "interior 9223372036854775807"));
+  CHECK(graft_pad(a, (int64_t[]){INT64_C(1) << 60, 0}, z, 0) == NULL); /* fits int64, not numel */
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "[1152921504606846978,3]", "[2,3]"));
+  /* a huge stride takes one element: [2,1] */
+  graft_tensor *sl = graft_slice(a, z, s23, (int64_t[]){M, M});
+  CHECK(sl && graft_dim(sl, 0) == 1 && graft_dim(sl, 1) == 1);
+  graft_tensor *h = graft_full(0, GRAFT_F32, 1, e56), *ts[200];
+  for (int i = 0; i < 200; i++) ts[i] = h;
+  CHECK(graft_concat(ts, 200, 0) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "concat", "[72057594037927936]"));
+  CHECK(graft_reshape(a, 3, (int64_t[]){-1, INT64_C(1) << 40, INT64_C(1) << 40}) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "[2,3]", "[-1,1099511627776,1099511627776]"));
+  CHECK(graft_reshape(a, 3, (int64_t[]){M, M, 0}) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, "[2,3]", NULL));
+  CHECK(graft_full(0, GRAFT_F32, 2, (int64_t[]){M, M}) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
+  CHECK(graft_iota(GRAFT_I64, 2, (int64_t[]){M, 2}, 0) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
+  CHECK(graft_broadcast_to(a, 3, (int64_t[]){M, 2, 3}) == NULL);
+  CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
+  END();
+}
+
+/* The error starts with "fn: ", the function the user called (not an IR op such as "dot:",
+ * "select:", "reduce_window:"), and an earlier error a NULL operand carries keeps its name. */
+static int starts_with_fn(const char *fn, graft_status st) {
+  const char *m = graft_last_error();
+  size_t n = strlen(fn);
+  int ok = graft_last_status() == st && !strncmp(m, fn, n) && !strncmp(m + n, ": ", 2);
+  if (!ok) fprintf(stderr, "  want \"%s: \" (status %d), got %d: %s\n", fn, (int)st,
+                   (int)graft_last_status(), m);
+  graft_clear_error();
+  return ok;
+}
+
+TEST(test_errors_name_the_function_called) {
+  BEGIN();
+  const int64_t s23[2] = {2, 3}, s4[1] = {4}, z[2] = {0, 0}, neg[2] = {-1, 0};
+  graft_tensor *a = graft_full(1, GRAFT_F32, 2, s23), *ai = graft_full(1, GRAFT_I32, 2, s23);
+  graft_tensor *a64 = graft_full(1, GRAFT_F64, 2, (int64_t[]){3, 2});
+  CHECK(!graft_exp(ai) && starts_with_fn("graft_exp", GRAFT_ERR_DTYPE));
+  CHECK(!graft_add(a, ai) && starts_with_fn("graft_add", GRAFT_ERR_DTYPE));
+  CHECK(!graft_matmul(a, a64) && starts_with_fn("graft_matmul", GRAFT_ERR_DTYPE));
+  CHECK(!graft_where(a, a, a) && starts_with_fn("graft_where", GRAFT_ERR_DTYPE));
+  CHECK(!graft_reshape(a, 1, s4) && starts_with_fn("graft_reshape", GRAFT_ERR_SHAPE));
+  CHECK(!graft_pad(a, neg, z, 0) && starts_with_fn("graft_pad", GRAFT_ERR_SHAPE));
+  CHECK(!graft_pad_ex(a, neg, z, z, 0) && starts_with_fn("graft_pad_ex", GRAFT_ERR_SHAPE));
+  CHECK(!graft_zeros(GRAFT_F32, 1, (int64_t[]){-1}) && starts_with_fn("graft_zeros",
+                                                                     GRAFT_ERR_SHAPE));
+  CHECK(!graft_sum(graft_full(0, GRAFT_BOOL, 1, s4), NULL, 0, false) &&
+        starts_with_fn("graft_sum", GRAFT_ERR_DTYPE));
+  CHECK(!graft_max_pool2d(graft_full(0, GRAFT_F32, 2, s23), (int[]){3, 3}, NULL, NULL) &&
+        starts_with_fn("graft_max_pool2d", GRAFT_ERR_SHAPE));
+  CHECK(!graft_conv2d(graft_full(0, GRAFT_F32, 4, (int64_t[]){1, 1, 2, 2}),
+                      graft_full(0, GRAFT_F32, 4, (int64_t[]){1, 1, 3, 3}), NULL, NULL, NULL, 1) &&
+        starts_with_fn("graft_conv2d", GRAFT_ERR_SHAPE));
+  /* the first error survives a chain; a new error after an old one names its own call */
+  CHECK(!graft_exp(graft_neg(graft_add(a, ai))) && starts_with_fn("graft_add", GRAFT_ERR_DTYPE));
+  CHECK(!graft_exp(ai));
+  CHECK(!graft_reshape(a, 1, s4) && starts_with_fn("graft_reshape", GRAFT_ERR_SHAPE));
+  END();
+}
+
 int main(void) {
   RUN(test_broadcast_to);
   RUN(test_reshape);
@@ -476,6 +548,8 @@ int main(void) {
   RUN(test_slice);
   RUN(test_concat);
   RUN(test_pad);
+  RUN(test_huge_sizes);
+  RUN(test_errors_name_the_function_called);
   RUN(test_reductions);
   RUN(test_reduction_errors);
   RUN(test_argmax);

@@ -1,16 +1,17 @@
 /* Composite ops: softmax, layer_norm, gelu, cross_entropy, ... decomposed into primitives.
  *
- * This file uses ONLY the public API in graft.h (plus err_set / err_pending to report errors), so it
+ * This file uses ONLY the public API in graft.h (plus error.h's err_* to report errors), so it
  * doubles as a check that the public API is enough to write such ops. Each composite:
  *   1. checks its inputs (a NULL input returns NULL at once, keeping the first error),
  *   2. opens a scope so every intermediate it makes is released when it returns,
- *   3. keeps only the result (graft_keep moves it to the caller's scope, if any).
+ *   3. keeps only the result (graft_keep moves it to the caller's scope, if any); an error
+ *      inside names the composite (comp_finish), not the primitive that raised it.
  * Internal constants (0.5, eps, counts) are 0-d graft_full constants broadcast by the binary ops;
  * values a user may change at every step (dropout's p) are graft_scalar parameters, so changing
  * them never recompiles.
  */
 #include "graft.h"
-#include "../core/error.h"
+#include "composite.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -39,20 +40,6 @@ static const char *shape_str(const graft_tensor *t, char *buf, size_t cap) {
   return buf;
 }
 #define SHAPE(t, buf) shape_str((t), (buf), sizeof(buf))
-
-/* True (and the error set, unless one is already pending) when a required tensor is missing or
- * no longer valid. Callers return NULL at once: nothing here overwrites an upstream error. */
-static bool bad_input(const char *fn, const char *name, const graft_tensor *t) {
-  if (!t) {
-    if (!err_pending()) err_set(GRAFT_ERR_NULL, "%s: %s is NULL", fn, name);
-    return true;
-  }
-  if (graft_ndim(t) < 0) {
-    if (!err_pending()) err_set(GRAFT_ERR_RELEASED, "%s: %s is not a valid tensor", fn, name);
-    return true;
-  }
-  return false;
-}
 
 /* Accepts a float tensor; sets GRAFT_ERR_DTYPE otherwise. */
 static bool need_float(const char *fn, const char *name, const graft_tensor *t) {
@@ -99,27 +86,20 @@ static graft_tensor *cst(double v, graft_dtype dt) {
   return graft_full(v, dt, 0, none);
 }
 
-/* Ends the scope opened by a composite, keeping y (which may be NULL after an error). */
-static graft_tensor *finish(graft_tensor *y) {
-  graft_tensor *r = y ? graft_keep(y) : NULL;
-  graft_scope_end();
-  return r;
-}
-
 /* ---- activations ---- */
 
 graft_tensor *graft_relu(graft_tensor *x) {
   static const char fn[] = "graft_relu";
-  if (bad_input(fn, "x", x)) return NULL;
+  if (comp_bad_input(fn, "x", x)) return NULL;
   graft_dtype dt = graft_get_dtype(x);
   if (dt == GRAFT_BOOL) return err_set(GRAFT_ERR_DTYPE, "%s: dtype bool is not supported", fn);
   graft_scope_begin();
-  return finish(graft_maximum(x, cst(0.0, dt)));
+  return comp_finish(fn, graft_maximum(x, cst(0.0, dt)));
 }
 
 graft_tensor *graft_gelu(graft_tensor *x, bool tanh_approx) {
   static const char fn[] = "graft_gelu";
-  if (bad_input(fn, "x", x)) return NULL;
+  if (comp_bad_input(fn, "x", x)) return NULL;
   if (!need_float(fn, "x", x)) return NULL;
   graft_dtype dt = graft_get_dtype(x);
   graft_scope_begin();
@@ -134,19 +114,20 @@ graft_tensor *graft_gelu(graft_tensor *x, bool tanh_approx) {
     inner = graft_erf(graft_mul(x, cst(1.0 / sqrt(2.0), dt)));
   }
   graft_tensor *y = graft_mul(graft_mul(x, cst(0.5, dt)), graft_add(inner, cst(1.0, dt)));
-  return finish(y);
+  return comp_finish(fn, y);
 }
 
 /* ---- softmax family ---- */
 
 /* Shared body of softmax / log_softmax; x valid and float, axis normalized. */
-static graft_tensor *softmax_impl(graft_tensor *x, int axis, bool log_form) {
+static graft_tensor *softmax_impl(const char *fn, graft_tensor *x, int axis, bool log_form) {
   graft_scope_begin();
   if (graft_ndim(x) == 0) {
     /* A 0-d tensor is one element along its only "axis": compute on [1] and reshape back. */
     static const int64_t one[1] = {1}, none[1] = {0};
-    graft_tensor *r = softmax_impl(graft_reshape(x, 1, one), 0, log_form); /* owned by this scope */
-    return finish(graft_reshape(r, 0, none));
+    /* r is owned by this scope */
+    graft_tensor *r = softmax_impl(fn, graft_reshape(x, 1, one), 0, log_form);
+    return comp_finish(fn, graft_reshape(r, 0, none));
   }
   int ax[1] = {axis};
   /* Subtracting the max keeps exp from overflowing (large logits stay finite). */
@@ -155,11 +136,11 @@ static graft_tensor *softmax_impl(graft_tensor *x, int axis, bool log_form) {
   graft_tensor *e = graft_exp(shifted);
   graft_tensor *s = graft_sum(e, ax, 1, true);
   graft_tensor *y = log_form ? graft_sub(shifted, graft_log(s)) : graft_div(e, s);
-  return finish(y);
+  return comp_finish(fn, y);
 }
 
 static graft_tensor *softmax_entry(const char *fn, graft_tensor *x, int axis, bool log_form) {
-  if (bad_input(fn, "x", x)) return NULL;
+  if (comp_bad_input(fn, "x", x)) return NULL;
   if (!need_float(fn, "x", x)) return NULL;
   int a;
   if (graft_ndim(x) == 0) {
@@ -169,7 +150,7 @@ static graft_tensor *softmax_entry(const char *fn, graft_tensor *x, int axis, bo
   } else if ((a = norm_axis(fn, x, axis)) < 0) {
     return NULL;
   }
-  return softmax_impl(x, a, log_form);
+  return softmax_impl(fn, x, a, log_form);
 }
 
 graft_tensor *graft_softmax(graft_tensor *x, int axis) {
@@ -184,12 +165,12 @@ graft_tensor *graft_log_softmax(graft_tensor *x, int axis) {
 
 graft_tensor *graft_mean(graft_tensor *a, const int *axes, int naxes, bool keepdim) {
   static const char fn[] = "graft_mean";
-  if (bad_input(fn, "a", a)) return NULL;
+  if (comp_bad_input(fn, "a", a)) return NULL;
   if (!need_float(fn, "a", a)) return NULL;
   graft_scope_begin();
   /* graft_sum validates the axes; once it succeeds they are in range and distinct. */
   graft_tensor *s = graft_sum(a, axes, naxes, keepdim);
-  if (!s) return finish(NULL);
+  if (!s) return comp_finish(fn, NULL);
   int64_t shape[GRAFT_MAX_DIMS];
   int nd = graft_shape(a, shape);
   double count = 1;
@@ -205,7 +186,7 @@ graft_tensor *graft_mean(graft_tensor *a, const int *axes, int naxes, bool keepd
     }
   }
   /* An empty reduction gives 0/0 = NaN, as in numpy and PyTorch. */
-  return finish(graft_div(s, cst(count, graft_get_dtype(a))));
+  return comp_finish(fn, graft_div(s, cst(count, graft_get_dtype(a))));
 }
 
 /* ---- normalization ---- */
@@ -213,14 +194,15 @@ graft_tensor *graft_mean(graft_tensor *a, const int *axes, int naxes, bool keepd
 graft_tensor *graft_layer_norm(graft_tensor *x, graft_tensor *weight, graft_tensor *bias,
                                double eps) {
   static const char fn[] = "graft_layer_norm";
-  if (bad_input(fn, "x", x)) return NULL;
+  if (comp_bad_input(fn, "x", x)) return NULL;
   if ((weight == NULL) != (bias == NULL)) {
     /* A NULL here may come from a failed op upstream: keep that error if there is one. */
     if (err_pending()) return NULL;
     return err_set(GRAFT_ERR_ARG, "%s: weight and bias must both be given or both be NULL (got %s)",
                    fn, weight ? "weight only" : "bias only");
   }
-  if (weight && (bad_input(fn, "weight", weight) || bad_input(fn, "bias", bias))) return NULL;
+  if (weight && (comp_bad_input(fn, "weight", weight) || comp_bad_input(fn, "bias", bias)))
+    return NULL;
   if (!need_float(fn, "x", x)) return NULL;
   char b[200];
   if (graft_ndim(x) < 1)
@@ -241,16 +223,17 @@ graft_tensor *graft_layer_norm(graft_tensor *x, graft_tensor *weight, graft_tens
   graft_tensor *var = graft_mean(graft_mul(xc, xc), last, 1, true); /* biased */
   graft_tensor *y = graft_mul(xc, graft_rsqrt(graft_add(var, cst(eps, dt))));
   if (weight) y = graft_add(graft_mul(y, weight), bias);
-  return finish(y);
+  return comp_finish(fn, y);
 }
 
 graft_tensor *graft_batch_norm(graft_tensor *x, graft_tensor *weight, graft_tensor *bias,
                                graft_tensor *running_mean, graft_tensor *running_var,
                                bool training, double eps) {
   static const char fn[] = "graft_batch_norm";
-  if (bad_input(fn, "x", x)) return NULL;
+  if (comp_bad_input(fn, "x", x)) return NULL;
   if (!training &&
-      (bad_input(fn, "running_mean", running_mean) || bad_input(fn, "running_var", running_var)))
+      (comp_bad_input(fn, "running_mean", running_mean) ||
+       comp_bad_input(fn, "running_var", running_var)))
     return NULL;
   if (!need_float(fn, "x", x)) return NULL;
   char b[200], bx[200];
@@ -267,7 +250,7 @@ graft_tensor *graft_batch_norm(graft_tensor *x, graft_tensor *weight, graft_tens
   static const char *names[4] = {"weight", "bias", "running_mean", "running_var"};
   for (int i = 0; i < 4; i++) {
     if (!vecs[i]) continue;
-    if (bad_input(fn, names[i], vecs[i])) return NULL;
+    if (comp_bad_input(fn, names[i], vecs[i])) return NULL;
     if (!same_dtype(fn, names[i], vecs[i], "x", dt)) return NULL;
     if (!need_vec(fn, names[i], vecs[i], c, bx)) return NULL;
   }
@@ -290,15 +273,15 @@ graft_tensor *graft_batch_norm(graft_tensor *x, graft_tensor *weight, graft_tens
   graft_tensor *y = graft_mul(graft_sub(x, mu), graft_rsqrt(graft_add(var, cst(eps, dt))));
   if (weight) y = graft_mul(y, graft_reshape(weight, nd, cshape));
   if (bias) y = graft_add(y, graft_reshape(bias, nd, cshape));
-  return finish(y);
+  return comp_finish(fn, y);
 }
 
 /* ---- layers and losses ---- */
 
 graft_tensor *graft_linear(graft_tensor *x, graft_tensor *w, graft_tensor *b) {
   static const char fn[] = "graft_linear";
-  if (bad_input(fn, "x", x) || bad_input(fn, "w", w)) return NULL;
-  if (b && bad_input(fn, "b", b)) return NULL;
+  if (comp_bad_input(fn, "x", x) || comp_bad_input(fn, "w", w)) return NULL;
+  if (b && comp_bad_input(fn, "b", b)) return NULL;
   char bx[200], bw[200];
   SHAPE(x, bx);
   SHAPE(w, bw);
@@ -314,12 +297,12 @@ graft_tensor *graft_linear(graft_tensor *x, graft_tensor *w, graft_tensor *b) {
   graft_scope_begin();
   graft_tensor *y = graft_matmul(x, graft_t(w));
   if (b) y = graft_add(y, b);
-  return finish(y);
+  return comp_finish(fn, y);
 }
 
 graft_tensor *graft_cross_entropy(graft_tensor *logits, graft_tensor *target) {
   static const char fn[] = "graft_cross_entropy";
-  if (bad_input(fn, "logits", logits) || bad_input(fn, "target", target)) return NULL;
+  if (comp_bad_input(fn, "logits", logits) || comp_bad_input(fn, "target", target)) return NULL;
   char bl[200], bt[200];
   SHAPE(logits, bl);
   SHAPE(target, bt);
@@ -340,12 +323,12 @@ graft_tensor *graft_cross_entropy(graft_tensor *logits, graft_tensor *target) {
   int64_t col[2] = {n, 1};
   graft_tensor *picked = graft_gather(lsm, 1, graft_reshape(idx, 2, col));
   graft_tensor *y = graft_neg(graft_mean(picked, NULL, 0, false));
-  return finish(y);
+  return comp_finish(fn, y);
 }
 
 graft_tensor *graft_dropout(graft_tensor *x, double p, bool training) {
   static const char fn[] = "graft_dropout";
-  if (bad_input(fn, "x", x)) return NULL;
+  if (comp_bad_input(fn, "x", x)) return NULL;
   if (!(p >= 0.0 && p < 1.0))
     return err_set(GRAFT_ERR_ARG, "%s: p = %g must be in [0, 1)", fn, p);
   if (!need_float(fn, "x", x)) return NULL;
@@ -362,12 +345,12 @@ graft_tensor *graft_dropout(graft_tensor *x, double p, bool training) {
   graft_tensor *u = graft_rand_uniform(dt, nd, shape);
   graft_tensor *keep = graft_convert(graft_ge(u, graft_scalar(p, dt)), dt);
   graft_tensor *y = graft_mul(graft_mul(x, keep), graft_scalar(1.0 / (1.0 - p), dt));
-  return finish(y);
+  return comp_finish(fn, y);
 }
 
 graft_tensor *graft_embedding(graft_tensor *weight, graft_tensor *index) {
   static const char fn[] = "graft_embedding";
-  if (bad_input(fn, "weight", weight) || bad_input(fn, "index", index)) return NULL;
+  if (comp_bad_input(fn, "weight", weight) || comp_bad_input(fn, "index", index)) return NULL;
   char bw[200], bi[200];
   SHAPE(weight, bw);
   SHAPE(index, bi);
@@ -390,5 +373,5 @@ graft_tensor *graft_embedding(graft_tensor *weight, graft_tensor *index) {
   idx = graft_broadcast_to(graft_reshape(idx, 2, col), 2, rows);
   graft_tensor *g = graft_gather(weight, 0, idx);
   ishape[ind] = d;
-  return finish(graft_reshape(g, ind + 1, ishape));
+  return comp_finish(fn, graft_reshape(g, ind + 1, ishape));
 }

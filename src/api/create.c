@@ -92,31 +92,36 @@ graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const 
 }
 
 graft_tensor *graft_scalar(double value, graft_dtype dt) {
+  unsigned mark = err_count();
   if (check_dtype("graft_scalar", dt)) return NULL;
   graft_lock();
   graft_tensor *t = tensor_wrap(api_scalar_node(value, dt, 0));
   graft_unlock();
-  return t;
+  return err_named(t, mark, "graft_scalar");
 }
 
 graft_tensor *graft_full(double value, graft_dtype dt, int ndim, const int64_t *shape) {
+  unsigned mark = err_count();
   if (check_dtype("graft_full", dt)) return NULL;
   ir_attrs at = {.f = value};
   graft_lock();
   graft_tensor *t = api_node(ir_make(IR_CONSTANT, 0, NULL, &at, dt, ndim, shape));
   graft_unlock();
-  return t;
+  return err_named(t, mark, "graft_full");
 }
 
 graft_tensor *graft_zeros(graft_dtype dt, int ndim, const int64_t *shape) {
-  return graft_full(0, dt, ndim, shape);
+  unsigned mark = err_count();
+  return err_named(graft_full(0, dt, ndim, shape), mark, __func__);
 }
 
 graft_tensor *graft_ones(graft_dtype dt, int ndim, const int64_t *shape) {
-  return graft_full(1, dt, ndim, shape);
+  unsigned mark = err_count();
+  return err_named(graft_full(1, dt, ndim, shape), mark, __func__);
 }
 
 graft_tensor *graft_iota(graft_dtype dt, int ndim, const int64_t *shape, int axis) {
+  unsigned mark = err_count();
   if (check_dtype("graft_iota", dt)) return NULL;
   if (ndim < 1 || ndim > GRAFT_MAX_DIMS)
     return err_set(GRAFT_ERR_SHAPE, "graft_iota: ndim %d out of range [1, %d]", ndim, GRAFT_MAX_DIMS);
@@ -126,7 +131,7 @@ graft_tensor *graft_iota(graft_dtype dt, int ndim, const int64_t *shape, int axi
   graft_lock();
   graft_tensor *t = api_node(ir_make(IR_IOTA, 0, NULL, &at, dt, ndim, shape));
   graft_unlock();
-  return t;
+  return err_named(t, mark, "graft_iota");
 }
 
 static uint64_t rng_state = 0x853c49e6748fea9bull, rng_counter;
@@ -141,6 +146,7 @@ void graft_manual_seed(uint64_t seed) {
 /* Each draw gets a fresh seed as a parameter, so a loop that draws every step compiles once. */
 static graft_tensor *rand_draw(const char *fn, int dist, graft_dtype dt, int ndim,
                                const int64_t *shape) {
+  unsigned mark = err_count();
   if (check_dtype(fn, dt)) return NULL;
   graft_lock();
   uint64_t z = rng_state + 0x9e3779b97f4a7c15ull * ++rng_counter;
@@ -156,7 +162,7 @@ static graft_tensor *rand_draw(const char *fn, int dist, graft_dtype dt, int ndi
     ir_release(seed);
   }
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_rand_uniform(graft_dtype dt, int ndim, const int64_t *shape) {

@@ -1,23 +1,18 @@
 /* Gradients of primitives that front-ends need as ops (conv2d, max_pool2d), and flip, written
  * on the public API only: they decompose into primitives like any composite. */
 #include "graft.h"
-#include "../core/error.h"
+#include "composite.h"
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
-/* Each function opens a scope and keeps only its result. */
-#define FINISH(r)          \
-  do {                     \
-    graft_tensor *r_ = (r); \
-    graft_keep(r_);        \
-    graft_scope_end();     \
-    return r_;             \
-  } while (0)
+/* Each function opens a scope and returns through comp_finish, keeping only its result. */
 
 graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes) {
+  const char *fn = "graft_flip";
+  if (comp_bad_input(fn, "a", a)) return NULL;
+  if (naxes && !axes) return err_set(GRAFT_ERR_NULL, "%s: axes is NULL", fn);
   int nd = graft_ndim(a);
-  if (nd < 0) return NULL;
-  if (naxes && !axes) return err_set(GRAFT_ERR_NULL, "graft_flip: axes is NULL");
   int64_t shape[GRAFT_MAX_DIMS];
   graft_shape(a, shape);
   graft_scope_begin();
@@ -26,7 +21,7 @@ graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes) {
     int ax = axes[i] < 0 ? axes[i] + nd : axes[i];
     if (ax < 0 || ax >= nd) {
       graft_scope_end();
-      return err_set(GRAFT_ERR_AXIS, "graft_flip: axis %d out of range for %d dims", axes[i], nd);
+      return err_set(GRAFT_ERR_AXIS, "%s: axis %d out of range for %d dims", fn, axes[i], nd);
     }
     /* index = (n-1) - iota along ax, gathered along ax: computed in the graph, never uploaded */
     graft_tensor *idx = graft_sub(graft_full((double)shape[ax] - 1, GRAFT_I64, 0, NULL),
@@ -34,14 +29,27 @@ graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes) {
     cur = graft_gather(cur, ax, idx);
   }
   /* No axes: a new handle on the same value (the scope must own it, so not graft_retain). */
-  FINISH(cur == a ? graft_broadcast_to(a, nd, shape) : cur);
+  return comp_finish(fn, cur == a ? graft_broadcast_to(a, nd, shape) : cur);
 }
 
-/* Reads the shapes of two tensors that must both be 4-D; -1 with the error set otherwise. */
-static int shapes_4d(const char *fn, graft_tensor *a, const char *an, int64_t *as,
-                     graft_tensor *b, const char *bn, int64_t *bs) {
-  if (graft_shape(a, as) == 4 && graft_shape(b, bs) == 4) return 0;
-  if (!graft_last_status()) err_set(GRAFT_ERR_SHAPE, "%s: %s and %s must be 4-D", fn, an, bn);
+/* "[d0,d1,...]" into buf. */
+static const char *grad_shape_str(int nd, const int64_t *s, char *buf, size_t cap) {
+  size_t n = (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < nd && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, i ? ",%lld" : "%lld", (long long)s[i]);
+  if (n < cap) snprintf(buf + n, cap - n, "]");
+  return buf;
+}
+#define SHP4(s) grad_shape_str(4, (s), (char[128]){0}, 128)
+
+/* t's shape into s when t is a valid 4-D tensor; -1 with the error set otherwise (a NULL t
+ * keeps the error of the op that produced it). */
+static int grad_shape4(const char *fn, const char *name, graft_tensor *t, int64_t *s) {
+  if (comp_bad_input(fn, name, t)) return -1;
+  int nd = graft_shape(t, s);
+  if (nd == 4) return 0;
+  err_set(GRAFT_ERR_SHAPE, "%s: %s %s must be 4-D", fn, name,
+          grad_shape_str(nd, s, (char[128]){0}, 128));
   return -1;
 }
 
@@ -59,36 +67,84 @@ static int conv_args(const char *fn, const int64_t *s4, const int *stride, const
   return 0;
 }
 
+/* The forward conv2d's output size on one spatial dim: (x + 2p - d*(k-1) - 1) / s + 1; -1 when
+ * the kernel does not fit, -2 when a size passes int64. x, k >= 1. */
+static int64_t grad_conv_out(int64_t x, int64_t k, int s, int p, int d) {
+  int64_t padded, ext;
+  if (__builtin_add_overflow(x, 2 * (int64_t)p, &padded) ||
+      __builtin_mul_overflow((int64_t)d, k - 1, &ext))
+    return -2;
+  return padded - 1 < ext ? -1 : (padded - 1 - ext) / s + 1;
+}
+
+/* Checks that x [N,C,H,W] convolved with w [O,C/g,KH,KW] gives dy's shape, as the forward
+ * conv2d did: positive dims (N may be 0), channels per groups, the batch and the spatial size.
+ * xn and wn name the arguments ("x_shape" or "x"); messages name fn and the shapes. */
+static int grad_conv_match(const char *fn, const char *xn, const int64_t *xs, const char *wn,
+                           const int64_t *ws, const int64_t *ys, const int *st, const int *pd,
+                           const int *dl, int g) {
+  if (xs[0] < 0 || xs[1] < 1 || xs[2] < 1 || xs[3] < 1)
+    return err_set(GRAFT_ERR_SHAPE, "%s: %s %s must have positive dims", fn, xn, SHP4(xs)), -1;
+  if (ws[0] < 1 || ws[1] < 1 || ws[2] < 1 || ws[3] < 1)
+    return err_set(GRAFT_ERR_SHAPE, "%s: %s %s must have positive dims", fn, wn, SHP4(ws)), -1;
+  if (xs[1] % g || ws[0] % g || xs[1] / g != ws[1] || ys[1] != ws[0])
+    return err_set(GRAFT_ERR_SHAPE, "%s: channels of %s %s, %s %s and dy %s do not match "
+                   "(groups %d)", fn, xn, SHP4(xs), wn, SHP4(ws), SHP4(ys), g), -1;
+  if (ys[0] != xs[0])
+    return err_set(GRAFT_ERR_SHAPE, "%s: %s %s and dy %s differ in batch", fn, xn, SHP4(xs),
+                   SHP4(ys)), -1;
+  int64_t oh = grad_conv_out(xs[2], ws[2], st[0], pd[0], dl[0]);
+  int64_t ow = grad_conv_out(xs[3], ws[3], st[1], pd[1], dl[1]);
+  if (oh == ys[2] && ow == ys[3]) return 0;
+  char out[96];
+  if (oh == -2 || ow == -2) snprintf(out, sizeof out, "no output (a size passes int64)");
+  else if (oh < 0 || ow < 0) snprintf(out, sizeof out, "no output (kernel past the padded input)");
+  else snprintf(out, sizeof out, "output [%lld,%lld]", (long long)oh, (long long)ow);
+  return err_set(GRAFT_ERR_SHAPE, "%s: %s %s with %s %s (stride [%d,%d], padding [%d,%d], "
+                 "dilation [%d,%d]) gives %s, but dy is %s", fn, xn, SHP4(xs), wn, SHP4(ws),
+                 st[0], st[1], pd[0], pd[1], dl[0], dl[1], out, SHP4(ys)), -1;
+}
+
+/* Padding of the transposed convolution for dx (checked shapes: no overflow); -1 when the
+ * forward padding is larger than the kernel's reach, or a size passes int. */
+static int grad_dx_padding(const char *fn, const int64_t *xs, const int64_t *ws,
+                           const int64_t *ys, const int *st, const int *pd, const int *dl,
+                           int *lo, int *hi) {
+  for (int d = 0; d < 2; d++) {
+    int64_t l = (ws[2 + d] - 1) * dl[d] - pd[d];
+    int64_t h = xs[2 + d] - 1 + pd[d] - (ys[2 + d] - 1) * st[d];
+    if (l < 0)
+      return err_set(GRAFT_ERR_ARG, "%s: padding %d larger than dilation*(kernel-1) is not "
+                     "supported", fn, pd[d]), -1;
+    if (l > INT32_MAX || h > INT32_MAX)
+      return err_set(GRAFT_ERR_SHAPE, "%s: x_shape %s and w %s need a padding past int", fn,
+                     SHP4(xs), SHP4(ws)), -1;
+    lo[d] = (int)l;
+    hi[d] = (int)h;
+  }
+  return 0;
+}
+
 /* dx = conv(dy dilated by the stride, w flipped and with in/out channels swapped per group). */
 graft_tensor *graft_conv2d_backward_input(graft_tensor *dy, graft_tensor *w, const int64_t *xs,
                                           const int *stride, const int *padding,
                                           const int *dilation, int groups) {
   const char *fn = "graft_conv2d_backward_input";
-  int st[2], pd[2], dl[2];
+  int st[2], pd[2], dl[2], lo[2], hi[2];
   int64_t ws[GRAFT_MAX_DIMS], ys[GRAFT_MAX_DIMS];
-  if (shapes_4d(fn, dy, "dy", ys, w, "w", ws) ||
-      conv_args(fn, xs, stride, padding, dilation, groups, st, pd, dl)) return NULL;
+  if (grad_shape4(fn, "dy", dy, ys) || grad_shape4(fn, "w", w, ws) ||
+      conv_args(fn, xs, stride, padding, dilation, groups, st, pd, dl) ||
+      grad_conv_match(fn, "x_shape", xs, "w", ws, ys, st, pd, dl, groups) ||
+      grad_dx_padding(fn, xs, ws, ys, st, pd, dl, lo, hi))
+    return NULL;
   int64_t O = ws[0], Cg = ws[1], g = groups;
-  if (O % g || xs[1] != Cg * g || ys[1] != O)
-    return err_set(GRAFT_ERR_SHAPE, "%s: w [%lld,%lld,..] does not match x channels %lld, dy "
-                   "channels %lld, groups %d", fn, (long long)O, (long long)Cg,
-                   (long long)xs[1], (long long)ys[1], groups);
-  int lo[2], hi[2];
-  for (int d = 0; d < 2; d++) {
-    int64_t K = ws[2 + d], H = xs[2 + d], OH = ys[2 + d];
-    lo[d] = (int)((K - 1) * dl[d] - pd[d]);
-    hi[d] = (int)(H - 1 + pd[d] - (OH - 1) * st[d]);
-    if (lo[d] < 0 || hi[d] < 0)
-      return err_set(GRAFT_ERR_ARG, "%s: padding %d larger than dilation*(kernel-1) is not "
-                     "supported", fn, pd[d]);
-  }
   graft_scope_begin();
   /* w [O, C/g, K, K] -> [g, O/g, C/g, K, K] -> [g, C/g, O/g, K, K] -> [C, O/g, K, K], flipped */
   graft_tensor *wt = graft_reshape(w, 5, (int64_t[]){g, O / g, Cg, ws[2], ws[3]});
   wt = graft_transpose(wt, (int[]){0, 2, 1, 3, 4});
   wt = graft_reshape(wt, 4, (int64_t[]){g * Cg, O / g, ws[2], ws[3]});
   wt = graft_flip(wt, (int[]){2, 3}, 2);
-  FINISH(graft_conv2d_ex(dy, wt, NULL, lo, hi, dl, st, groups));
+  return comp_finish(fn, graft_conv2d_ex(dy, wt, NULL, lo, hi, dl, st, groups));
 }
 
 /* dw = conv over the batch: x as [C/g, g*N, H, W] with dy as kernels [O, N, OH, OW], kernel
@@ -99,12 +155,11 @@ graft_tensor *graft_conv2d_backward_weight(graft_tensor *x, graft_tensor *dy, co
   const char *fn = "graft_conv2d_backward_weight";
   int st[2], pd[2], dl[2];
   int64_t xs[GRAFT_MAX_DIMS], ys[GRAFT_MAX_DIMS];
-  if (shapes_4d(fn, x, "x", xs, dy, "dy", ys) ||
-      conv_args(fn, wsz, stride, padding, dilation, groups, st, pd, dl)) return NULL;
-  int64_t N = xs[0], C = xs[1], O = wsz[0], g = groups, Cg = C / g;
-  if (C % g || O % g || wsz[1] != Cg || ys[1] != O || ys[0] != N)
-    return err_set(GRAFT_ERR_SHAPE, "%s: x, dy and weight shape do not match (groups %d)", fn,
-                   groups);
+  if (grad_shape4(fn, "x", x, xs) || grad_shape4(fn, "dy", dy, ys) ||
+      conv_args(fn, wsz, stride, padding, dilation, groups, st, pd, dl) ||
+      grad_conv_match(fn, "x", xs, "w_shape", wsz, ys, st, pd, dl, groups))
+    return NULL;
+  int64_t N = xs[0], O = wsz[0], g = groups, Cg = xs[1] / g;
   graft_scope_begin();
   graft_tensor *xt = graft_reshape(x, 5, (int64_t[]){N, g, Cg, xs[2], xs[3]});
   xt = graft_transpose(xt, (int[]){2, 1, 0, 3, 4});
@@ -112,14 +167,11 @@ graft_tensor *graft_conv2d_backward_weight(graft_tensor *x, graft_tensor *dy, co
   graft_tensor *k = graft_reshape(dy, 5, (int64_t[]){N, g, O / g, ys[2], ys[3]});
   k = graft_transpose(k, (int[]){1, 2, 0, 3, 4});
   k = graft_reshape(k, 4, (int64_t[]){O, N, ys[2], ys[3]});
-  graft_tensor *r = graft_conv2d_ex(xt, k, dl, pd, pd, st, NULL, groups); /* [C/g, O, K', K'] */
+  /* [C/g, O, K', K'] with K' >= K: the forward output size was checked */
+  graft_tensor *r = graft_conv2d_ex(xt, k, dl, pd, pd, st, NULL, groups);
   r = graft_transpose(r, (int[]){1, 0, 2, 3});
-  int64_t rs[GRAFT_MAX_DIMS];
-  if (graft_shape(r, rs) == 4 && (rs[2] < wsz[2] || rs[3] < wsz[3])) {
-    graft_scope_end();
-    return err_set(GRAFT_ERR_SHAPE, "%s: weight shape larger than the convolution allows", fn);
-  }
-  FINISH(graft_slice(r, (int64_t[]){0, 0, 0, 0}, (int64_t[]){O, Cg, wsz[2], wsz[3]}, NULL));
+  return comp_finish(fn, graft_slice(r, (int64_t[]){0, 0, 0, 0},
+                                     (int64_t[]){O, Cg, wsz[2], wsz[3]}, NULL));
 }
 
 /* Non-overlapping windows (stride == kernel, the usual 2x2/2): each element of the padded x
@@ -171,8 +223,9 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
                                         const int *stride, const int *padding) {
   const char *fn = "graft_max_pool2d_backward";
   int64_t xs[GRAFT_MAX_DIMS], ys[GRAFT_MAX_DIMS];
+  if (comp_bad_input(fn, "x", x) || comp_bad_input(fn, "dy", dy)) return NULL;
   int nd = graft_shape(x, xs);
-  if (nd < 0 || graft_shape(dy, ys) < 0) return NULL;
+  graft_shape(dy, ys);
   if (!kernel) return err_set(GRAFT_ERR_NULL, "%s: kernel is NULL", fn);
   if (nd < 2 || graft_ndim(dy) != nd)
     return err_set(GRAFT_ERR_SHAPE, "%s: x and dy need the same rank >= 2", fn);
@@ -180,13 +233,15 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
   graft_scope_begin();
   graft_tensor *pooled = graft_max_pool2d(x, kernel, stride, padding);
   int64_t ps[GRAFT_MAX_DIMS];
-  if (graft_shape(pooled, ps) < 0) {
-    graft_scope_end();
-    return NULL;
-  }
+  if (!pooled || graft_shape(pooled, ps) < 0) return comp_finish(fn, NULL);
   if (memcmp(ps, ys, sizeof(int64_t) * (size_t)nd)) {
     graft_scope_end();
     return err_set(GRAFT_ERR_SHAPE, "%s: dy does not have the pooled shape", fn);
+  }
+  if ((int64_t)kernel[0] * kernel[1] > INT32_MAX) { /* window offsets are i32; one pass each */
+    graft_scope_end();
+    return err_set(GRAFT_ERR_SHAPE, "%s: kernel %dx%d has more than 2^31-1 elements", fn,
+                   kernel[0], kernel[1]);
   }
   int64_t lo[GRAFT_MAX_DIMS] = {0}, hi[GRAFT_MAX_DIMS] = {0}, inner[GRAFT_MAX_DIMS] = {0};
   int64_t st[2], pd[2], xp[GRAFT_MAX_DIMS];
@@ -207,7 +262,7 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
       hi[nd - 2 + d] = pd[d] + xs[nd - 2 + d];
     }
     for (int i = 0; i < nd - 2; i++) lo[i] = 0, hi[i] = xs[i];
-    FINISH(graft_slice(g, lo, hi, NULL));
+    return comp_finish(fn, graft_slice(g, lo, hi, NULL));
   }
   graft_tensor *taken = graft_full(0, GRAFT_BOOL, nd, ys);
   graft_tensor *acc = graft_zeros(dt, nd, xp);
@@ -235,5 +290,5 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
     limit[nd - 2 + d] = pd[d] + xs[nd - 2 + d];
   }
   for (int i = 0; i < nd - 2; i++) start[i] = 0, limit[i] = xs[i];
-  FINISH(graft_slice(acc, start, limit, NULL));
+  return comp_finish(fn, graft_slice(acc, start, limit, NULL));
 }

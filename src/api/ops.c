@@ -33,11 +33,12 @@ ir_node *api_broadcast(ir_node *n, int ndim, const int64_t *shape) {
 
 /* ---- elementwise ---- */
 static graft_tensor *unary(ir_op op, graft_tensor *a, const char *fn) {
+  unsigned mark = err_count();
   graft_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = n ? api_node(ir_make(op, 1, &n, NULL, n->dtype, 0, NULL)) : NULL;
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 /* Records op over operands broadcast to one shape (lock held). */
@@ -62,15 +63,17 @@ static graft_tensor *nary_locked(ir_op op, const char *fn, int nin, ir_node **in
 }
 
 static graft_tensor *binary(ir_op op, graft_tensor *a, graft_tensor *b, const char *fn) {
+  unsigned mark = err_count();
   graft_lock();
   ir_node *in[2] = {api_in(a, fn), NULL};
   in[1] = in[0] ? api_in(b, fn) : NULL;
   graft_tensor *t = in[1] ? nary_locked(op, fn, 2, in) : NULL;
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 static graft_tensor *with_scalar(ir_op op, graft_tensor *a, double s, const char *fn) {
+  unsigned mark = err_count();
   graft_lock();
   graft_tensor *t = NULL;
   ir_node *in[2] = {api_in(a, fn), NULL};
@@ -79,7 +82,7 @@ static graft_tensor *with_scalar(ir_op op, graft_tensor *a, double s, const char
     ir_release(in[1]);
   }
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 #define UNARY(fname, OP) \
@@ -132,6 +135,7 @@ graft_tensor *graft_div_scalar(graft_tensor *a, double s) { return with_scalar(I
 graft_tensor *graft_pow_scalar(graft_tensor *a, double s) { return with_scalar(IR_POW, a, s, __func__); }
 
 graft_tensor *graft_where(graft_tensor *cond, graft_tensor *a, graft_tensor *b) {
+  unsigned mark = err_count();
   const char *fn = "graft_where";
   graft_lock();
   ir_node *in[3] = {api_in(cond, fn), NULL, NULL};
@@ -139,15 +143,16 @@ graft_tensor *graft_where(graft_tensor *cond, graft_tensor *a, graft_tensor *b) 
   in[2] = in[1] ? api_in(b, fn) : NULL;
   graft_tensor *t = in[2] ? nary_locked(IR_SELECT, fn, 3, in) : NULL;
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_convert(graft_tensor *a, graft_dtype dt) {
+  unsigned mark = err_count();
   graft_lock();
   ir_node *n = api_in(a, __func__);
   graft_tensor *t = n ? api_node(ir_make(IR_CONVERT, 1, &n, NULL, dt, 0, NULL)) : NULL;
   graft_unlock();
-  return t;
+  return err_named(t, mark, __func__);
 }
 
 /* ---- movement ---- */
@@ -164,46 +169,54 @@ static int check_nd(const char *fn, int ndim, const int64_t *shape) {
 }
 
 graft_tensor *graft_broadcast_to(graft_tensor *a, int ndim, const int64_t *shape) {
+  unsigned mark = err_count();
   const char *fn = "graft_broadcast_to";
   graft_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = NULL;
   if (n && !check_nd(fn, ndim, shape)) t = api_node(api_broadcast(n, ndim, shape));
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
+}
+
+/* shape with its -1 (if any) inferred from n's element count into s; -1 with the error set when
+ * no shape fits. The known dims' product is checked before it overflows. */
+static int reshape_dims(const char *fn, const ir_node *n, int ndim, const int64_t *shape,
+                        int64_t *s) {
+  int64_t known = 1;
+  int infer = -1, bad = 0;
+  for (int i = 0; i < ndim; i++) {
+    s[i] = shape[i];
+    if (s[i] == -1 && infer < 0) infer = i;
+    else if (s[i] < 0 || __builtin_mul_overflow(known, s[i], &known)) bad = 1;
+  }
+  if (infer >= 0 && !bad) {
+    if (known == 0 || n->numel % known) bad = 1;
+    else s[infer] = n->numel / known;
+  }
+  if (!bad) return 0;
+  char sa[128], sb[128];
+  err_set(GRAFT_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) to %s", fn,
+          ir_shape_str(n->ndim, n->shape, sa, sizeof sa), (long long)n->numel,
+          ir_shape_str(ndim, shape, sb, sizeof sb));
+  return -1;
 }
 
 graft_tensor *graft_reshape(graft_tensor *a, int ndim, const int64_t *shape) {
+  unsigned mark = err_count();
   const char *fn = "graft_reshape";
   graft_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = NULL;
-  if (n && !check_nd(fn, ndim, shape)) {
-    int64_t s[GRAFT_MAX_DIMS], known = 1;
-    int infer = -1, bad = 0;
-    for (int i = 0; i < ndim; i++) {
-      s[i] = shape[i];
-      if (s[i] == -1 && infer < 0) infer = i;
-      else if (s[i] < 0) bad = 1;
-      else known *= s[i];
-    }
-    if (infer >= 0 && !bad) {
-      if (known == 0 || n->numel % known) bad = 1;
-      else s[infer] = n->numel / known;
-    }
-    char sa[128], sb[128];
-    if (bad)
-      err_set(GRAFT_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) to %s", fn,
-              ir_shape_str(n->ndim, n->shape, sa, sizeof sa), (long long)n->numel,
-              ir_shape_str(ndim, shape, sb, sizeof sb));
-    else
-      t = api_node(ir_make(IR_RESHAPE, 1, &n, NULL, n->dtype, ndim, s));
-  }
+  int64_t s[GRAFT_MAX_DIMS];
+  if (n && !check_nd(fn, ndim, shape) && !reshape_dims(fn, n, ndim, shape, s))
+    t = api_node(ir_make(IR_RESHAPE, 1, &n, NULL, n->dtype, ndim, s));
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_transpose(graft_tensor *a, const int *perm) {
+  unsigned mark = err_count();
   const char *fn = "graft_transpose";
   graft_lock();
   ir_node *n = api_in(a, fn);
@@ -216,10 +229,11 @@ graft_tensor *graft_transpose(graft_tensor *a, const int *perm) {
     t = api_node(ir_make(IR_TRANSPOSE, 1, &n, &at, n->dtype, 0, NULL));
   }
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_t(graft_tensor *a) {
+  unsigned mark = err_count();
   graft_lock();
   ir_node *n = api_in(a, "graft_t");
   graft_tensor *t = NULL;
@@ -233,11 +247,12 @@ graft_tensor *graft_t(graft_tensor *a) {
     t = api_node(ir_make(IR_TRANSPOSE, 1, &n, &at, n->dtype, 0, NULL));
   }
   graft_unlock();
-  return t;
+  return err_named(t, mark, "graft_t");
 }
 
 graft_tensor *graft_slice(graft_tensor *a, const int64_t *start, const int64_t *limit,
                           const int64_t *stride) {
+  unsigned mark = err_count();
   const char *fn = "graft_slice";
   graft_lock();
   ir_node *n = api_in(a, fn);
@@ -254,10 +269,11 @@ graft_tensor *graft_slice(graft_tensor *a, const int64_t *start, const int64_t *
     t = api_node(ir_make(IR_SLICE, 1, &n, &at, n->dtype, 0, NULL));
   }
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_concat(graft_tensor *const *ts, int n, int axis) {
+  unsigned mark = err_count();
   const char *fn = "graft_concat";
   if (n < 1 || !ts) return err_set(GRAFT_ERR_ARG, "%s: needs at least one tensor", fn);
   ir_node *small[16], **in = n <= 16 ? small : malloc(sizeof *in * (size_t)n);
@@ -273,16 +289,18 @@ graft_tensor *graft_concat(graft_tensor *const *ts, int n, int axis) {
   }
   graft_unlock();
   if (in != small) free(in);
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_pad(graft_tensor *a, const int64_t *lo, const int64_t *hi, double value) {
-  return graft_pad_ex(a, lo, hi, NULL, value);
+  unsigned mark = err_count();
+  return err_named(graft_pad_ex(a, lo, hi, NULL, value), mark, __func__);
 }
 
 graft_tensor *graft_pad_ex(graft_tensor *a, const int64_t *lo, const int64_t *hi,
                            const int64_t *interior, double value) {
-  const char *fn = "graft_pad";
+  unsigned mark = err_count();
+  const char *fn = "graft_pad_ex";
   graft_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = NULL;
@@ -298,12 +316,13 @@ graft_tensor *graft_pad_ex(graft_tensor *a, const int64_t *lo, const int64_t *hi
     t = api_node(ir_make(IR_PAD, 1, &n, &at, n->dtype, 0, NULL));
   }
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 /* ---- reductions ---- */
 static graft_tensor *reduce(ir_op op, graft_tensor *a, const int *axes, int naxes, bool keepdim,
                             const char *fn) {
+  unsigned mark = err_count();
   graft_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = NULL;
@@ -328,7 +347,7 @@ static graft_tensor *reduce(ir_op op, graft_tensor *a, const int *axes, int naxe
     if (ok) t = api_node(ir_make(op, 1, &n, &at, n->dtype, 0, NULL));
   }
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_sum(graft_tensor *a, const int *axes, int naxes, bool keepdim) {
@@ -346,13 +365,14 @@ graft_tensor *graft_prod(graft_tensor *a, const int *axes, int naxes, bool keepd
 
 static graft_tensor *arg_extreme(ir_op op, graft_tensor *a, int axis, bool keepdim,
                                  const char *fn) {
+  unsigned mark = err_count();
   graft_lock();
   ir_node *n = api_in(a, fn);
   int ax = n ? api_axis(fn, axis, n->ndim) : -1;
   ir_attrs at = {.a = {ax, keepdim}};
   graft_tensor *t = ax >= 0 ? api_node(ir_make(op, 1, &n, &at, GRAFT_I64, 0, NULL)) : NULL;
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_argmax(graft_tensor *a, int axis, bool keepdim) {

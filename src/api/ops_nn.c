@@ -8,6 +8,7 @@ static ir_node *reshape_node(ir_node *n, int ndim, const int64_t *shape) {
 }
 
 graft_tensor *graft_matmul(graft_tensor *a, graft_tensor *b) {
+  unsigned mark = err_count();
   const char *fn = "graft_matmul";
   graft_lock();
   ir_node *na = api_in(a, fn), *nb = na ? api_in(b, fn) : NULL;
@@ -66,13 +67,14 @@ out:
   if (fa) ir_release(fa);
   if (fb) ir_release(fb);
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_conv2d_ex(graft_tensor *x, graft_tensor *w, const int *stride, const int *pad_lo,
                               const int *pad_hi, const int *dilation, const int *lhs_dilation,
                               int groups) {
-  const char *fn = "graft_conv2d";
+  unsigned mark = err_count();
+  const char *fn = "graft_conv2d_ex";
   graft_lock();
   ir_node *in[2] = {api_in(x, fn), NULL};
   in[1] = in[0] ? api_in(w, fn) : NULL;
@@ -90,15 +92,18 @@ graft_tensor *graft_conv2d_ex(graft_tensor *x, graft_tensor *w, const int *strid
     t = api_node(ir_make(IR_CONV2D, 2, in, &at, in[0]->dtype, 0, NULL));
   }
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_conv2d(graft_tensor *x, graft_tensor *w, const int *stride, const int *padding,
                            const int *dilation, int groups) {
-  return graft_conv2d_ex(x, w, stride, padding, padding, dilation, NULL, groups);
+  unsigned mark = err_count();
+  return err_named(graft_conv2d_ex(x, w, stride, padding, padding, dilation, NULL, groups), mark,
+                   __func__);
 }
 
 graft_tensor *graft_gather(graft_tensor *a, int axis, graft_tensor *index) {
+  unsigned mark = err_count();
   const char *fn = "graft_gather";
   graft_lock();
   ir_node *in[2] = {api_in(a, fn), NULL};
@@ -107,10 +112,11 @@ graft_tensor *graft_gather(graft_tensor *a, int axis, graft_tensor *index) {
   ir_attrs at = {.a = {ax}};
   graft_tensor *t = ax >= 0 ? api_node(ir_make(IR_GATHER, 2, in, &at, in[0]->dtype, 0, NULL)) : NULL;
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_scatter_add(graft_tensor *a, int axis, graft_tensor *index, graft_tensor *src) {
+  unsigned mark = err_count();
   const char *fn = "graft_scatter_add";
   graft_lock();
   ir_node *in[3] = {api_in(a, fn), NULL, NULL};
@@ -121,7 +127,7 @@ graft_tensor *graft_scatter_add(graft_tensor *a, int axis, graft_tensor *index, 
   graft_tensor *t =
       ax >= 0 ? api_node(ir_make(IR_SCATTER_ADD, 3, in, &at, in[0]->dtype, 0, NULL)) : NULL;
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 /* Pooling over the last two dims as a reduce_window (lock held). */
@@ -142,16 +148,18 @@ static ir_node *pool_node(const char *fn, int kind, ir_node *n, const int *kerne
 
 graft_tensor *graft_max_pool2d(graft_tensor *x, const int *kernel, const int *stride,
                                const int *padding) {
+  unsigned mark = err_count();
   const char *fn = "graft_max_pool2d";
   graft_lock();
   ir_node *n = api_in(x, fn);
   graft_tensor *t = n ? api_node(pool_node(fn, 0, n, kernel, stride, padding)) : NULL;
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_avg_pool2d(graft_tensor *x, const int *kernel, const int *stride,
                                const int *padding) {
+  unsigned mark = err_count();
   const char *fn = "graft_avg_pool2d";
   graft_lock();
   ir_node *n = api_in(x, fn);
@@ -169,5 +177,5 @@ graft_tensor *graft_avg_pool2d(graft_tensor *x, const int *kernel, const int *st
     if (cb) ir_release(cb);
   }
   graft_unlock();
-  return t;
+  return err_named(t, mark, fn);
 }

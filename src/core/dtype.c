@@ -124,3 +124,9 @@ void dtype_store_i(void *p, graft_dtype dt, int64_t i, int64_t v) {
   default: dtype_store(p, dt, i, (double)v); break;
   }
 }
+
+double dtype_round(graft_dtype dt, double v) {
+  union { double d; int64_t i; unsigned char b[8]; } u; /* aligned for every dtype */
+  dtype_store(&u, dt, 0, v);
+  return dtype_load(&u, dt, 0);
+}

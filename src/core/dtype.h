@@ -25,6 +25,8 @@ double dtype_load(const void *p, graft_dtype dt, int64_t i);
 int64_t dtype_load_i(const void *p, graft_dtype dt, int64_t i);
 /* Store v into element i, converting as graft_convert does (float->int truncates; ->bool is !=0). */
 void dtype_store(void *p, graft_dtype dt, int64_t i, double v);
+/* v as a dtype-dt element holds it (stored then loaded): a constant's value is this. */
+double dtype_round(graft_dtype dt, double v);
 /* Store an integer exactly (for integer dtypes). */
 void dtype_store_i(void *p, graft_dtype dt, int64_t i, int64_t v);
 #endif

@@ -7,4 +7,12 @@
 void *err_set(graft_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* True when an error is already set (NULL propagation keeps the first error). */
 int err_pending(void);
+/* Errors set on this thread so far: a call compares counts to tell its own error from one an
+ * earlier call left (which a NULL operand carries and must keep). */
+unsigned err_count(void);
+/* The current error names fn, the public function the user called: its leading "name: " (the
+ * IR op or helper that raised it) becomes "fn: ", or "fn: " is prepended. */
+void err_rename(const char *fn);
+/* A public op's return: when r is NULL and an error was set since mark, it names fn. */
+void *err_named(void *r, unsigned mark, const char *fn);
 #endif

@@ -141,6 +141,59 @@ static int ir_check_shape_arg(const char *nm, int ndim, const int64_t *shape) {
   return 0;
 }
 
+/* Size checks below run before the arithmetic they guard: a shape past int64 is an error, never
+ * signed overflow. */
+
+/* Dim i of pad(a): lo + d + hi + (d-1)*interior. */
+static int ir_pad_dim(const ir_node *a, const int64_t *at, int i, int64_t *out) {
+  int64_t d = a->shape[i], lo = at[i], hi = at[8 + i], in = at[16 + i], fill;
+  if (lo < 0 || hi < 0 || in < 0)
+    return err_set(GRAFT_ERR_SHAPE, "pad: negative padding on dim %d of %s (lo %" PRId64
+                   " hi %" PRId64 " interior %" PRId64 ")", i, SHP(a->ndim, a->shape), lo, hi,
+                   in), -1;
+  if (__builtin_mul_overflow(d ? d - 1 : 0, in, &fill) || __builtin_add_overflow(d, fill, out) ||
+      __builtin_add_overflow(*out, lo, out) || __builtin_add_overflow(*out, hi, out))
+    return err_set(GRAFT_ERR_SHAPE, "pad: dim %d of %s with lo %" PRId64 " hi %" PRId64
+                   " interior %" PRId64 " overflows int64", i, SHP(a->ndim, a->shape), lo, hi,
+                   in), -1;
+  return 0;
+}
+
+/* Spatial dim d of conv2d(a, w): (x' + lo + hi - dil*(k-1) - 1) / stride + 1, where x' is
+ * the input after lhs dilation. */
+static int ir_conv_dim(const ir_node *a, const ir_node *w, const int64_t *at, int d,
+                       int64_t *out) {
+  int64_t st = at[d], lo = at[2 + d], hi = at[4 + d], dil = at[6 + d], ld = at[8 + d];
+  int64_t x = a->shape[2 + d], k = w->shape[2 + d], in, kext, span;
+  if (st < 1 || dil < 1 || ld < 1 || lo < 0 || hi < 0)
+    return err_set(GRAFT_ERR_ARG, "conv2d: stride, dilation must be >= 1, padding >= 0"), -1;
+  if (__builtin_mul_overflow(x ? x - 1 : 0, ld, &in) ||
+      __builtin_add_overflow(in, x ? 1 : 0, &in) || __builtin_add_overflow(in, lo, &in) ||
+      __builtin_add_overflow(in, hi, &in) || __builtin_mul_overflow(dil, k - 1, &kext) ||
+      __builtin_sub_overflow(in, kext, &span))
+    return err_set(GRAFT_ERR_SHAPE, "conv2d: dim %d of input %s and weight %s with stride %"
+                   PRId64 " padding %" PRId64 "/%" PRId64 " dilation %" PRId64 " lhs dilation %"
+                   PRId64 " overflows int64", 2 + d, SHP(a->ndim, a->shape),
+                   SHP(w->ndim, w->shape), st, lo, hi, dil, ld), -1;
+  if (span - 1 < 0)
+    return err_set(GRAFT_ERR_SHAPE, "conv2d: kernel %s larger than padded input %s",
+                   SHP(w->ndim, w->shape), SHP(a->ndim, a->shape)), -1;
+  *out = (span - 1) / st + 1;
+  return 0;
+}
+
+/* Dim i of reduce_window(a): (d + lo + hi - window) / stride + 1. */
+static int ir_window_dim(const ir_node *a, const int64_t *at, int i, int64_t *out) {
+  int64_t w = at[8 + i], st = at[16 + i], lo = at[24 + i], hi = at[32 + i], padded;
+  if (w < 1 || st < 1 || lo < 0 || hi < 0 || __builtin_add_overflow(a->shape[i], lo, &padded) ||
+      __builtin_add_overflow(padded, hi, &padded) || padded < w)
+    return err_set(GRAFT_ERR_SHAPE, "reduce_window: window %" PRId64 " stride %" PRId64
+                   " padding %" PRId64 "/%" PRId64 " invalid for dim %d of %s", w, st, lo, hi, i,
+                   SHP(a->ndim, a->shape)), -1;
+  *out = (padded - w) / st + 1;
+  return 0;
+}
+
 /* Shape inference for the ops whose shape follows from operands and attributes.
  * Fills n->dtype, n->ndim, n->shape; returns -1 with the error set. */
 static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *shape) {
@@ -157,6 +210,8 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
     n->dtype = a && n->op != IR_RNG ? a->dtype : out_dtype;
     if (!dtype_valid(n->dtype))
       return err_set(GRAFT_ERR_DTYPE, "%s: invalid dtype %d", nm, (int)n->dtype), -1;
+    if (n->op == IR_CONSTANT) /* its dtype's value: i32 3.7 hashes, folds and prints as 3 */
+      n->attr.f = dtype_round(n->dtype, n->attr.f);
     if (n->op == IR_IOTA && (at[0] < 0 || at[0] >= (ndim ? ndim : 1) || ndim == 0))
       return err_set(GRAFT_ERR_AXIS, "iota: axis %" PRId64 " out of range for %s", at[0],
                      SHP(ndim, shape)), -1;
@@ -244,7 +299,7 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
       if (st < 1 || s < 0 || l < s || l > a->shape[i])
         return err_set(GRAFT_ERR_SHAPE, "slice: dim %d of %s: start %" PRId64 " limit %" PRId64
                        " stride %" PRId64 " invalid", i, SHP(a->ndim, a->shape), s, l, st), -1;
-      n->shape[i] = (l - s + st - 1) / st;
+      n->shape[i] = l > s ? (l - s - 1) / st + 1 : 0; /* ceil((l-s)/st); st may be huge */
     }
     return 0;
   case IR_CONCAT: {
@@ -263,18 +318,18 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
       if (!ok)
         return err_set(GRAFT_ERR_SHAPE, "concat: shapes %s and %s differ off axis %" PRId64,
                        SHP(a->ndim, a->shape), SHP(b->ndim, b->shape), ax), -1;
-      total += b->shape[ax];
+      if (__builtin_add_overflow(total, b->shape[ax], &total))
+        return err_set(GRAFT_ERR_SHAPE, "concat: %d operands of %s along axis %" PRId64
+                       " overflow int64 at operand %d", n->nin, SHP(a->ndim, a->shape), ax,
+                       k), -1;
     }
     n->shape[ax] = total;
     return 0;
   }
   case IR_PAD:
-    for (int i = 0; i < a->ndim; i++) {
-      if (at[i] < 0 || at[8 + i] < 0 || at[16 + i] < 0)
-        return err_set(GRAFT_ERR_SHAPE, "pad: negative padding on dim %d", i), -1;
-      n->shape[i] = a->shape[i] + at[i] + at[8 + i] +
-                    (a->shape[i] ? (a->shape[i] - 1) * at[16 + i] : 0);
-    }
+    n->attr.f = dtype_round(n->dtype, n->attr.f); /* the fill as the dtype holds it */
+    for (int i = 0; i < a->ndim; i++)
+      if (ir_pad_dim(a, at, i, &n->shape[i])) return -1;
     return 0;
   case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD: {
     if (at[0] < 0 || at[0] >= (INT64_C(1) << a->ndim))
@@ -327,17 +382,8 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
       return err_set(GRAFT_ERR_SHAPE, "conv2d: input %s and weight %s do not match (groups %"
                      PRId64 ")", SHP(a->ndim, a->shape), SHP(w->ndim, w->shape), g), -1;
     n->shape[1] = w->shape[0];
-    for (int d = 0; d < 2; d++) {
-      int64_t st = at[d], lo = at[2 + d], hi = at[4 + d], dil = at[6 + d], ld = at[8 + d];
-      if (st < 1 || dil < 1 || ld < 1 || lo < 0 || hi < 0)
-        return err_set(GRAFT_ERR_ARG, "conv2d: stride, dilation must be >= 1, padding >= 0"), -1;
-      int64_t in = a->shape[2 + d] ? (a->shape[2 + d] - 1) * ld + 1 : 0;
-      int64_t span = in + lo + hi - dil * (w->shape[2 + d] - 1) - 1;
-      if (span < 0)
-        return err_set(GRAFT_ERR_SHAPE, "conv2d: kernel %s larger than padded input %s",
-                       SHP(w->ndim, w->shape), SHP(a->ndim, a->shape)), -1;
-      n->shape[2 + d] = span / st + 1;
-    }
+    for (int d = 0; d < 2; d++)
+      if (ir_conv_dim(a, w, at, d, &n->shape[2 + d])) return -1;
     return 0;
   }
   case IR_GATHER: case IR_SCATTER_ADD: {
@@ -371,14 +417,8 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
   case IR_REDUCE_WINDOW:
     if (at[0] != 0 && at[0] != 1)
       return err_set(GRAFT_ERR_ARG, "reduce_window: unknown kind %" PRId64, at[0]), -1;
-    for (int i = 0; i < a->ndim; i++) {
-      int64_t w = at[8 + i], st = at[16 + i], lo = at[24 + i], hi = at[32 + i];
-      if (w < 1 || st < 1 || lo < 0 || hi < 0 || a->shape[i] + lo + hi < w)
-        return err_set(GRAFT_ERR_SHAPE, "reduce_window: window %" PRId64 " stride %" PRId64
-                       " padding %" PRId64 "/%" PRId64 " invalid for dim %d of %s", w, st, lo,
-                       hi, i, SHP(a->ndim, a->shape)), -1;
-      n->shape[i] = (a->shape[i] + lo + hi - w) / st + 1;
-    }
+    for (int i = 0; i < a->ndim; i++)
+      if (ir_window_dim(a, at, i, &n->shape[i])) return -1;
     return 0;
   default:
     return err_set(GRAFT_ERR_INTERNAL, "%s: no shape rule", nm), -1;
@@ -415,8 +455,12 @@ ir_node *ir_make(ir_op op, int nin, ir_node *const *in, const ir_attrs *attr,
     return NULL;
   }
   if (ir_numel(n->ndim, n->shape) < 0) {
+    char s0[128];
+    err_set(GRAFT_ERR_SHAPE, "%s: result shape %s (from operand %s) has more than 2^56 elements",
+            oi->name, SHP(n->ndim, n->shape),
+            nin ? ir_shape_str(in[0]->ndim, in[0]->shape, s0, sizeof s0) : "[]");
     free(n);
-    return err_set(GRAFT_ERR_SHAPE, "%s: result shape too large", oi->name);
+    return NULL;
   }
   for (int i = 0; i < nin; i++) ir_retain(in[i]);
   ir_finish(n);

@@ -9,18 +9,12 @@ static bool same_shape(const exec_instr *a, const exec_instr *b) {
   return a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim);
 }
 
-/* A constant instruction's value if it is one, for folding and identities. */
+/* A constant instruction's value if it is one: its dtype's value (i32 3.7 is 3, u8 300 is 44),
+ * whatever the program holds, for folding and identities. */
 static bool const_value(const exec_instr *ins, double *v) {
   if (ins->op != IR_CONSTANT) return false;
-  *v = ins->attr.f;
+  *v = dtype_round(ins->dtype, ins->attr.f);
   return true;
-}
-
-/* Rounds v to dt the way the reference kernels store it. */
-static double round_to(graft_dtype dt, double v) {
-  unsigned char buf[8];
-  dtype_store(buf, dt, 0, v);
-  return dtype_load(buf, dt, 0);
 }
 
 /* Returns the slot ins can be replaced by, or -1. */
@@ -64,33 +58,79 @@ static int simplify(const exec_program *p, const exec_instr *ins) {
   }
 }
 
-/* Folds ins into a constant when its operands are constants; true if it did. The arithmetic
- * matches the reference kernels: computed in double, rounded once to the dtype. */
-static bool fold(const exec_program *p, exec_instr *ins) {
-  double x, y;
+typedef union { double d; int64_t i; unsigned char b[8]; } passes_elem; /* one aligned element */
+
+/* x (a value of dtype from) converted to dtype to as ref_convert does: a float source through
+ * dtype_store (truncates, saturates), an integer source through int64 (narrowing wraps). */
+static double convert_value(graft_dtype from, graft_dtype to, double x) {
+  passes_elem src, dst;
+  dtype_store(&src, from, 0, x);
+  if (dtype_is_float(from)) dtype_store(&dst, to, 0, dtype_load(&src, from, 0));
+  else dtype_store_i(&dst, to, 0, dtype_load_i(&src, from, 0));
+  return dtype_load(&dst, to, 0);
+}
+
+static double float_op(ir_op op, double x, double y) {
+  switch (op) {
+  case IR_NEG: return -x;
+  case IR_ADD: return x + y;
+  case IR_SUB: return x - y;
+  case IR_MUL: return x * y;
+  default: return x / y;
+  }
+}
+
+/* Integer ops as the reference kernels do them: in int64, wrapping, then narrowed to dt.
+ * False when the result would not survive the double a constant holds (i64 past 2^53). */
+static bool int_op(ir_op op, graft_dtype dt, double x, double y, double *r) {
+  passes_elem e;
+  dtype_store(&e, GRAFT_I64, 0, x);
+  uint64_t a = (uint64_t)e.i;
+  dtype_store(&e, GRAFT_I64, 0, y);
+  uint64_t b = (uint64_t)e.i, v;
+  int64_t bs = (int64_t)b;
+  switch (op) {
+  case IR_NEG: v = 0 - a; break;
+  case IR_ADD: v = a + b; break;
+  case IR_SUB: v = a - b; break;
+  case IR_MUL: v = a * b; break;
+  default: v = bs == 0 ? 0 : bs == -1 ? 0 - a : (uint64_t)((int64_t)a / bs); break;
+  }
+  dtype_store_i(&e, dt, 0, (int64_t)v);
+  int64_t w = dtype_load_i(&e, dt, 0);
+  if (w > (INT64_C(1) << 53) || w < -(INT64_C(1) << 53)) return false;
+  *r = (double)w;
+  return true;
+}
+
+/* The value ins folds to when its operands are constants; false if it does not fold. Values
+ * are read in their dtype; float math is in double, rounded once to the dtype; integer math
+ * wraps: all as the reference kernels compute them. */
+static bool fold_value(const exec_program *p, const exec_instr *ins, double *r) {
+  double x, y = 0;
   const exec_instr *a = ins->nin ? &p->instr[ins->in[0]] : NULL;
   if (!a || !const_value(a, &x)) return false;
-  bool fl = dtype_is_float(ins->dtype);
-  double r;
   switch (ins->op) {
   case IR_BROADCAST: case IR_RESHAPE: case IR_TRANSPOSE: case IR_SLICE:
-    r = x;
-    break;
+    *r = x;
+    return true;
   case IR_CONVERT:
-    r = round_to(ins->dtype, x);
-    break;
-  case IR_NEG:
-    if (!fl) return false;
-    r = round_to(ins->dtype, -x);
-    break;
-  case IR_ADD: case IR_SUB: case IR_MUL: case IR_DIV:
-    if (!fl || !const_value(&p->instr[ins->in[1]], &y)) return false;
-    r = ins->op == IR_ADD ? x + y : ins->op == IR_SUB ? x - y : ins->op == IR_MUL ? x * y : x / y;
-    r = round_to(ins->dtype, r);
-    break;
+    *r = convert_value(a->dtype, ins->dtype, x);
+    return true;
+  case IR_NEG: case IR_ADD: case IR_SUB: case IR_MUL: case IR_DIV:
+    if (ins->op != IR_NEG && !const_value(&p->instr[ins->in[1]], &y)) return false;
+    if (!dtype_is_float(ins->dtype)) return int_op(ins->op, ins->dtype, x, y, r);
+    *r = dtype_round(ins->dtype, float_op(ins->op, x, y));
+    return true;
   default:
     return false;
   }
+}
+
+/* Folds ins into a constant when its operands are constants; true if it did. */
+static bool fold(const exec_program *p, exec_instr *ins) {
+  double r;
+  if (!fold_value(p, ins, &r)) return false;
   free(ins->in);
   ins->in = NULL;
   ins->nin = 0;
