@@ -306,6 +306,8 @@ typedef struct {
   uint64_t fallback_ops;     /* instructions of compiled graphs run on the reference kernels */
   uint64_t syncs;            /* syncs that had pending work */
   double sync_overhead_ms;   /* sync time outside compile and execute: capture, hash, lookup, bind */
+  uint64_t cache_collisions; /* lookups whose hash matched a cached graph of another structure
+                                (the graph was then found or compiled on its own, never run as that one) */
 } graft_metrics;
 
 /** Fills m with the current counters. */

@@ -3,6 +3,7 @@
 #define _DEFAULT_SOURCE
 #include "check.h"
 #include "graft.h"
+#include "../src/graph/graph.h" /* capture_test_force_hash */
 #include <dirent.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -135,6 +136,51 @@ TEST(shared_vs_distinct_inputs_bind_correctly) {
   graft_release(s1);
   graft_release(s2);
   graft_release(s3);
+  graft_release(x);
+  graft_release(y);
+}
+
+/* Reads t (a sync) into out[2]; false on error. */
+static bool read2(graft_tensor *t, float out[2]) {
+  bool ok = graft_to_host(t, out, 2 * sizeof(float)) == GRAFT_OK;
+  graft_release(t);
+  return ok;
+}
+
+TEST(hash_collision_compiles_its_own_graph) {
+  /* Every capture reports one hash: graphs that differ in an op, in their wiring or in a
+   * constant collide in the cache. Each must get a program of its own, and a graph seen again
+   * must find its own. */
+  float a[2] = {1, 2}, b[2] = {10, 20}, o[2];
+  graft_tensor *x = vec(a, 2), *y = vec(b, 2);
+  graft_metrics_reset();
+  capture_test_force_hash(0x0123456789abcdefull);
+  CHECK(read2(graft_add(x, y), o) && o[0] == 11 && o[1] == 22);
+  CHECK(M().cache_collisions == 0); /* nothing cached under that hash yet */
+  CHECK(read2(graft_mul(x, y), o) && o[0] == 10 && o[1] == 40);            /* another op */
+  CHECK(strstr(graft_last_compile_reason(), "collision") != NULL);
+  /* (x+y)-x and (x+y)-y: the same nodes, wired differently (sub(y,x) would not do: capture
+   * numbers y first there, so it is the same graph as sub(x,y) with its inputs swapped) */
+  graft_tensor *s = graft_add(x, y);
+  CHECK(read2(graft_sub(s, x), o) && o[0] == 10 && o[1] == 20);
+  CHECK(read2(graft_sub(s, y), o) && o[0] == 1 && o[1] == 2);              /* other wiring */
+  graft_release(s);
+  graft_tensor *c1 = graft_full(1.0, GRAFT_F32, 1, (int64_t[]){2});
+  graft_tensor *c2 = graft_full(2.0, GRAFT_F32, 1, (int64_t[]){2});
+  CHECK(read2(graft_add(x, c1), o) && o[0] == 2 && o[1] == 3);
+  CHECK(read2(graft_add(x, c2), o) && o[0] == 3 && o[1] == 4);             /* another constant */
+  CHECK(M().graphs_compiled == 6 && M().cache_hits == 0);
+  CHECK(read2(graft_add(x, y), o) && o[0] == 11 && o[1] == 22);            /* its own entry */
+  CHECK(read2(graft_mul(x, y), o) && o[0] == 10 && o[1] == 40);
+  graft_metrics m = M();
+  CHECK(m.graphs_compiled == 6 && m.cache_hits == 2);
+  CHECK(m.cache_collisions == 7); /* every lookup after the first met another graph's entry */
+  char *rep = graft_metrics_report();
+  CHECK(rep && strstr(rep, "hash collisions") != NULL);
+  free(rep);
+  capture_test_force_hash(0);
+  graft_release(c1);
+  graft_release(c2);
   graft_release(x);
   graft_release(y);
 }
@@ -516,6 +562,7 @@ int main(void) {
   RUN(shape_change_recompiles_and_dump_names_why);
   RUN(constant_value_is_part_of_the_graph);
   RUN(shared_vs_distinct_inputs_bind_correctly);
+  RUN(hash_collision_compiles_its_own_graph);
   RUN(step_materializes_every_live_tensor);
   RUN(sync_chosen_tensors_only);
   RUN(pending_limit_syncs_automatically);

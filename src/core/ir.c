@@ -33,14 +33,21 @@ const char *ir_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
 
 #define SHP(nd, s) ir_shape_str((nd), (s), (char[128]){0}, 128)
 
-static uint64_t ir_local_hash(const ir_node *n) {
+/* Also sets n->nattr: attributes past it are zero, so the hash takes the count and the
+ * prefix (the same information as all IR_MAX_ATTRS words, at a fraction of the mixing). */
+static uint64_t ir_local_hash(ir_node *n) {
   uint64_t h = ir_mix(0x6772616674ull, (uint64_t)n->op);
   h = ir_mix(h, (uint64_t)n->dtype);
   h = ir_mix(h, (uint64_t)n->ndim);
   h = ir_mix(h, (uint64_t)n->device);
   for (int i = 0; i < n->ndim; i++) h = ir_mix(h, (uint64_t)n->shape[i]);
+  n->nattr = 0;
   if (n->op != IR_DATA) {
-    for (int i = 0; i < IR_MAX_ATTRS; i++) h = ir_mix(h, (uint64_t)n->attr.a[i]);
+    int k = IR_MAX_ATTRS;
+    while (k && !n->attr.a[k - 1]) k--;
+    n->nattr = k;
+    h = ir_mix(h, (uint64_t)k);
+    for (int i = 0; i < k; i++) h = ir_mix(h, (uint64_t)n->attr.a[i]);
     uint64_t fb;
     memcpy(&fb, &n->attr.f, sizeof fb);
     h = ir_mix(h, fb);

@@ -54,6 +54,7 @@ struct ir_node {
   ir_attrs attr;
   uint64_t lhash;  /* op, attrs, dtype, shape: what the node is, ignoring operands */
   uint64_t hash;   /* lhash combined with the operands' hashes (structural, for CSE) */
+  int nattr;       /* attr.a[nattr..] are all zero (0 for data leaves: attrs not hashed) */
   struct exec_buffer *data; /* IR_DATA only: the device data */
   int device;
   /* scratch for graph capture; valid only under the global lock during one capture */

@@ -93,7 +93,7 @@ static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *cons
 static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) {
   double t0 = metrics_now_ms();
   if (capture_run(&cap, roots, n)) return graft_last_status();
-  cache_entry *e = cache_lookup(cap.hash);
+  cache_entry *e = cache_lookup(&cap);
   double tc = 0;
   if (e) {
     metrics.m.cache_hits++;
@@ -115,7 +115,7 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
       program_free(p);
       return graft_last_status();
     }
-    e = cache_insert(p, be, exe);
+    e = cache_insert(p, &cap, be, exe);
     if (!e) {
       if (be->free_exe) be->free_exe(exe);
       program_free(p);

@@ -22,6 +22,9 @@ int capture_run(graph_capture *g, ir_node *const *roots, int nroots);
 /* Lowers a capture into a program (new allocation). */
 exec_program *capture_lower(const graph_capture *g);
 void capture_free(graph_capture *g);
+/* Tests only (no graft work in flight): every capture reports this hash instead of its own, so
+ * that different graphs collide in the cache; 0 restores real hashes. Not in graft.h. */
+void capture_test_force_hash(uint64_t hash);
 
 /* Compile cache: graph hash -> program + backend executable. */
 /* TIER_ONCE: ran once on the first tier; queued for compiling when it runs again (a training
@@ -36,11 +39,18 @@ typedef struct cache_entry {
   tier_state tier;
   struct cache_entry *next; /* hash chain */
   struct cache_entry *qnext; /* compile queue */
+  uint64_t *sig;            /* the captured graph's structure (cache.c), checked on a hash hit */
+  size_t nsig;
 } cache_entry;
-cache_entry *cache_lookup(uint64_t hash);
+/* The entry of a graph with g's hash AND g's structure (ops, dtypes, shapes, attributes,
+ * wiring, roots); NULL on a miss. A hash-equal entry of another structure is a collision:
+ * counted in the metrics, never returned. */
+cache_entry *cache_lookup(const graph_capture *g);
 /* Builds the reason a graph with capture g is compiled, naming the nearest cached graph. */
 void cache_reason(const graph_capture *g, char *buf, size_t n);
-cache_entry *cache_insert(exec_program *prog, const backend *be, void *exe);
+/* Caches prog (lowered from capture g, whose structure the entry keeps) with its executable. */
+cache_entry *cache_insert(exec_program *prog, const graph_capture *g, const backend *be,
+                          void *exe);
 /* Calls fn on every cached entry (lock held). */
 void cache_foreach(void (*fn)(cache_entry *e));
 void cache_clear(void);

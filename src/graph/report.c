@@ -42,7 +42,7 @@ char *graft_metrics_report(void) {
   int k = snprintf(s, cap,
       "graft metrics\n"
       "  graphs compiled      %llu\n"
-      "  cache hits           %llu\n"
+      "  cache hits           %llu (%llu hash collisions)\n"
       "  executions           %llu\n"
       "  auto syncs           %llu\n"
       "  nodes traced         %llu\n"
@@ -59,6 +59,7 @@ char *graft_metrics_report(void) {
       "  execute time         %.3f ms\n"
       "  sync overhead        %.3f ms over %llu syncs\n",
       (unsigned long long)m.graphs_compiled, (unsigned long long)m.cache_hits,
+      (unsigned long long)m.cache_collisions,
       (unsigned long long)m.executions, (unsigned long long)m.auto_syncs,
       (unsigned long long)m.nodes_traced, (unsigned long long)m.last_graph_nodes,
       (unsigned long long)m.max_graph_nodes, (unsigned long long)m.live_tensors,

@@ -584,6 +584,7 @@ static std::string py_metrics_json() {
   graft_metrics_get(&m);
   std::ostringstream os;
   os << "{\"graphs_compiled\":" << m.graphs_compiled << ",\"cache_hits\":" << m.cache_hits
+     << ",\"cache_collisions\":" << m.cache_collisions
      << ",\"executions\":" << m.executions << ",\"auto_syncs\":" << m.auto_syncs
      << ",\"nodes_traced\":" << m.nodes_traced << ",\"last_graph_nodes\":" << m.last_graph_nodes
      << ",\"max_graph_nodes\":" << m.max_graph_nodes << ",\"live_tensors\":" << m.live_tensors

@@ -134,10 +134,70 @@ def _hook_torch_manual_seed():
 _hook_torch_manual_seed()
 
 
+def _hook_serialization():
+    """Pickling a graft tensor (torch.save of it, of a state_dict, of an optimizer's state, of a
+    Parameter; pickle) stores a plain CPU tensor: torch's _rebuild_tensor_v2 form with a CPU
+    storage. The file then loads in any process, without graft, honours map_location and
+    weights_only=True, and `.to(graft.device())` or load_state_dict brings it back. (Left alone,
+    torch 1.13 pickles 'xla' tensors through numpy and rebuilds them on 'xla:0', which only a
+    process with graft can load.) The copy is a read: a pending value is synced. Each tensor is
+    its own copy: two graft tensors that alias load as two tensors. copy.copy, which reduces
+    the same way, gives a CPU copy too (clone() and copy.deepcopy stay on the device)."""
+    orig = torch.Tensor._reduce_ex_internal
+    if getattr(orig, "_graft_hooked", False):
+        return
+
+    def _reduce_ex_internal(self, proto):
+        if self.device.type != DEVICE_TYPE:
+            return orig(self, proto)
+        torch.utils.hooks.warn_if_has_hooks(self)
+        with torch.no_grad():
+            cpu = self.detach().cpu()
+        cpu.requires_grad_(self.requires_grad)
+        return orig(cpu, proto)
+
+    _reduce_ex_internal.__doc__ = orig.__doc__
+    _reduce_ex_internal._graft_hooked = True
+    torch.Tensor._reduce_ex_internal = _reduce_ex_internal
+
+
+_hook_serialization()
+
+
+def _graft_tensors(obj, out, seen):
+    """Appends the graft tensors in obj (nested dicts, lists, tuples, sets; a Module's
+    parameters and buffers) to out."""
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        if is_graft(obj):
+            out.append(obj)
+    elif isinstance(obj, torch.nn.Module):
+        for v in obj.state_dict(keep_vars=True).values():
+            _graft_tensors(v, out, seen)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _graft_tensors(k, out, seen)
+            _graft_tensors(v, out, seen)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            _graft_tensors(v, out, seen)
+
+
+def save(obj, f, **kwargs):
+    """torch.save(obj, f, **kwargs) after materializing every graft tensor in obj as one graph.
+    Graft tensors are stored as CPU tensors, so the file loads anywhere, without graft."""
+    ts = []
+    _graft_tensors(obj, ts, set())
+    sync(ts)
+    torch.save(obj, f, **kwargs)
+
+
 def is_pending(t):
     """True while t holds IR not yet materialized."""
     return _ops.is_pending(t)
 
 
 __all__ = ["device", "step", "sync", "metrics", "fallbacks", "reset_metrics", "metrics_report",
-           "set_dump_dir", "manual_seed", "wait_compiles", "is_pending", "last_compile_reason", "is_graft"]
+           "set_dump_dir", "manual_seed", "save", "wait_compiles", "is_pending", "last_compile_reason", "is_graft"]
