@@ -305,6 +305,8 @@ typedef struct {
   uint64_t fallback_ops;     /* instructions of compiled graphs run on the reference kernels */
   uint64_t syncs;            /* syncs that had pending work */
   double sync_overhead_ms;   /* sync time outside compile and execute: capture, hash, lookup, bind */
+  uint64_t checked_executions; /* GRAFT_CHECK: executions also run on the reference kernels */
+  uint64_t check_mismatches; /* GRAFT_CHECK: outputs that differed from the reference kernels */
 } graft_metrics;
 
 /** Fills m with the current counters. */

@@ -598,7 +598,8 @@ static std::string py_metrics_json() {
      << ",\"native_compile_ms\":" << m.native_compile_ms
      << ",\"compiled_executions\":" << m.compiled_executions
      << ",\"native_disk_hits\":" << m.native_disk_hits << ",\"fallback_ops\":" << m.fallback_ops
-     << ",\"syncs\":" << m.syncs
+     << ",\"syncs\":" << m.syncs << ",\"checked_executions\":" << m.checked_executions
+     << ",\"check_mismatches\":" << m.check_mismatches
      << ",\"sync_overhead_ms\":" << m.sync_overhead_ms << ",\"fallbacks\":" << fallback_json() << "}";
   return os.str();
 }
