@@ -308,6 +308,8 @@ typedef struct {
   double sync_overhead_ms;   /* sync time outside compile and execute: capture, hash, lookup, bind */
   uint64_t cache_collisions; /* lookups whose hash matched a cached graph of another structure
                                 (the graph was then found or compiled on its own, never run as that one) */
+  uint64_t checked_executions; /* GRAFT_CHECK: executions also run on the reference kernels */
+  uint64_t check_mismatches; /* GRAFT_CHECK: outputs that differed from the reference kernels */
 } graft_metrics;
 
 /** Fills m with the current counters. */

@@ -475,8 +475,11 @@ ir_node *ir_make(ir_op op, int nin, ir_node *const *in, const ir_attrs *attr,
 }
 
 void ir_attr_str(const ir_node *n, char *buf, size_t size) {
-  const int64_t *a = n->attr.a;
-  int nd = n->nin ? n->in[0]->ndim : n->ndim;
+  ir_attr_fmt(n->op, &n->attr, n->nin ? n->in[0]->ndim : n->ndim, buf, size);
+}
+
+void ir_attr_fmt(ir_op op, const ir_attrs *attr, int nd, char *buf, size_t size) {
+  const int64_t *a = attr->a;
   size_t k = 0;
   buf[0] = 0;
 #define PUT(...) (k += (size_t)snprintf(buf + k, k < size ? size - k : 0, __VA_ARGS__))
@@ -486,13 +489,13 @@ void ir_attr_str(const ir_node *n, char *buf, size_t size) {
     for (int i_ = 0; i_ < (cnt); i_++) PUT("%s%" PRId64, i_ ? "," : "", a[(off) + i_]); \
     PUT("] ");                                                                  \
   } while (0)
-  switch (n->op) {
-  case IR_CONSTANT: PUT("value=%.9g", n->attr.f); break;
+  switch (op) {
+  case IR_CONSTANT: PUT("value=%.9g", attr->f); break;
   case IR_IOTA: case IR_CONCAT: case IR_GATHER: case IR_SCATTER_ADD: PUT("axis=%" PRId64, a[0]); break;
   case IR_RNG: PUT("dist=%s", a[0] ? "normal" : "uniform"); break;
   case IR_TRANSPOSE: LIST("perm", 0, nd); break;
   case IR_SLICE: LIST("start", 0, nd); LIST("limit", 8, nd); LIST("stride", 16, nd); break;
-  case IR_PAD: LIST("lo", 0, nd); LIST("hi", 8, nd); LIST("interior", 16, nd); PUT("value=%.9g", n->attr.f); break;
+  case IR_PAD: LIST("lo", 0, nd); LIST("hi", 8, nd); LIST("interior", 16, nd); PUT("value=%.9g", attr->f); break;
   case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD:
     PUT("axes_mask=0x%" PRIx64 " keepdim=%" PRId64, a[0], a[1]); break;
   case IR_ARGMAX: case IR_ARGMIN: PUT("axis=%" PRId64 " keepdim=%" PRId64, a[0], a[1]); break;

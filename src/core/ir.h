@@ -88,5 +88,7 @@ int64_t ir_pending_count(void);
 const char *ir_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 /* Writes one line describing the node's attributes (empty when none). */
 void ir_attr_str(const ir_node *n, char *buf, size_t size);
+/* The same from the parts a program instruction keeps (nd: dims of operand 0, else its own). */
+void ir_attr_fmt(ir_op op, const ir_attrs *attr, int nd, char *buf, size_t size);
 int64_t ir_numel(int ndim, const int64_t *shape);
 #endif

@@ -52,6 +52,11 @@ typedef struct backend {
   void (*free_exe)(void *exe);
   void (*stats)(backend_stats *out); /* optional */
   void (*shutdown)(void);            /* optional: stop threads, drop caches */
+  /* Optional (GRAFT_CHECK reports): writes into buf which code of exe computed slot (a
+   * generated kernel and what it inlines, a BLAS call, a host or reference kernel); when source
+   * is not NULL, stores there the generated source (malloc'd) or NULL when there is none. It
+   * may set the thread's error; the caller restores it. */
+  void (*explain)(void *exe, const exec_program *p, int slot, char *buf, size_t n, char **source);
 } backend;
 
 extern const backend ref_backend;

@@ -1,8 +1,10 @@
-/* Debug dumps: each compiled graph's IR as text and as Graphviz, into $GRAFT_DUMP_DIR. */
+/* Debug dumps: each compiled graph's IR as text and as Graphviz, into $GRAFT_DUMP_DIR; and a
+ * program as it ran, with its generated source (GRAFT_CHECK's mismatch reports). */
 #include "graph.h"
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int dump_seq;
 
@@ -47,4 +49,44 @@ void dump_graph(const graph_capture *g, const exec_program *p, const char *reaso
     fprintf(f, "}\n");
     fclose(f);
   }
+}
+
+int dump_program(const char *dir, const exec_program *p, const char *tag, const char *header,
+                 const char *source, char *path, size_t n) {
+  char shp[128], attr[1024];
+  snprintf(path, n, "%s/graph_%016" PRIx64 ".%s.txt", dir, p->hash, tag);
+  FILE *f = fopen(path, "w");
+  if (!f) return -1;
+  for (const char *h = header; h && *h;) { /* the header, as comment lines */
+    size_t len = strcspn(h, "\n");
+    fprintf(f, "# %.*s\n", (int)len, h);
+    h += len + (h[len] == '\n');
+  }
+  fprintf(f, "# program %016" PRIx64 " as it ran: %d instructions, %d inputs, %d outputs (slot "
+          "numbers are the generated source's p<N> and S[N])\n", p->hash, p->ninstr, p->nparams,
+          p->noutputs);
+  for (int i = 0; i < p->ninstr; i++) {
+    const exec_instr *ins = &p->instr[i];
+    ir_attr_fmt(ins->op, &ins->attr, ins->nin ? p->instr[ins->in[0]].ndim : ins->ndim, attr,
+                sizeof attr);
+    fprintf(f, "%%%d = %s %s%s", i, ir_ops[ins->op].name, graft_dtype_name(ins->dtype),
+            ir_shape_str(ins->ndim, ins->shape, shp, sizeof shp));
+    for (int k = 0; k < ins->nin; k++) fprintf(f, "%s%%%d", k ? ", " : " (", ins->in[k]);
+    fprintf(f, "%s%s%s", ins->nin ? ")" : "", *attr ? "  " : "", attr);
+    for (int k = 0; k < p->nparams; k++)
+      if (p->param_slot[k] == i) fprintf(f, "  # input %d", k);
+    for (int k = 0; k < p->noutputs; k++)
+      if (p->output_slot[k] == i) fprintf(f, "  # output %d", k);
+    fputc('\n', f);
+  }
+  int rc = fclose(f) ? -1 : 0;
+  if (source) {
+    char src[4200];
+    snprintf(src, sizeof src, "%s/graph_%016" PRIx64 ".c", dir, p->hash);
+    f = fopen(src, "w");
+    if (!f) return -1;
+    fputs(source, f);
+    if (fclose(f)) rc = -1;
+  }
+  return rc;
 }

@@ -147,7 +147,15 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
       return GRAFT_ERR_ARG;
     }
   }
-  exec_donate(p, bufs, roots, n);
+  /* GRAFT_CHECK: the reference kernels run first, from the inputs as bound, before any is
+   * donated (check.c); the plain reference backend (GRAFT_COMPILE=off) is not checked against
+   * itself. Under GRAFT_CHECK=strict nothing is donated, so a sync that a mismatch fails leaves
+   * its tensors pending and usable, as after any failed step. */
+  check_mode cm = check_get_mode();
+  bool fast = e->tier == TIER_READY;
+  bool checking = cm && (fast || e->be != &ref_backend);
+  exec_buffer **ref = checking ? check_reference(p, bufs) : NULL;
+  if (cm != CHECK_STRICT) exec_donate(p, bufs, roots, n);
   exec_buffer **outs = bufs + p->nparams;
   for (int k = 0; k < p->noutputs; k++) outs[k] = NULL;
   /* Root r reads output k, numbered as capture_lower numbered them: by first appearance of
@@ -156,14 +164,30 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
   for (int r = 0, k = 0; r < n; r++)
     if (out_index[cap.out_slot[r]] < 0) out_index[cap.out_slot[r]] = k++;
   double x0 = metrics_now_ms();
-  bool fast = e->tier == TIER_READY;
   int rc = fast ? e->fast->execute(e->fast_exe, p, bufs, outs) : e->be->execute(e->exe, p, bufs, outs);
   if (fast) metrics.m.compiled_executions++;
   double tx = metrics_now_ms() - x0;
   metrics.m.execute_ms += tx;
   graft_status st = GRAFT_OK;
+  int bad = 0;
+  if (checking && !ref) check_unchecked(p, fast ? e->fast->name : e->be->name, rc);
+  if (ref && !rc) {
+    char msg[1024];
+    metrics.m.checked_executions++;
+    bad = check_compare(e, fast, outs, ref, msg, sizeof msg); /* frees ref */
+    if (bad && cm == CHECK_STRICT) {
+      err_set(GRAFT_ERR_INTERNAL, "GRAFT_CHECK=strict: %s (%d output%s differ; report on "
+              "stderr)", msg, bad, bad > 1 ? "s" : "");
+      for (int k = 0; k < p->noutputs; k++) buffer_release(outs[k]);
+    }
+  } else if (ref) { /* the backend failed: nothing to compare */
+    for (int k = 0; k < p->noutputs; k++) buffer_release(ref[k]);
+    free(ref);
+  }
   if (rc) {
     st = graft_last_status() ? graft_last_status() : GRAFT_ERR_INTERNAL;
+  } else if (bad && cm == CHECK_STRICT) {
+    st = GRAFT_ERR_INTERNAL; /* the synced tensors stay pending */
   } else {
     metrics.m.executions++;
     metrics.m.last_graph_nodes = (uint64_t)p->ninstr;

@@ -37,6 +37,7 @@ typedef struct cache_entry {
   const backend *fast;      /* the compiling backend, once tier == TIER_READY */
   void *fast_exe;
   tier_state tier;
+  unsigned char check_reported; /* GRAFT_CHECK: bit 0 first tier, bit 1 compiled code reported */
   struct cache_entry *next; /* hash chain */
   struct cache_entry *qnext; /* compile queue */
   uint64_t *sig;            /* the captured graph's structure (cache.c), checked on a hash hit */
@@ -58,6 +59,29 @@ void cache_clear(void);
 /* Writes the graph's IR text and Graphviz file into $GRAFT_DUMP_DIR, if set. */
 void dump_graph(const graph_capture *g, const exec_program *p, const char *reason,
                 const passes_stats *ps);
+
+/* Writes program p as it ran (after passes: the slot numbers of the generated source) to
+ * dir/graph_<hash>.<tag>.txt after header (as comment lines), and source, when not NULL, to
+ * dir/graph_<hash>.c. path receives the .txt's path. Returns 0, or -1 when a file failed. */
+int dump_program(const char *dir, const exec_program *p, const char *tag, const char *header,
+                 const char *source, char *path, size_t n);
+
+/* GRAFT_CHECK (check.c), read per execution: off, 1 (report mismatches; the backend's results
+ * stand) or strict (a mismatch also fails the sync with GRAFT_ERR_INTERNAL). */
+typedef enum { CHECK_OFF, CHECK_ON, CHECK_STRICT } check_mode;
+check_mode check_get_mode(void);
+/* Runs p on the reference kernels from params, before the backend runs (inputs are not yet
+ * donated). Returns the p->noutputs results, or NULL (the check is skipped, with a note). */
+exec_buffer **check_reference(const exec_program *p, exec_buffer *const *params);
+/* After the backend ran (rc: its result) where check_reference returned NULL: a note on stderr
+ * unless the backend failed too. */
+void check_unchecked(const exec_program *p, const char *backend_name, int backend_rc);
+/* Compares the backend's outputs with ref (and frees ref): reports each output that differs on
+ * stderr (the first time per graph and tier) with the graph's IR and generated source dumped,
+ * and counts it. Returns the number of outputs that differ; msg receives a one-line summary
+ * of the first. */
+int check_compare(cache_entry *e, bool fast, exec_buffer *const *outs, exec_buffer **ref,
+                  char *msg, size_t n);
 
 /* Materializes the given tensors (lock held). Returns GRAFT_OK or an error status. */
 graft_status exec_sync_locked(tensor_slot *const *ts, int n);

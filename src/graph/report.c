@@ -73,6 +73,10 @@ char *graft_metrics_report(void) {
       (unsigned long long)m.native_disk_refused,
       m.compile_ms, m.execute_ms, m.sync_overhead_ms,
       (unsigned long long)m.syncs);
+  if (m.checked_executions || m.check_mismatches)
+    k += snprintf(s + k, cap - (size_t)k, "  checked executions   %llu (GRAFT_CHECK), %llu outputs "
+                  "differed from the reference kernels\n", (unsigned long long)m.checked_executions,
+                  (unsigned long long)m.check_mismatches);
   backend_stats bs;
   report_backend_stats(&bs);
   if (m.fallback_ops) {

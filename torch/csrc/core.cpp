@@ -600,7 +600,8 @@ static std::string py_metrics_json() {
      << ",\"compiled_executions\":" << m.compiled_executions
      << ",\"native_disk_hits\":" << m.native_disk_hits
      << ",\"native_disk_refused\":" << m.native_disk_refused << ",\"fallback_ops\":" << m.fallback_ops
-     << ",\"syncs\":" << m.syncs
+     << ",\"syncs\":" << m.syncs << ",\"checked_executions\":" << m.checked_executions
+     << ",\"check_mismatches\":" << m.check_mismatches
      << ",\"sync_overhead_ms\":" << m.sync_overhead_ms << ",\"fallbacks\":" << fallback_json() << "}";
   return os.str();
 }

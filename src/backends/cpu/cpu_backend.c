@@ -70,7 +70,7 @@ static void *cpu_compile_locked(const exec_program *p) {
   if (cpu_plan_build(p, bl->sgemm && bl->dgemm, &pl)) return NULL;
   cpu_sb src = {0};
   int nk = 0;
-  int rc = cpu_codegen(p, &pl, &src, &nk);
+  int rc = cpu_codegen(p, &pl, &src, &nk, NULL);
   cpu_plan_free(&pl);
   if (rc) {
     cpu_sb_free(&src);
@@ -253,6 +253,86 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
   return rc;
 }
 
+/* GRAFT_CHECK: which code computed slot. The plan and source are generated again (they are
+ * deterministic: the same text the compile hashed, so the one its object came from), with the
+ * map from slots to kernels; the kernel's inlined instructions are the slots between it and
+ * the buffers it reads. */
+static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, size_t n,
+                        char **source) {
+  cpu_exe *e = exe;
+  const exec_instr *ins = &p->instr[slot];
+  const char *op = ir_ops[ins->op].name;
+  if (source) *source = NULL;
+  snprintf(buf, n, "%s %%%d (the compiled code could not be mapped)", op, slot);
+  int *kof = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
+  int *stack = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
+  unsigned char *seen = calloc((size_t)p->ninstr + 1, 1);
+  cpu_plan pl = {0};
+  cpu_sb src = {0};
+  int nk = 0;
+  pthread_mutex_lock(&cpu_compile_mu);
+  const cpu_blas_fns *bl = cpu_blas();
+  bool planned = kof && stack && seen && !cpu_plan_build(p, bl->sgemm && bl->dgemm, &pl);
+  if (planned) for (int s = 0; s < p->ninstr; s++) kof[s] = -1;
+  bool ok = planned && !cpu_codegen(p, &pl, &src, &nk, kof);
+  pthread_mutex_unlock(&cpu_compile_mu);
+  if (!ok) goto done; /* the report just says less (the caller restores the error state) */
+  size_t k = 0;
+#define PUT(...) (k += (size_t)snprintf(buf + k, k < n ? n - k : 0, __VA_ARGS__))
+  int role = pl.role[slot];
+  if (role == CPU_GEMM) {
+    PUT("a BLAS GEMM call in graft_entry of graph_%016" PRIx64 ".c (dot %%%d x %%%d)", e->hash,
+        ins->in[0], ins->in[1]);
+  } else if (role == CPU_FALLBACK) {
+    ref_arg a[16];
+    for (int q = 0; q < ins->nin && q < 16; q++) {
+      const exec_instr *x = &p->instr[ins->in[q]];
+      a[q] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel};
+    }
+    bool host = ins->nin <= 16 && cpu_host_kernel(ins, a);
+    PUT("the %s for %s %%%d, called from graft_entry of graph_%016" PRIx64 ".c (rt->fallback)",
+        host ? "host kernel (cpu_kernels.c)" : "reference kernel", op, slot, e->hash);
+  } else if (kof[slot] >= 0) {
+    int kid = kof[slot], ni = 0, nm = 0, nr = 0, top = 0;
+    PUT("generated kernel k%d (static void k%d_ in graph_%016" PRIx64 ".c, kernel %d of %d)",
+        kid, kid, e->hash, kid + 1, nk);
+    for (int s = 0; s < p->ninstr; s++)
+      if (kof[s] == kid && s != slot) PUT("%s%%%d %s", nm++ ? ", " : "; it also writes ", s,
+                                          ir_ops[p->instr[s].op].name);
+    /* the slot's inlined cone, and the buffers at its edge */
+    seen[slot] = 1;
+    stack[top++] = slot;
+    while (top) {
+      const exec_instr *x = &p->instr[stack[--top]];
+      for (int q = 0; q < x->nin; q++) {
+        int s = x->in[q];
+        if (seen[s]) continue;
+        seen[s] = 1;
+        if (pl.role[s] == CPU_INLINE) stack[top++] = s;
+      }
+    }
+    for (int s = 0; s < p->ninstr; s++)
+      if (seen[s] && s != slot && pl.role[s] == CPU_INLINE)
+        PUT("%s%%%d %s", ni++ ? ", " : "; inlined into it: ", s, ir_ops[p->instr[s].op].name);
+    for (int s = 0; s < p->ninstr; s++)
+      if (seen[s] && s != slot && pl.role[s] != CPU_INLINE)
+        PUT("%s%%%d %s", nr++ ? ", " : "; it reads the buffers ", s, ir_ops[p->instr[s].op].name);
+  } else {
+    PUT("%s %%%d (no kernel writes it in the regenerated source)", op, slot);
+  }
+#undef PUT
+  if (source) {
+    *source = src.s; /* handed over */
+    src.s = NULL;
+  }
+done:
+  cpu_plan_free(&pl);
+  cpu_sb_free(&src);
+  free(kof);
+  free(stack);
+  free(seen);
+}
+
 static void cpu_free_exe(void *exe) {
   cpu_exe *e = exe;
   if (!e) return;
@@ -269,4 +349,5 @@ const backend cpu_backend = {
     .free_exe = cpu_free_exe,
     .stats = cpu_backend_stats,
     .shutdown = cpu_backend_shutdown,
+    .explain = cpu_explain,
 };

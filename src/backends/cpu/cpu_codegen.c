@@ -559,7 +559,8 @@ static bool cpu_can_join(const exec_program *p, const cpu_plan *pl, int i, int a
   return !memcmp(ins->shape, oshape, sizeof(int64_t) * (size_t)a);
 }
 
-int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nkernels) {
+int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nkernels,
+                int *kernel_of) {
   int n = p->ninstr;
   cpu_cg *g = calloc(1, sizeof *g);
   int *last_step = malloc(sizeof(int) * ((size_t)n + 1));
@@ -683,6 +684,7 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
       for (int k = 0; k < mi->nin && g->cost; k++) c += g->cost[mi->in[k]];
       work += cpu_work(p, G.inst[m]) * c;
       cpu_sb_printf(&entry, "  if (rt->alloc(rt->ctx, %d)) return -1;\n", G.inst[m]);
+      if (kernel_of) kernel_of[G.inst[m]] = kid;
     }
     if (work >= CPU_PAR_MIN_WORK && units >= 2)
       cpu_sb_printf(&entry, "  rt->parallel(rt->ctx, k%d, S, %" PRId64 ");\n", kid, units);

@@ -43,8 +43,10 @@ bool cpu_op_generated(const exec_program *p, int i, bool have_blas);
 int cpu_gemm_operand(const exec_program *p, const cpu_plan *pl, int s, int *trans);
 
 /* ---- cpu_codegen.c: the translation unit ---- */
-/* Renders the program; returns 0 or -1 (error set). Fills *nkernels. */
-int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nkernels);
+/* Renders the program; returns 0 or -1 (error set). Fills *nkernels and, when kernel_of is not
+ * NULL, sets kernel_of[s] = N for each slot s that kernel k<N> writes (other entries untouched). */
+int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nkernels,
+                int *kernel_of);
 
 /* ---- cpu_compile.c: compiler, disk cache, dlopen ---- */
 typedef struct {

@@ -6,6 +6,7 @@
  * without a dtype dispatch per element. Everything else runs on the reference kernels. */
 #include "cpu_internal.h"
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 static bool interp_supports(const exec_instr *ins) {
@@ -234,10 +235,29 @@ static int interp_execute(void *exe, const exec_program *p, exec_buffer *const *
   return ref_run(p, params, outs, interp_pick);
 }
 
+/* GRAFT_CHECK: the kernel that computed slot (one instruction at a time here). */
+static void interp_explain(void *exe, const exec_program *p, int slot, char *buf, size_t n,
+                           char **source) {
+  (void)exe;
+  const exec_instr *ins = &p->instr[slot];
+  ref_arg a[16];
+  for (int k = 0; k < ins->nin && k < 16; k++) {
+    const exec_instr *x = &p->instr[ins->in[k]];
+    a[k] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel}; /* the picks read no data */
+  }
+  const char *what = "the reference kernel";
+  if (ins->nin <= 16 && cpu_host_kernel(ins, a)) what = "the host kernel (cpu_kernels.c)";
+  else if (ins->nin <= 16 && interp_pick(ins, a)) what = "a typed loop of cpu_interp.c";
+  snprintf(buf, n, "%s for %s %%%d, on the first tier (one instruction at a time; an operand "
+           "that is not an output may already have differed)", what, ir_ops[ins->op].name, slot);
+  if (source) *source = NULL;
+}
+
 const backend cpu_interp_backend = {
     .name = "interp",
     .supports = interp_supports,
     .compile = interp_compile,
     .execute = interp_execute,
     .free_exe = NULL,
+    .explain = interp_explain,
 };
