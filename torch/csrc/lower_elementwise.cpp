@@ -204,6 +204,107 @@ void threshold_backward(const c10::OperatorHandle &op, Stack *s) {  // (grad_out
   push(s, wrap(chk(graft_where(le.get(), z.get(), g.get()), "threshold_backward")));
 }
 
+// hardtanh(self, min_val, max_val): a clamp (relu6 is hardtanh(0, 6)).
+void hardtanh(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  G x = tv(a.t(0));
+  at::ScalarType st = gst(x);
+  x = chk(graft_maximum(x.get(), scal(a.d(1), st).get()), "hardtanh");
+  push(s, wrap(chk(graft_minimum(x.get(), scal(a.d(2), st).get()), "hardtanh")));
+}
+
+// g where lo < x < hi (strictly, as PyTorch's kernel), else 0.
+G pass_between(const G &g, const G &x, double lo, double hi, const char *fn) {
+  at::ScalarType xs = gst(x);
+  G below = chk(graft_le(x.get(), scal(lo, xs).get()), fn);
+  G above = chk(graft_ge(x.get(), scal(hi, xs).get()), fn);
+  G out = chk(graft_logical_or(below.get(), above.get()), fn);
+  G z = chk(graft_zeros(graft_get_dtype(g.get()), 0, nullptr), fn);
+  return chk(graft_where(out.get(), z.get(), g.get()), fn);
+}
+
+void hardtanh_backward(const c10::OperatorHandle &op, Stack *s) {  // (grad, self, min, max)
+  Args a(op, s);
+  push(s, wrap(pass_between(tv(a.t(0)), tv(a.t(1)), a.d(2), a.d(3), "hardtanh_backward")));
+}
+
+void silu(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  G x = tv(a.t(0));
+  G sg = chk(graft_sigmoid(x.get()), "silu");
+  push(s, wrap(chk(graft_mul(x.get(), sg.get()), "silu")));
+}
+
+void silu_backward(const c10::OperatorHandle &op, Stack *s) {  // g * s * (1 + x * (1 - s))
+  Args a(op, s);
+  G g = tv(a.t(0)), x = tv(a.t(1));
+  at::ScalarType st = gst(x);
+  G sg = chk(graft_sigmoid(x.get()), "silu_backward");
+  G one_m = chk(graft_sub(scal(1.0, st).get(), sg.get()), "silu_backward");
+  G inner = chk(graft_add_scalar(chk(graft_mul(x.get(), one_m.get()), "silu_backward").get(), 1.0),
+                "silu_backward");
+  G d = chk(graft_mul(sg.get(), inner.get()), "silu_backward");
+  push(s, wrap(chk(graft_mul(g.get(), d.get()), "silu_backward")));
+}
+
+// min(max(x + 3, 0), 6) / 6
+G hard_sigmoid_of(const G &x, const char *fn) {
+  at::ScalarType st = gst(x);
+  G t = chk(graft_add(x.get(), scal(3.0, st).get()), fn);
+  t = chk(graft_maximum(t.get(), scal(0.0, st).get()), fn);
+  t = chk(graft_minimum(t.get(), scal(6.0, st).get()), fn);
+  return chk(graft_div(t.get(), scal(6.0, st).get()), fn);
+}
+
+void hardsigmoid(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  push(s, wrap(hard_sigmoid_of(tv(a.t(0)), "hardsigmoid")));
+}
+
+void hardsigmoid_backward(const c10::OperatorHandle &op, Stack *s) {  // g/6 where -3 < x < 3
+  Args a(op, s);
+  G g = tv(a.t(0));
+  G g6 = chk(graft_div(g.get(), scal(6.0, gst(g)).get()), "hardsigmoid_backward");
+  push(s, wrap(pass_between(g6, tv(a.t(1)), -3.0, 3.0, "hardsigmoid_backward")));
+}
+
+void hardswish(const c10::OperatorHandle &op, Stack *s) {  // x * hardsigmoid(x)
+  Args a(op, s);
+  G x = tv(a.t(0));
+  push(s, wrap(chk(graft_mul(x.get(), hard_sigmoid_of(x, "hardswish").get()), "hardswish")));
+}
+
+// 0 for x < -3, g * (x / 3 + 0.5) for x <= 3, g above (PyTorch's kernel).
+void hardswish_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const char *fn = "hardswish_backward";
+  G g = tv(a.t(0)), x = tv(a.t(1));
+  at::ScalarType st = gst(x);
+  G mid = chk(graft_add_scalar(chk(graft_div(x.get(), scal(3.0, st).get()), fn).get(), 0.5), fn);
+  G gm = chk(graft_mul(g.get(), mid.get()), fn);
+  G le3 = chk(graft_le(x.get(), scal(3.0, st).get()), fn);
+  G r = chk(graft_where(le3.get(), gm.get(), g.get()), fn);
+  G lt = chk(graft_lt(x.get(), scal(-3.0, st).get()), fn);
+  G z = chk(graft_zeros(graft_get_dtype(r.get()), 0, nullptr), fn);
+  push(s, wrap(chk(graft_where(lt.get(), z.get(), r.get()), fn)));
+}
+
+// triu / tril(self, diagonal): keep x where col - row >= diagonal (triu) / <= diagonal (tril).
+template <bool Upper>
+void tri(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const char *fn = Upper ? "triu" : "tril";
+  TORCH_CHECK(a.t(0).dim() >= 2, fn, ": input must have at least 2 dims, got ", a.t(0).dim());
+  G x = tv(a.t(0));
+  int64_t rc[2] = {a.t(0).size(-2), a.t(0).size(-1)};
+  G row = chk(graft_iota(GRAFT_I64, 2, rc, 0), fn), col = chk(graft_iota(GRAFT_I64, 2, rc, 1), fn);
+  G off = chk(graft_sub(col.get(), row.get()), fn);
+  G d = scal((double)a.i(1), at::kLong);
+  G keep = chk(Upper ? graft_ge(off.get(), d.get()) : graft_le(off.get(), d.get()), fn);
+  G z = chk(graft_zeros(graft_get_dtype(x.get()), 0, nullptr), fn);
+  push(s, wrap(chk(graft_where(keep.get(), x.get(), z.get()), fn)));
+}
+
 void gelu(const c10::OperatorHandle &op, Stack *s) {
   Args a(op, s);
   G x = tv(a.t(0));
@@ -425,6 +526,16 @@ void add_elementwise_lowerings(LoweringTable &t) {
       {"aten::tanh_backward", &tanh_backward},
       {"aten::threshold", &threshold},
       {"aten::threshold_backward", &threshold_backward},
+      {"aten::hardtanh", &hardtanh},
+      {"aten::hardtanh_backward", &hardtanh_backward},
+      {"aten::silu", &silu},
+      {"aten::silu_backward", &silu_backward},
+      {"aten::hardsigmoid", &hardsigmoid},
+      {"aten::hardsigmoid_backward", &hardsigmoid_backward},
+      {"aten::hardswish", &hardswish},
+      {"aten::hardswish_backward", &hardswish_backward},
+      {"aten::triu", &tri<true>},
+      {"aten::tril", &tri<false>},
       {"aten::addcmul", &addc<false>},
       {"aten::addcdiv", &addc<true>},
       {"aten::lerp.Scalar", &lerp},
