@@ -12,7 +12,7 @@ static graph_capture cap;
 static void lower_both(graft_tensor **roots, int n, exec_program **raw, exec_program **opt,
                        passes_stats *ps) {
   ir_node *nodes[8];
-  for (int i = 0; i < n; i++) nodes[i] = roots[i]->node;
+  for (int i = 0; i < n; i++) nodes[i] = tensor_check(roots[i], "lower_both")->node;
   CHECK(capture_run(&cap, nodes, n) == 0);
   *raw = capture_lower(&cap);
   *opt = capture_lower(&cap);
@@ -189,7 +189,7 @@ TEST(convert_folds_in_the_constants_dtype) {
 TEST(passes_round_a_raw_constant_to_its_dtype) {
   graft_scope_begin();
   graft_tensor *y = graft_convert(graft_full(3, GRAFT_I32, 0, NULL), GRAFT_F64);
-  ir_node *root = y->node;
+  ir_node *root = tensor_check(y, "test")->node;
   CHECK(capture_run(&cap, &root, 1) == 0);
   exec_program *p = capture_lower(&cap);
   CHECK(p && p->instr[0].op == IR_CONSTANT);
