@@ -837,10 +837,11 @@ TEST(creators_on_devices) {
   LIVE_BEGIN;
   graft_scope_begin();
   int64_t sh[2] = {2, 3};
-  graft_tensor *t[7] = {graft_full_on(2, GRAFT_F32, 2, sh, dev), graft_zeros_on(GRAFT_F32, 2, sh, dev),
-                        graft_ones_on(GRAFT_F32, 2, sh, dev), graft_iota_on(GRAFT_F32, 2, sh, 1, dev),
-                        graft_rand_uniform_on(GRAFT_F32, 2, sh, dev),
-                        graft_rand_normal_on(GRAFT_F32, 2, sh, dev), graft_scalar_on(5, GRAFT_F32, dev)};
+  const graft_dtype F = GRAFT_F32;
+  graft_tensor *t[7] = {graft_full_on(2, F, 2, sh, dev),       graft_zeros_on(F, 2, sh, dev),
+                        graft_ones_on(F, 2, sh, dev),          graft_iota_on(F, 2, sh, 1, dev),
+                        graft_rand_uniform_on(F, 2, sh, dev),  graft_rand_normal_on(F, 2, sh, dev),
+                        graft_scalar_on(5, F, dev)};
   for (int i = 0; i < 7; i++) CHECK(t[i] && graft_device(t[i]) == dev);
   double got[6];
   CHECK(get(graft_add(t[3], t[6]), got, 6)); /* iota + 5 */
@@ -848,16 +849,18 @@ TEST(creators_on_devices) {
   /* the plain creators stay on cpu:0 */
   graft_tensor *z = graft_zeros(GRAFT_F32, 2, sh);
   CHECK(z && graft_device(z) == 0);
-  CHECK(!graft_full_on(1, GRAFT_F32, 2, sh, GRAFT_MAX_DEVICES) && err_is(GRAFT_ERR_DEVICE, "graft_full_on"));
-  CHECK(!graft_scalar_on(1, GRAFT_F32, -1) && err_is(GRAFT_ERR_DEVICE, "graft_scalar_on"));
-  CHECK(!graft_iota_on(GRAFT_F32, 2, sh, 0, 9) && strstr(graft_last_error(), "cpu:9") &&
-        err_is(GRAFT_ERR_DEVICE, "graft_iota_on"));
-  CHECK(!graft_rand_uniform_on(GRAFT_F32, 2, sh, 4) && err_is(GRAFT_ERR_DEVICE, "graft_rand_uniform_on"));
+  const graft_status D = GRAFT_ERR_DEVICE;
+  CHECK(!graft_full_on(1, F, 2, sh, GRAFT_MAX_DEVICES) && err_is(D, "graft_full_on"));
+  CHECK(!graft_scalar_on(1, F, -1) && err_is(D, "graft_scalar_on"));
+  CHECK(!graft_iota_on(F, 2, sh, 0, 9) && strstr(graft_last_error(), "cpu:9") &&
+        err_is(D, "graft_iota_on"));
+  CHECK(!graft_rand_uniform_on(F, 2, sh, 4) && err_is(D, "graft_rand_uniform_on"));
   graft_scope_end();
   LIVE_END;
 }
 
-/* Every composite gives, on another device, bit for bit what it gives on cpu:0. */
+/* Every composite (and avg_pool2d, whose divisor is a constant) gives, on another device, bit for
+ * bit what it gives on cpu:0. */
 static graft_tensor *on(int d, const double *v, graft_dtype dt, int nd, const int64_t *sh) {
   int keep = dev;
   dev = d;
@@ -866,10 +869,10 @@ static graft_tensor *on(int d, const double *v, graft_dtype dt, int nd, const in
   return t;
 }
 
-enum { NCOMP = 16 };
+enum { NCOMP = 17 };
 static void composites_on(int d, graft_tensor **out) {
-  double xv[24], wv[4], bv[4], rm[3] = {0.5, -1, 2}, rv[3] = {1, 2, 0.5}, tv[6] = {0, 3, 1, 2, 3, 0};
-  double iv[5] = {2, 0, 1, 1, 2};
+  double xv[24], wv[4], bv[4], rm[3] = {0.5, -1, 2}, rv[3] = {1, 2, 0.5};
+  double tv[6] = {0, 3, 1, 2, 3, 0}, iv[5] = {2, 0, 1, 1, 2};
   graft_scope_begin();
   lcg_seed(77);
   fill(xv, 24, -2, 2);
@@ -895,13 +898,15 @@ static void composites_on(int d, graft_tensor **out) {
   out[6] = graft_layer_norm(x, w, b, 1e-5);
   out[7] = graft_batch_norm(x4, c, c, NULL, NULL, true, 1e-5);
   out[8] = graft_batch_norm(x3, NULL, NULL, rmt, rvt, false, 1e-5);
-  out[9] = graft_linear(x, graft_reshape(emb, 2, s34), graft_slice(b, (int64_t[]){0}, (int64_t[]){3}, NULL));
+  out[9] = graft_linear(x, emb, graft_slice(b, (int64_t[]){0}, (int64_t[]){3}, NULL));
   out[10] = graft_cross_entropy(x, tgt);
   out[11] = graft_dropout(x, 0.5, true);
   out[12] = graft_embedding(emb, idx);
   out[13] = graft_max_pool2d_backward(x4, dy, (int[]){2, 2}, NULL, NULL);
   out[14] = graft_flip(x, (int[]){0, 1}, 2);
-  out[15] = graft_max_pool2d_backward(x4, dy1, (int[]){2, 2}, (int[]){1, 1}, NULL); /* overlapping */
+  /* overlapping windows: the other path */
+  out[15] = graft_max_pool2d_backward(x4, dy1, (int[]){2, 2}, (int[]){1, 1}, NULL);
+  out[16] = graft_avg_pool2d(x4, (int[]){2, 2}, NULL, NULL); /* a primitive making a constant */
   for (int i = 0; i < NCOMP; i++) out[i] = out[i] ? graft_keep(out[i]) : NULL;
   graft_scope_end(); /* releases the inputs and views */
 }
