@@ -73,14 +73,22 @@ build/tsan/tests/test_threads: tests/test_threads.c build/tsan/libgraft.a
 	$(CC) $(BASE) $(WARN) -O1 -g $(TSAN) $< build/tsan/libgraft.a -o $@ $(LIBS)
 
 # Every test on the reference backend alone (deterministic), then the op and composite tests
-# again with each graph compiled to native code before it runs (GRAFT_COMPILE=sync).
+# again with each graph compiled to native code before it runs (GRAFT_COMPILE=sync); each pass
+# runs the composite and gradient suites on cpu:0 and again on cpu:1.
 COMPILED_TESTS := test_composite test_grad test_passes test_ops_elementwise test_ops_shape test_ops_nn
+
+# The device-parametrized suites (inputs on cpu:GRAFT_TEST_DEVICE) run again on cpu:1.
+DEVICE_TESTS := test_composite test_grad
 
 check-asan: $(TESTS:tests/%.c=build/asan/tests/%)
 	@set -e; for t in $^; do echo "== $$t"; GRAFT_COMPILE=off ASAN_OPTIONS=detect_leaks=1 ./$$t; done
+	@set -e; for t in $(DEVICE_TESTS:%=build/asan/tests/%); do echo "== $$t (cpu:1)"; \
+	  GRAFT_TEST_DEVICE=1 GRAFT_COMPILE=off ASAN_OPTIONS=detect_leaks=1 ./$$t; done
 
 check-compiled: $(COMPILED_TESTS:%=build/asan/tests/%)
 	@set -e; for t in $^; do echo "== $$t (compiled)"; GRAFT_COMPILE=sync ASAN_OPTIONS=detect_leaks=1 ./$$t; done
+	@set -e; for t in $(DEVICE_TESTS:%=build/asan/tests/%); do echo "== $$t (compiled, cpu:1)"; \
+	  GRAFT_TEST_DEVICE=1 GRAFT_COMPILE=sync ASAN_OPTIONS=detect_leaks=1 ./$$t; done
 
 build/fuzz_graphs: tests/fuzz_graphs.c tests/test_cpu_backend.c build/libgraft.a
 	$(CC) $(BASE) $(WARN) -O2 -g $< build/libgraft.a -o $@ $(LIBS)

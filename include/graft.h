@@ -83,20 +83,37 @@ graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const 
                               int device);
 /** A 0-d tensor holding a user scalar: a parameter, so changing the value never recompiles. */
 graft_tensor *graft_scalar(double value, graft_dtype dt);
+/** graft_scalar on a device (0..3). Every creator has such an _on form; the plain form is cpu:0.
+ *  Pass graft_device(x) to make a value that combines with x. */
+graft_tensor *graft_scalar_on(double value, graft_dtype dt, int device);
 /** A constant filled with value (part of the graph, hashed by value). */
 graft_tensor *graft_full(double value, graft_dtype dt, int ndim, const int64_t *shape);
+/** graft_full on a device (0..3). */
+graft_tensor *graft_full_on(double value, graft_dtype dt, int ndim, const int64_t *shape,
+                            int device);
 /** graft_full with 0. */
 graft_tensor *graft_zeros(graft_dtype dt, int ndim, const int64_t *shape);
+/** graft_zeros on a device (0..3). */
+graft_tensor *graft_zeros_on(graft_dtype dt, int ndim, const int64_t *shape, int device);
 /** graft_full with 1. */
 graft_tensor *graft_ones(graft_dtype dt, int ndim, const int64_t *shape);
+/** graft_ones on a device (0..3). */
+graft_tensor *graft_ones_on(graft_dtype dt, int ndim, const int64_t *shape, int device);
 /** Values 0,1,2,... along axis, broadcast along the other axes. */
 graft_tensor *graft_iota(graft_dtype dt, int ndim, const int64_t *shape, int axis);
+/** graft_iota on a device (0..3). */
+graft_tensor *graft_iota_on(graft_dtype dt, int ndim, const int64_t *shape, int axis,
+                            int device);
 /** Seeds the generator used by graft_rand_* and graft_dropout (reproducible streams). */
 void graft_manual_seed(uint64_t seed);
 /** Uniform [0,1) samples from a counter-based generator; the seed is a parameter. */
 graft_tensor *graft_rand_uniform(graft_dtype dt, int ndim, const int64_t *shape);
+/** graft_rand_uniform on a device (0..3); one generator (graft_manual_seed) serves all devices. */
+graft_tensor *graft_rand_uniform_on(graft_dtype dt, int ndim, const int64_t *shape, int device);
 /** Standard normal samples (Box-Muller over the counter-based generator). */
 graft_tensor *graft_rand_normal(graft_dtype dt, int ndim, const int64_t *shape);
+/** graft_rand_normal on a device (0..3). */
+graft_tensor *graft_rand_normal_on(graft_dtype dt, int ndim, const int64_t *shape, int device);
 /** Copies t to another device (syncs t first). */
 graft_tensor *graft_to_device(graft_tensor *t, int device);
 

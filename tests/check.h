@@ -4,6 +4,7 @@
 #define GRAFT_CHECK_H
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int check_failed_in_test;
@@ -40,6 +41,13 @@ static int check_passed, check_failed;
       check_passed++;                                                                       \
     }                                                                                       \
   } while (0)
+/* The device the device-parametrized tests (test_composite, test_grad) make their inputs on:
+ * GRAFT_TEST_DEVICE=n runs them on cpu:n (the Makefile runs them on cpu:0 and cpu:1). */
+static inline int check_test_device(void) {
+  const char *e = getenv("GRAFT_TEST_DEVICE");
+  return e && *e ? atoi(e) : 0;
+}
+
 #define CHECK_DONE()                                                                        \
   (printf("%d passed, %d failed\n", check_passed, check_failed), check_failed ? 1 : 0)
 #endif

@@ -1,6 +1,8 @@
 /* Tests of the composite ops (src/api/composite.c) against plain C double loops computed here,
  * independently of graft, plus hand-checked values and error cases. Every test also checks that
- * it leaves no live tensor behind (the composites release their intermediates). */
+ * it leaves no live tensor behind (the composites release their intermediates). The inputs are
+ * made on cpu:GRAFT_TEST_DEVICE (default 0; the Makefile runs the suite on cpu:0 and cpu:1) and
+ * every result read must be on that device. */
 #include "graft.h"
 #include "check.h"
 
@@ -8,6 +10,8 @@
 #include <stdlib.h>
 
 /* ---- helpers ---- */
+
+static int dev; /* the device of every input (GRAFT_TEST_DEVICE) */
 
 static uint64_t lcg;
 static void lcg_seed(uint64_t s) { lcg = s; }
@@ -40,7 +44,7 @@ static graft_tensor *mk(const double *v, graft_dtype dt, int nd, const int64_t *
     default: break;
     }
   }
-  graft_tensor *t = graft_from_host(buf, dt, nd, sh, 0);
+  graft_tensor *t = graft_from_host(buf, dt, nd, sh, dev);
   free(buf);
   return t;
 }
@@ -48,6 +52,10 @@ static graft_tensor *mk(const double *v, graft_dtype dt, int nd, const int64_t *
 /* Reads t (f32/f64/i32/i64) into out[n] as doubles; false if t is NULL, the wrong size or fails. */
 static bool get(graft_tensor *t, double *out, int64_t n) {
   if (!t || graft_numel(t) != n) return false;
+  if (graft_device(t) != dev) {
+    fprintf(stderr, "  result on cpu:%d, inputs on cpu:%d\n", graft_device(t), dev);
+    return false;
+  }
   graft_dtype dt = graft_get_dtype(t);
   size_t es = graft_dtype_size(dt);
   void *buf = malloc((size_t)(n ? n : 1) * es);
@@ -821,7 +829,146 @@ TEST(errors_name_the_composite_called) {
   LIVE_END;
 }
 
+/* ---- devices ---- */
+
+/* The _on creators make their tensors on the device given, reject a device that does not exist
+ * naming the function and the device, and combine with tensors of that device only. */
+TEST(creators_on_devices) {
+  LIVE_BEGIN;
+  graft_scope_begin();
+  int64_t sh[2] = {2, 3};
+  const graft_dtype F = GRAFT_F32;
+  graft_tensor *t[7] = {graft_full_on(2, F, 2, sh, dev),       graft_zeros_on(F, 2, sh, dev),
+                        graft_ones_on(F, 2, sh, dev),          graft_iota_on(F, 2, sh, 1, dev),
+                        graft_rand_uniform_on(F, 2, sh, dev),  graft_rand_normal_on(F, 2, sh, dev),
+                        graft_scalar_on(5, F, dev)};
+  for (int i = 0; i < 7; i++) CHECK(t[i] && graft_device(t[i]) == dev);
+  double got[6];
+  CHECK(get(graft_add(t[3], t[6]), got, 6)); /* iota + 5 */
+  for (int i = 0; i < 6; i++) CHECK(got[i] == 5 + i % 3);
+  /* the plain creators stay on cpu:0 */
+  graft_tensor *z = graft_zeros(GRAFT_F32, 2, sh);
+  CHECK(z && graft_device(z) == 0);
+  const graft_status D = GRAFT_ERR_DEVICE;
+  CHECK(!graft_full_on(1, F, 2, sh, GRAFT_MAX_DEVICES) && err_is(D, "graft_full_on"));
+  CHECK(!graft_scalar_on(1, F, -1) && err_is(D, "graft_scalar_on"));
+  CHECK(!graft_iota_on(F, 2, sh, 0, 9) && strstr(graft_last_error(), "cpu:9") &&
+        err_is(D, "graft_iota_on"));
+  CHECK(!graft_rand_uniform_on(F, 2, sh, 4) && err_is(D, "graft_rand_uniform_on"));
+  graft_scope_end();
+  LIVE_END;
+}
+
+/* Every composite (and avg_pool2d, whose divisor is a constant) gives, on another device, bit for
+ * bit what it gives on cpu:0. */
+static graft_tensor *on(int d, const double *v, graft_dtype dt, int nd, const int64_t *sh) {
+  int keep = dev;
+  dev = d;
+  graft_tensor *t = mk(v, dt, nd, sh);
+  dev = keep;
+  return t;
+}
+
+enum { NCOMP = 17 };
+static void composites_on(int d, graft_tensor **out) {
+  double xv[24], wv[4], bv[4], rm[3] = {0.5, -1, 2}, rv[3] = {1, 2, 0.5};
+  double tv[6] = {0, 3, 1, 2, 3, 0}, iv[5] = {2, 0, 1, 1, 2};
+  graft_scope_begin();
+  lcg_seed(77);
+  fill(xv, 24, -2, 2);
+  fill(wv, 4, 0.5, 1.5);
+  fill(bv, 4, -1, 1);
+  int64_t s64[2] = {6, 4}, s4[1] = {4}, s6[1] = {6}, s1234[4] = {1, 2, 3, 4}, s3[1] = {3},
+          s5[1] = {5}, s34[2] = {3, 4}, s1212[4] = {1, 2, 1, 2}, s1223[4] = {1, 2, 2, 3};
+  graft_tensor *x = on(d, xv, GRAFT_F32, 2, s64), *w = on(d, wv, GRAFT_F32, 1, s4),
+               *b = on(d, bv, GRAFT_F32, 1, s4), *x4 = on(d, xv, GRAFT_F32, 4, s1234),
+               *c = on(d, wv, GRAFT_F32, 1, (int64_t[]){2}), *rmt = on(d, rm, GRAFT_F32, 1, s3),
+               *rvt = on(d, rv, GRAFT_F32, 1, s3), *tgt = on(d, tv, GRAFT_I32, 1, s6),
+               *idx = on(d, iv, GRAFT_I64, 1, s5), *emb = on(d, xv, GRAFT_F32, 2, s34),
+               *dy = on(d, xv, GRAFT_F32, 4, s1212),
+               *dy1 = on(d, xv, GRAFT_F32, 4, s1223);
+  graft_tensor *x3 = graft_reshape(x, 3, (int64_t[]){2, 3, 4});
+  graft_manual_seed(5);
+  out[0] = graft_relu(x);
+  out[1] = graft_gelu(x, false);
+  out[2] = graft_gelu(x, true);
+  out[3] = graft_softmax(x, 1);
+  out[4] = graft_log_softmax(x, 0);
+  out[5] = graft_mean(x, (int[]){0}, 1, false);
+  out[6] = graft_layer_norm(x, w, b, 1e-5);
+  out[7] = graft_batch_norm(x4, c, c, NULL, NULL, true, 1e-5);
+  out[8] = graft_batch_norm(x3, NULL, NULL, rmt, rvt, false, 1e-5);
+  out[9] = graft_linear(x, emb, graft_slice(b, (int64_t[]){0}, (int64_t[]){3}, NULL));
+  out[10] = graft_cross_entropy(x, tgt);
+  out[11] = graft_dropout(x, 0.5, true);
+  out[12] = graft_embedding(emb, idx);
+  out[13] = graft_max_pool2d_backward(x4, dy, (int[]){2, 2}, NULL, NULL);
+  out[14] = graft_flip(x, (int[]){0, 1}, 2);
+  /* overlapping windows: the other path */
+  out[15] = graft_max_pool2d_backward(x4, dy1, (int[]){2, 2}, (int[]){1, 1}, NULL);
+  out[16] = graft_avg_pool2d(x4, (int[]){2, 2}, NULL, NULL); /* a primitive making a constant */
+  for (int i = 0; i < NCOMP; i++) out[i] = out[i] ? graft_keep(out[i]) : NULL;
+  graft_scope_end(); /* releases the inputs and views */
+}
+
+TEST(composites_match_cpu0) {
+  LIVE_BEGIN;
+  int other = dev ? dev : 2; /* on cpu:0 runs, compare with cpu:2 */
+  graft_tensor *a[NCOMP], *b[NCOMP];
+  composites_on(0, a);
+  composites_on(other, b);
+  for (int i = 0; i < NCOMP; i++) {
+    bool ok = a[i] && b[i] && graft_device(a[i]) == 0 && graft_device(b[i]) == other &&
+              graft_numel(a[i]) == graft_numel(b[i]);
+    if (!ok) fprintf(stderr, "  composite %d: %s\n", i, graft_last_error());
+    CHECK(ok);
+    int64_t n = ok ? graft_numel(a[i]) : 0;
+    float *ha = malloc((size_t)n * 4 + 4), *hb = malloc((size_t)n * 4 + 4);
+    if (ok) {
+      CHECK(graft_to_host(a[i], ha, (size_t)n * 4) == GRAFT_OK);
+      CHECK(graft_to_host(b[i], hb, (size_t)n * 4) == GRAFT_OK);
+      if (memcmp(ha, hb, (size_t)n * 4)) {
+        fprintf(stderr, "  composite %d differs between cpu:0 and cpu:%d\n", i, other);
+        CHECK(false);
+      }
+    }
+    free(ha), free(hb);
+    graft_release(a[i]), graft_release(b[i]);
+  }
+  graft_clear_error();
+  LIVE_END;
+}
+
+/* Mixing devices still fails, naming the composite and both devices. */
+TEST(mixed_devices_fail) {
+  LIVE_BEGIN;
+  graft_scope_begin();
+  int other = dev ? 0 : 1;
+  double v[8] = {1, 2, 3, 4, 5, 6, 7, 8}, ix[2] = {1, 0};
+  int64_t s24[2] = {2, 4}, s4[1] = {4}, s2[1] = {2};
+  graft_tensor *x = mk(v, GRAFT_F32, 2, s24), *w = on(other, v, GRAFT_F32, 1, s4),
+               *b = mk(v, GRAFT_F32, 1, s4), *t = on(other, ix, GRAFT_I64, 1, s2);
+  char d0[16], d1[16];
+  snprintf(d0, sizeof d0, "cpu:%d", dev);
+  snprintf(d1, sizeof d1, "cpu:%d", other);
+  CHECK(!graft_layer_norm(x, w, b, 1e-5) && strstr(graft_last_error(), d0) &&
+        strstr(graft_last_error(), d1) && err_is(GRAFT_ERR_DEVICE, "graft_layer_norm"));
+  CHECK(!graft_cross_entropy(x, t) && strstr(graft_last_error(), d0) &&
+        strstr(graft_last_error(), d1) && err_is(GRAFT_ERR_DEVICE, "graft_cross_entropy"));
+  CHECK(!graft_add(x, w) && strstr(graft_last_error(), d0) && strstr(graft_last_error(), d1) &&
+        err_is(GRAFT_ERR_DEVICE, "different devices"));
+  graft_clear_error();
+  graft_scope_end();
+  LIVE_END;
+}
+
 int main(void) {
+  dev = check_test_device();
+  if (dev < 0 || dev >= GRAFT_MAX_DEVICES) {
+    fprintf(stderr, "GRAFT_TEST_DEVICE=%d: no such device\n", dev);
+    return 2;
+  }
+  printf("test_composite on cpu:%d\n", dev);
   RUN(relu_values);
   RUN(gelu_both_forms);
   RUN(softmax_values);
@@ -838,6 +985,9 @@ int main(void) {
   RUN(error_shapes_and_dtypes);
   RUN(error_null_propagation);
   RUN(errors_name_the_composite_called);
+  RUN(creators_on_devices);
+  RUN(composites_match_cpu0);
+  RUN(mixed_devices_fail);
   graft_shutdown();
   return CHECK_DONE();
 }

@@ -1,10 +1,22 @@
 /* Gradient ops (conv2d input/weight, max_pool2d), flip, interior padding and argmin, against
- * direct loops written here from the definitions. */
+ * direct loops written here from the definitions. Inputs are made on cpu:GRAFT_TEST_DEVICE
+ * (default 0; the Makefile runs this on cpu:0 and cpu:1) and every result must be on it. */
 #include "check.h"
 #include "graft.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+static int dev; /* the device of every input (GRAFT_TEST_DEVICE) */
+
+/* graft_to_host, after checking that t is on the inputs' device. */
+static graft_status read_dev(graft_tensor *t, void *dst, size_t bytes) {
+  if (t && graft_device(t) != dev) {
+    fprintf(stderr, "  result on cpu:%d, inputs on cpu:%d\n", graft_device(t), dev);
+    return GRAFT_ERR_DEVICE;
+  }
+  return graft_to_host(t, dst, bytes);
+}
 
 static unsigned rng_state = 12345;
 static float frand(void) {
@@ -17,7 +29,7 @@ static float *rand_buf(int64_t n) {
   return v;
 }
 static graft_tensor *T(const float *v, int nd, const int64_t *s) {
-  return graft_from_host(v, GRAFT_F32, nd, s, 0);
+  return graft_from_host(v, GRAFT_F32, nd, s, dev);
 }
 
 typedef struct { int N, C, H, W, O, K, s, p, d, g; } conv_case;
@@ -54,8 +66,8 @@ static void conv_case_run(conv_case c) {
   graft_tensor *gx = graft_conv2d_backward_input(tdy, tw, xs, st, pd, dl, c.g);
   graft_tensor *gw = graft_conv2d_backward_weight(tx, tdy, ws, st, pd, dl, c.g);
   float *ox = malloc(sizeof(float) * (size_t)nx), *ow_ = malloc(sizeof(float) * (size_t)nw);
-  CHECK(graft_to_host(gx, ox, sizeof(float) * (size_t)nx) == GRAFT_OK);
-  CHECK(graft_to_host(gw, ow_, sizeof(float) * (size_t)nw) == GRAFT_OK);
+  CHECK(read_dev(gx, ox, sizeof(float) * (size_t)nx) == GRAFT_OK);
+  CHECK(read_dev(gw, ow_, sizeof(float) * (size_t)nw) == GRAFT_OK);
   double ex = 0, ew = 0;
   for (int64_t i = 0; i < nx; i++) ex = fmax(ex, fabs(ox[i] - dx[i]));
   for (int64_t i = 0; i < nw; i++) ew = fmax(ew, fabs(ow_[i] - dw[i]));
@@ -109,7 +121,7 @@ TEST(max_pool2d_gradient) {
     int k2[2] = {K, K}, s2[2] = {S, S}, p2[2] = {P, P};
     graft_tensor *g = graft_max_pool2d_backward(T(x, 4, xs), T(dy, 4, ys), k2, s2, p2);
     float *out = malloc(sizeof(float) * (size_t)nx);
-    CHECK(graft_to_host(g, out, sizeof(float) * (size_t)nx) == GRAFT_OK);
+    CHECK(read_dev(g, out, sizeof(float) * (size_t)nx) == GRAFT_OK);
     double err = 0;
     for (int64_t i = 0; i < nx; i++) err = fmax(err, fabs(out[i] - dx[i]));
     CHECK(err <= 1e-5);
@@ -121,11 +133,11 @@ TEST(max_pool2d_gradient) {
 TEST(flip_pad_interior_argmin) {
   graft_scope_begin();
   int32_t v[6] = {1, 2, 3, 4, 5, 6};
-  graft_tensor *a = graft_from_host(v, GRAFT_I32, 2, (int64_t[]){2, 3}, 0);
+  graft_tensor *a = graft_from_host(v, GRAFT_I32, 2, (int64_t[]){2, 3}, dev);
   int32_t f[6];
-  CHECK(graft_to_host(graft_flip(a, (int[]){-1}, 1), f, sizeof f) == GRAFT_OK);
+  CHECK(read_dev(graft_flip(a, (int[]){-1}, 1), f, sizeof f) == GRAFT_OK);
   CHECK(f[0] == 3 && f[2] == 1 && f[3] == 6 && f[5] == 4);
-  CHECK(graft_to_host(graft_flip(a, (int[]){0, 1}, 2), f, sizeof f) == GRAFT_OK);
+  CHECK(read_dev(graft_flip(a, (int[]){0, 1}, 2), f, sizeof f) == GRAFT_OK);
   CHECK(f[0] == 6 && f[5] == 1);
   CHECK(graft_flip(a, (int[]){2}, 1) == NULL && graft_last_status() == GRAFT_ERR_AXIS);
   graft_clear_error();
@@ -135,17 +147,17 @@ TEST(flip_pad_interior_argmin) {
   graft_tensor *p = graft_pad_ex(graft_reshape(row, 1, (int64_t[]){3}), (int64_t[]){1},
                                  (int64_t[]){2}, (int64_t[]){2}, 0);
   CHECK(graft_numel(p) == 10);
-  CHECK(graft_to_host(p, r, sizeof r) == GRAFT_OK);
+  CHECK(read_dev(p, r, sizeof r) == GRAFT_OK);
   int32_t want[10] = {0, 1, 0, 0, 2, 0, 0, 3, 0, 0};
   CHECK(!memcmp(r, want, sizeof r));
   float m[6] = {3, -1, -1, 2, 7, 0.5f};
-  graft_tensor *mt = graft_from_host(m, GRAFT_F32, 2, (int64_t[]){2, 3}, 0);
+  graft_tensor *mt = graft_from_host(m, GRAFT_F32, 2, (int64_t[]){2, 3}, dev);
   int64_t idx[2];
-  CHECK(graft_to_host(graft_argmin(mt, 1, false), idx, sizeof idx) == GRAFT_OK);
+  CHECK(read_dev(graft_argmin(mt, 1, false), idx, sizeof idx) == GRAFT_OK);
   CHECK(idx[0] == 1 && idx[1] == 2); /* first minimum */
   uint8_t u[4] = {200, 3, 255, 3};
-  graft_tensor *ut = graft_from_host(u, GRAFT_U8, 1, (int64_t[]){4}, 0);
-  CHECK(graft_to_host(graft_argmin(ut, 0, false), idx, sizeof idx[0]) == GRAFT_OK);
+  graft_tensor *ut = graft_from_host(u, GRAFT_U8, 1, (int64_t[]){4}, dev);
+  CHECK(read_dev(graft_argmin(ut, 0, false), idx, sizeof idx[0]) == GRAFT_OK);
   CHECK(idx[0] == 1);
   graft_scope_end();
 }
@@ -177,8 +189,8 @@ TEST(conv2d_backward_shape_checks) {
   const char *fi = "graft_conv2d_backward_input", *fw = "graft_conv2d_backward_weight";
   const graft_status S = GRAFT_ERR_SHAPE;
   int64_t ys[4] = {2, 4, 5, 5}, ws[4] = {4, 3, 3, 3}, xs[4] = {2, 3, 7, 7};
-  graft_tensor *dy = graft_full(1, GRAFT_F32, 4, ys), *w = graft_full(1, GRAFT_F32, 4, ws),
-               *x = graft_full(1, GRAFT_F32, 4, xs);
+  graft_tensor *dy = graft_full_on(1, GRAFT_F32, 4, ys, dev),
+               *w = graft_full_on(1, GRAFT_F32, 4, ws, dev), *x = graft_full_on(1, GRAFT_F32, 4, xs, dev);
   graft_tensor *ok = bw_in(dy, w, xs, 1, 0);
   CHECK(ok && graft_dim(ok, 2) == 7);
   ok = bw_w(x, dy, ws, 1);
@@ -192,7 +204,7 @@ TEST(conv2d_backward_shape_checks) {
   CHECK(fails_with(bw_in(dy, w, (int64_t[]){2, 3, INT64_MAX, 7}, 1, 1), S, fi,
                    "9223372036854775807", "int64"));
   /* stride 2: H 10 and 9 both give 4 rows; 11 gives 5 */
-  graft_tensor *dy4 = graft_full(1, GRAFT_F32, 4, (int64_t[]){2, 4, 4, 4});
+  graft_tensor *dy4 = graft_full_on(1, GRAFT_F32, 4, (int64_t[]){2, 4, 4, 4}, dev);
   ok = bw_in(dy4, w, (int64_t[]){2, 3, 10, 9}, 2, 0);
   CHECK(ok && graft_dim(ok, 2) == 10 && graft_dim(ok, 3) == 9);
   CHECK(fails_with(bw_in(dy4, w, (int64_t[]){2, 3, 11, 9}, 2, 0), S, fi, "[2,3,11,9]",
@@ -205,11 +217,37 @@ TEST(conv2d_backward_shape_checks) {
   graft_scope_end();
 }
 
+/* The gradient helpers with an operand on another device fail naming both devices. */
+TEST(mixed_devices_fail) {
+  graft_scope_begin();
+  int other = dev ? 0 : 1;
+  int64_t xs[4] = {1, 2, 4, 4}, ws[4] = {3, 2, 3, 3}, ys[4] = {1, 3, 2, 2}, ps[4] = {1, 2, 2, 2};
+  graft_tensor *x = graft_full_on(1, GRAFT_F32, 4, xs, dev),
+               *w = graft_full_on(1, GRAFT_F32, 4, ws, other),
+               *dy = graft_full_on(1, GRAFT_F32, 4, ys, dev),
+               *pdy = graft_full_on(1, GRAFT_F32, 4, ps, other);
+  char d0[16], d1[16];
+  snprintf(d0, sizeof d0, "cpu:%d", dev);
+  snprintf(d1, sizeof d1, "cpu:%d", other);
+  CHECK(fails_with(graft_conv2d_backward_input(dy, w, xs, NULL, NULL, NULL, 1), GRAFT_ERR_DEVICE,
+                   d0, d1, "graft_conv2d_backward_input"));
+  CHECK(fails_with(graft_max_pool2d_backward(x, pdy, (int[]){2, 2}, NULL, NULL),
+                   GRAFT_ERR_DEVICE, d0, d1, "graft_max_pool2d_backward"));
+  graft_scope_end();
+}
+
 int main(void) {
+  dev = check_test_device();
+  if (dev < 0 || dev >= GRAFT_MAX_DEVICES) {
+    fprintf(stderr, "GRAFT_TEST_DEVICE=%d: no such device\n", dev);
+    return 2;
+  }
+  printf("test_grad on cpu:%d\n", dev);
   RUN(conv2d_gradients);
   RUN(max_pool2d_gradient);
   RUN(flip_pad_interior_argmin);
   RUN(conv2d_backward_shape_checks);
+  RUN(mixed_devices_fail);
   graft_shutdown();
   return CHECK_DONE();
 }

@@ -6,9 +6,10 @@
  *   2. opens a scope so every intermediate it makes is released when it returns,
  *   3. keeps only the result (graft_keep moves it to the caller's scope, if any); an error
  *      inside names the composite (comp_finish), not the primitive that raised it.
- * Internal constants (0.5, eps, counts) are 0-d graft_full constants broadcast by the binary ops;
- * values a user may change at every step (dropout's p) are graft_scalar parameters, so changing
- * them never recompiles.
+ * Internal constants (0.5, eps, counts) are 0-d graft_full_on constants broadcast by the binary
+ * ops; values a user may change at every step (dropout's p) are graft_scalar_on parameters, so
+ * changing them never recompiles. Both are made on the input's device, so every composite runs
+ * on any device and returns its result there.
  */
 #include "graft.h"
 #include "composite.h"
@@ -80,10 +81,11 @@ static int norm_axis(const char *fn, const graft_tensor *t, int axis) {
   return -1;
 }
 
-/* A 0-d constant (part of the graph), broadcast by the binary ops. */
-static graft_tensor *cst(double v, graft_dtype dt) {
+/* A 0-d constant (part of the graph) of like's dtype, on like's device, broadcast by the binary
+ * ops. Every value a composite makes is on its input's device, so it works on any device. */
+static graft_tensor *cst(double v, const graft_tensor *like) {
   static const int64_t none[1] = {0};
-  return graft_full(v, dt, 0, none);
+  return graft_full_on(v, graft_get_dtype(like), 0, none, graft_device(like));
 }
 
 /* ---- activations ---- */
@@ -94,26 +96,25 @@ graft_tensor *graft_relu(graft_tensor *x) {
   graft_dtype dt = graft_get_dtype(x);
   if (dt == GRAFT_BOOL) return err_set(GRAFT_ERR_DTYPE, "%s: dtype bool is not supported", fn);
   graft_scope_begin();
-  return comp_finish(fn, graft_maximum(x, cst(0.0, dt)));
+  return comp_finish(fn, graft_maximum(x, cst(0.0, x)));
 }
 
 graft_tensor *graft_gelu(graft_tensor *x, bool tanh_approx) {
   static const char fn[] = "graft_gelu";
   if (comp_bad_input(fn, "x", x)) return NULL;
   if (!need_float(fn, "x", x)) return NULL;
-  graft_dtype dt = graft_get_dtype(x);
   graft_scope_begin();
   graft_tensor *inner;
   if (tanh_approx) {
     /* tanh(sqrt(2/pi) * (x + 0.044715 x^3)) */
     graft_tensor *x3 = graft_mul(graft_mul(x, x), x);
-    graft_tensor *poly = graft_add(x, graft_mul(x3, cst(0.044715, dt)));
-    inner = graft_tanh(graft_mul(poly, cst(0.79788456080286535588 /* sqrt(2/pi) */, dt)));
+    graft_tensor *poly = graft_add(x, graft_mul(x3, cst(0.044715, x)));
+    inner = graft_tanh(graft_mul(poly, cst(0.79788456080286535588 /* sqrt(2/pi) */, x)));
   } else {
     /* erf(x / sqrt 2) */
-    inner = graft_erf(graft_mul(x, cst(1.0 / sqrt(2.0), dt)));
+    inner = graft_erf(graft_mul(x, cst(1.0 / sqrt(2.0), x)));
   }
-  graft_tensor *y = graft_mul(graft_mul(x, cst(0.5, dt)), graft_add(inner, cst(1.0, dt)));
+  graft_tensor *y = graft_mul(graft_mul(x, cst(0.5, x)), graft_add(inner, cst(1.0, x)));
   return comp_finish(fn, y);
 }
 
@@ -186,7 +187,7 @@ graft_tensor *graft_mean(graft_tensor *a, const int *axes, int naxes, bool keepd
     }
   }
   /* An empty reduction gives 0/0 = NaN, as in numpy and PyTorch. */
-  return comp_finish(fn, graft_div(s, cst(count, graft_get_dtype(a))));
+  return comp_finish(fn, graft_div(s, cst(count, a)));
 }
 
 /* ---- normalization ---- */
@@ -221,7 +222,7 @@ graft_tensor *graft_layer_norm(graft_tensor *x, graft_tensor *weight, graft_tens
   graft_tensor *mu = graft_mean(x, last, 1, true);
   graft_tensor *xc = graft_sub(x, mu);
   graft_tensor *var = graft_mean(graft_mul(xc, xc), last, 1, true); /* biased */
-  graft_tensor *y = graft_mul(xc, graft_rsqrt(graft_add(var, cst(eps, dt))));
+  graft_tensor *y = graft_mul(xc, graft_rsqrt(graft_add(var, cst(eps, x))));
   if (weight) y = graft_add(graft_mul(y, weight), bias);
   return comp_finish(fn, y);
 }
@@ -270,7 +271,7 @@ graft_tensor *graft_batch_norm(graft_tensor *x, graft_tensor *weight, graft_tens
     mu = graft_reshape(running_mean, nd, cshape);
     var = graft_reshape(running_var, nd, cshape);
   }
-  graft_tensor *y = graft_mul(graft_sub(x, mu), graft_rsqrt(graft_add(var, cst(eps, dt))));
+  graft_tensor *y = graft_mul(graft_sub(x, mu), graft_rsqrt(graft_add(var, cst(eps, x))));
   if (weight) y = graft_mul(y, graft_reshape(weight, nd, cshape));
   if (bias) y = graft_add(y, graft_reshape(bias, nd, cshape));
   return comp_finish(fn, y);
@@ -342,9 +343,10 @@ graft_tensor *graft_dropout(graft_tensor *x, double p, bool training) {
   graft_scope_begin();
   /* keep = u >= p with u uniform in [0,1): P(keep) = 1-p. p and 1/(1-p) are parameters, so
    * changing p between steps reuses the compiled graph. */
-  graft_tensor *u = graft_rand_uniform(dt, nd, shape);
-  graft_tensor *keep = graft_convert(graft_ge(u, graft_scalar(p, dt)), dt);
-  graft_tensor *y = graft_mul(graft_mul(x, keep), graft_scalar(1.0 / (1.0 - p), dt));
+  int dev = graft_device(x);
+  graft_tensor *u = graft_rand_uniform_on(dt, nd, shape, dev);
+  graft_tensor *keep = graft_convert(graft_ge(u, graft_scalar_on(p, dt, dev)), dt);
+  graft_tensor *y = graft_mul(graft_mul(x, keep), graft_scalar_on(1.0 / (1.0 - p), dt, dev));
   return comp_finish(fn, y);
 }
 

@@ -91,47 +91,84 @@ graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const 
   return t;
 }
 
-graft_tensor *graft_scalar(double value, graft_dtype dt) {
+/* The creators below each have a cpu:0 form (the original API) and an _on form taking the
+ * device; both share one body that names the function the user called in its errors. */
+
+static graft_tensor *scalar_on(const char *fn, double value, graft_dtype dt, int device) {
   unsigned mark = err_count();
-  if (check_dtype("graft_scalar", dt)) return NULL;
+  if (check_dtype(fn, dt) || check_device(fn, device)) return NULL;
   graft_lock();
-  graft_tensor *t = tensor_wrap(api_scalar_node(value, dt, 0));
+  graft_tensor *t = tensor_wrap(api_scalar_node(value, dt, device));
   graft_unlock();
-  return err_named(t, mark, "graft_scalar");
+  return err_named(t, mark, fn);
+}
+
+graft_tensor *graft_scalar(double value, graft_dtype dt) {
+  return scalar_on("graft_scalar", value, dt, 0);
+}
+
+graft_tensor *graft_scalar_on(double value, graft_dtype dt, int device) {
+  return scalar_on("graft_scalar_on", value, dt, device);
+}
+
+static graft_tensor *full_on(const char *fn, double value, graft_dtype dt, int ndim,
+                             const int64_t *shape, int device) {
+  unsigned mark = err_count();
+  if (check_dtype(fn, dt) || check_device(fn, device)) return NULL;
+  ir_attrs at = {.f = value};
+  graft_lock();
+  graft_tensor *t = api_node(ir_make_on(IR_CONSTANT, 0, NULL, &at, dt, ndim, shape, device));
+  graft_unlock();
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_full(double value, graft_dtype dt, int ndim, const int64_t *shape) {
-  unsigned mark = err_count();
-  if (check_dtype("graft_full", dt)) return NULL;
-  ir_attrs at = {.f = value};
-  graft_lock();
-  graft_tensor *t = api_node(ir_make(IR_CONSTANT, 0, NULL, &at, dt, ndim, shape));
-  graft_unlock();
-  return err_named(t, mark, "graft_full");
+  return full_on("graft_full", value, dt, ndim, shape, 0);
+}
+
+graft_tensor *graft_full_on(double value, graft_dtype dt, int ndim, const int64_t *shape,
+                            int device) {
+  return full_on("graft_full_on", value, dt, ndim, shape, device);
 }
 
 graft_tensor *graft_zeros(graft_dtype dt, int ndim, const int64_t *shape) {
-  unsigned mark = err_count();
-  return err_named(graft_full(0, dt, ndim, shape), mark, __func__);
+  return full_on("graft_zeros", 0, dt, ndim, shape, 0);
+}
+
+graft_tensor *graft_zeros_on(graft_dtype dt, int ndim, const int64_t *shape, int device) {
+  return full_on("graft_zeros_on", 0, dt, ndim, shape, device);
 }
 
 graft_tensor *graft_ones(graft_dtype dt, int ndim, const int64_t *shape) {
-  unsigned mark = err_count();
-  return err_named(graft_full(1, dt, ndim, shape), mark, __func__);
+  return full_on("graft_ones", 1, dt, ndim, shape, 0);
 }
 
-graft_tensor *graft_iota(graft_dtype dt, int ndim, const int64_t *shape, int axis) {
+graft_tensor *graft_ones_on(graft_dtype dt, int ndim, const int64_t *shape, int device) {
+  return full_on("graft_ones_on", 1, dt, ndim, shape, device);
+}
+
+static graft_tensor *iota_on(const char *fn, graft_dtype dt, int ndim, const int64_t *shape,
+                             int axis, int device) {
   unsigned mark = err_count();
-  if (check_dtype("graft_iota", dt)) return NULL;
+  if (check_dtype(fn, dt) || check_device(fn, device)) return NULL;
   if (ndim < 1 || ndim > GRAFT_MAX_DIMS)
-    return err_set(GRAFT_ERR_SHAPE, "graft_iota: ndim %d out of range [1, %d]", ndim, GRAFT_MAX_DIMS);
-  int ax = api_axis("graft_iota", axis, ndim);
+    return err_set(GRAFT_ERR_SHAPE, "%s: ndim %d out of range [1, %d]", fn, ndim, GRAFT_MAX_DIMS);
+  int ax = api_axis(fn, axis, ndim);
   if (ax < 0) return NULL;
   ir_attrs at = {.a = {ax}};
   graft_lock();
-  graft_tensor *t = api_node(ir_make(IR_IOTA, 0, NULL, &at, dt, ndim, shape));
+  graft_tensor *t = api_node(ir_make_on(IR_IOTA, 0, NULL, &at, dt, ndim, shape, device));
   graft_unlock();
-  return err_named(t, mark, "graft_iota");
+  return err_named(t, mark, fn);
+}
+
+graft_tensor *graft_iota(graft_dtype dt, int ndim, const int64_t *shape, int axis) {
+  return iota_on("graft_iota", dt, ndim, shape, axis, 0);
+}
+
+graft_tensor *graft_iota_on(graft_dtype dt, int ndim, const int64_t *shape, int axis,
+                            int device) {
+  return iota_on("graft_iota_on", dt, ndim, shape, axis, device);
 }
 
 static uint64_t rng_state = 0x853c49e6748fea9bull, rng_counter;
@@ -145,15 +182,15 @@ void graft_manual_seed(uint64_t seed) {
 
 /* Each draw gets a fresh seed as a parameter, so a loop that draws every step compiles once. */
 static graft_tensor *rand_draw(const char *fn, int dist, graft_dtype dt, int ndim,
-                               const int64_t *shape) {
+                               const int64_t *shape, int device) {
   unsigned mark = err_count();
-  if (check_dtype(fn, dt)) return NULL;
+  if (check_dtype(fn, dt) || check_device(fn, device)) return NULL;
   graft_lock();
   uint64_t z = rng_state + 0x9e3779b97f4a7c15ull * ++rng_counter;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
-  ir_node *seed = api_scalar_node(0, GRAFT_I64, 0);
+  ir_node *seed = api_scalar_node(0, GRAFT_I64, device);
   graft_tensor *t = NULL;
   if (seed) {
     *(int64_t *)seed->data->ptr = (int64_t)z;
@@ -166,11 +203,19 @@ static graft_tensor *rand_draw(const char *fn, int dist, graft_dtype dt, int ndi
 }
 
 graft_tensor *graft_rand_uniform(graft_dtype dt, int ndim, const int64_t *shape) {
-  return rand_draw("graft_rand_uniform", 0, dt, ndim, shape);
+  return rand_draw("graft_rand_uniform", 0, dt, ndim, shape, 0);
+}
+
+graft_tensor *graft_rand_uniform_on(graft_dtype dt, int ndim, const int64_t *shape, int device) {
+  return rand_draw("graft_rand_uniform_on", 0, dt, ndim, shape, device);
 }
 
 graft_tensor *graft_rand_normal(graft_dtype dt, int ndim, const int64_t *shape) {
-  return rand_draw("graft_rand_normal", 1, dt, ndim, shape);
+  return rand_draw("graft_rand_normal", 1, dt, ndim, shape, 0);
+}
+
+graft_tensor *graft_rand_normal_on(graft_dtype dt, int ndim, const int64_t *shape, int device) {
+  return rand_draw("graft_rand_normal_on", 1, dt, ndim, shape, device);
 }
 
 graft_tensor *graft_to_device(graft_tensor *t, int device) {

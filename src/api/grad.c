@@ -6,7 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Each function opens a scope and returns through comp_finish, keeping only its result. */
+/* Each function opens a scope and returns through comp_finish, keeping only its result; every
+ * index or constant it makes is on its input's device. */
 
 graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes) {
   const char *fn = "graft_flip";
@@ -24,8 +25,9 @@ graft_tensor *graft_flip(graft_tensor *a, const int *axes, int naxes) {
       return err_set(GRAFT_ERR_AXIS, "%s: axis %d out of range for %d dims", fn, axes[i], nd);
     }
     /* index = (n-1) - iota along ax, gathered along ax: computed in the graph, never uploaded */
-    graft_tensor *idx = graft_sub(graft_full((double)shape[ax] - 1, GRAFT_I64, 0, NULL),
-                                  graft_iota(GRAFT_I64, nd, shape, ax));
+    int dev = graft_device(a);
+    graft_tensor *idx = graft_sub(graft_full_on((double)shape[ax] - 1, GRAFT_I64, 0, NULL, dev),
+                                  graft_iota_on(GRAFT_I64, nd, shape, ax, dev));
     cur = graft_gather(cur, ax, idx);
   }
   /* No axes: a new handle on the same value (the scope must own it, so not graft_retain). */
@@ -186,7 +188,9 @@ static graft_tensor *pool_backward_tiled(graft_tensor *xpad, graft_tensor *poole
   for (int i = 0; i < nd; i++) limit[i] = xp[i], step[i] = 1;
   step[nd - 2] = kh;
   step[nd - 1] = kw;
-  graft_tensor *none = graft_scalar(kh * kw, GRAFT_I32), *idx = graft_full(kh * kw, GRAFT_I32, nd, ys);
+  int dev = graft_device(dy);
+  graft_tensor *none = graft_scalar_on(kh * kw, GRAFT_I32, dev);
+  graft_tensor *idx = graft_full_on(kh * kw, GRAFT_I32, nd, ys, dev);
   for (int i = 0; i < kh; i++)
     for (int j = 0; j < kw; j++) {
       start[nd - 2] = i;
@@ -194,7 +198,7 @@ static graft_tensor *pool_backward_tiled(graft_tensor *xpad, graft_tensor *poole
       limit[nd - 2] = i + (ys[nd - 2] - 1) * kh + 1;
       limit[nd - 1] = j + (ys[nd - 1] - 1) * kw + 1;
       graft_tensor *hit = graft_eq(graft_slice(xpad, start, limit, step), pooled);
-      idx = graft_minimum(idx, graft_where(hit, graft_scalar(i * kw + j, GRAFT_I32), none));
+      idx = graft_minimum(idx, graft_where(hit, graft_scalar_on(i * kw + j, GRAFT_I32, dev), none));
     }
   int64_t t6[GRAFT_MAX_DIMS], w6[GRAFT_MAX_DIMS]; /* [..., OH, kh, OW, kw] and [..., OH, 1, OW, 1] */
   for (int i = 0; i < nd - 2; i++) t6[i] = w6[i] = xp[i];
@@ -203,9 +207,9 @@ static graft_tensor *pool_backward_tiled(graft_tensor *xpad, graft_tensor *poole
   t6[nd - 1] = kh, w6[nd - 1] = 1;
   t6[nd] = w6[nd] = OW;
   t6[nd + 1] = kw, w6[nd + 1] = 1;
-  graft_tensor *off = graft_add(graft_mul(graft_iota(GRAFT_I32, nd + 2, t6, nd - 1),
-                                          graft_scalar(kw, GRAFT_I32)),
-                                graft_iota(GRAFT_I32, nd + 2, t6, nd + 1));
+  graft_tensor *off = graft_add(graft_mul(graft_iota_on(GRAFT_I32, nd + 2, t6, nd - 1, dev),
+                                          graft_scalar_on(kw, GRAFT_I32, dev)),
+                                graft_iota_on(GRAFT_I32, nd + 2, t6, nd + 1, dev));
   graft_tensor *first = graft_eq(off, graft_reshape(idx, nd + 2, w6));
   graft_tensor *g = graft_where(first, graft_reshape(dy, nd + 2, w6), zero);
   int64_t gs[GRAFT_MAX_DIMS], plo[GRAFT_MAX_DIMS] = {0}, phi[GRAFT_MAX_DIMS] = {0};
@@ -254,7 +258,8 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
   xp[nd - 2] += 2 * pd[0];
   xp[nd - 1] += 2 * pd[1];
   graft_tensor *xpad = graft_pad(x, lo, hi, -INFINITY);
-  graft_tensor *zero = graft_zeros(dt, 0, NULL);
+  int dev = graft_device(x); /* every value made here goes on x's device */
+  graft_tensor *zero = graft_zeros_on(dt, 0, NULL, dev);
   if (st[0] == kernel[0] && st[1] == kernel[1] && nd + 2 <= GRAFT_MAX_DIMS) {
     graft_tensor *g = pool_backward_tiled(xpad, pooled, dy, zero, kernel, nd, xp, ys);
     for (int d = 0; d < 2; d++) {
@@ -264,8 +269,8 @@ graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const
     for (int i = 0; i < nd - 2; i++) lo[i] = 0, hi[i] = xs[i];
     return comp_finish(fn, graft_slice(g, lo, hi, NULL));
   }
-  graft_tensor *taken = graft_full(0, GRAFT_BOOL, nd, ys);
-  graft_tensor *acc = graft_zeros(dt, nd, xp);
+  graft_tensor *taken = graft_full_on(0, GRAFT_BOOL, nd, ys, dev);
+  graft_tensor *acc = graft_zeros_on(dt, nd, xp, dev);
   int64_t start[GRAFT_MAX_DIMS] = {0}, limit[GRAFT_MAX_DIMS], sstep[GRAFT_MAX_DIMS];
   for (int i = 0; i < nd; i++) limit[i] = xp[i], sstep[i] = 1;
   for (int d = 0; d < 2; d++) sstep[nd - 2 + d] = st[d], inner[nd - 2 + d] = st[d] - 1;

@@ -169,7 +169,7 @@ graft_tensor *graft_avg_pool2d(graft_tensor *x, const int *kernel, const int *st
   } else if (n) {
     ir_node *s = pool_node(fn, 1, n, kernel, stride, padding);
     ir_attrs at = {.f = s ? 1.0 / ((double)kernel[0] * kernel[1]) : 0};
-    ir_node *c = s ? ir_make(IR_CONSTANT, 0, NULL, &at, n->dtype, 0, NULL) : NULL;
+    ir_node *c = s ? ir_make_on(IR_CONSTANT, 0, NULL, &at, n->dtype, 0, NULL, n->device) : NULL;
     ir_node *cb = c ? api_broadcast(c, s->ndim, s->shape) : NULL;
     if (cb) t = api_node(ir_make(IR_MUL, 2, (ir_node *[]){s, cb}, NULL, n->dtype, 0, NULL));
     if (s) ir_release(s);

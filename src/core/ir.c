@@ -434,7 +434,15 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
 
 ir_node *ir_make(ir_op op, int nin, ir_node *const *in, const ir_attrs *attr,
                  graft_dtype out_dtype, int ndim, const int64_t *shape) {
+  return ir_make_on(op, nin, in, attr, out_dtype, ndim, shape, 0);
+}
+
+ir_node *ir_make_on(ir_op op, int nin, ir_node *const *in, const ir_attrs *attr,
+                    graft_dtype out_dtype, int ndim, const int64_t *shape, int device) {
   if ((unsigned)op >= IR_OP_COUNT) return err_set(GRAFT_ERR_INTERNAL, "unknown op %d", (int)op);
+  if (device < 0 || device >= GRAFT_MAX_DEVICES)
+    return err_set(GRAFT_ERR_DEVICE, "no device cpu:%d (devices are cpu:0..cpu:%d)", device,
+                   GRAFT_MAX_DEVICES - 1);
   const ir_opinfo *oi = &ir_ops[op];
   if ((oi->arity >= 0 && nin != oi->arity) || (oi->arity < 0 && nin < 1))
     return err_set(GRAFT_ERR_ARG, "%s: takes %d operands, got %d", oi->name, oi->arity, nin);
@@ -456,7 +464,7 @@ ir_node *ir_make(ir_op op, int nin, ir_node *const *in, const ir_attrs *attr,
   n->op = op;
   if (attr) n->attr = *attr;
   for (int i = 0; i < nin; i++) n->in[i] = in[i];
-  n->device = nin ? in[0]->device : 0;
+  n->device = nin ? in[0]->device : device;
   if (ir_infer(n, out_dtype, ndim, shape)) {
     free(n);
     return NULL;

@@ -77,6 +77,10 @@ static inline uint64_t ir_mix(uint64_t h, uint64_t v) {
  * Returns a new reference, or NULL with the thread error set. Operands are not consumed. */
 ir_node *ir_make(ir_op op, int nin, ir_node *const *in, const ir_attrs *attr,
                  graft_dtype out_dtype, int ndim, const int64_t *shape);
+/* ir_make for a node with no operands (CONSTANT, IOTA) on the given device (0..3); a node with
+ * operands is on its operands' device and must be given that device. */
+ir_node *ir_make_on(ir_op op, int nin, ir_node *const *in, const ir_attrs *attr,
+                    graft_dtype out_dtype, int ndim, const int64_t *shape, int device);
 /* A data leaf over buf (takes a reference to buf). */
 ir_node *ir_make_data(struct exec_buffer *buf, graft_dtype dt, int ndim, const int64_t *shape,
                       int device);
