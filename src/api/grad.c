@@ -79,8 +79,18 @@ static int64_t grad_conv_out(int64_t x, int64_t k, int s, int p, int d) {
   return padded - 1 < ext ? -1 : (padded - 1 - ext) / s + 1;
 }
 
+/* x fits dy on one dim when the forward conv of x (o) gives y, or x is at most max(s, d) - 1
+ * past the smallest x that does: conv_transpose2d's output_padding. */
+static bool grad_dim_ok(int64_t x, int64_t o, int64_t k, int s, int p, int d, int64_t y) {
+  if (o == y) return true;
+  if (o < 0 || y < 1 || y > o) return false; /* y <= o: xmin below does not overflow */
+  int64_t xmin = (y - 1) * s - 2 * (int64_t)p + (int64_t)d * (k - 1) + 1;
+  return x >= xmin && x - xmin < (s > d ? s : d);
+}
+
 /* Checks that x [N,C,H,W] convolved with w [O,C/g,KH,KW] gives dy's shape, as the forward
- * conv2d did: positive dims (N may be 0), channels per groups, the batch and the spatial size.
+ * conv2d did: positive dims (N may be 0), channels per groups, the batch and the spatial size
+ * (with conv_transpose2d's output_padding allowed).
  * xn and wn name the arguments ("x_shape" or "x"); messages name fn and the shapes. */
 static int grad_conv_match(const char *fn, const char *xn, const int64_t *xs, const char *wn,
                            const int64_t *ws, const int64_t *ys, const int *st, const int *pd,
@@ -97,7 +107,9 @@ static int grad_conv_match(const char *fn, const char *xn, const int64_t *xs, co
                    SHP4(ys)), -1;
   int64_t oh = grad_conv_out(xs[2], ws[2], st[0], pd[0], dl[0]);
   int64_t ow = grad_conv_out(xs[3], ws[3], st[1], pd[1], dl[1]);
-  if (oh == ys[2] && ow == ys[3]) return 0;
+  if (grad_dim_ok(xs[2], oh, ws[2], st[0], pd[0], dl[0], ys[2]) &&
+      grad_dim_ok(xs[3], ow, ws[3], st[1], pd[1], dl[1], ys[3]))
+    return 0;
   char out[96];
   if (oh == -2 || ow == -2) snprintf(out, sizeof out, "no output (a size passes int64)");
   else if (oh < 0 || ow < 0) snprintf(out, sizeof out, "no output (kernel past the padded input)");
