@@ -6,7 +6,9 @@ CC      ?= gcc
 PREFIX  ?= /usr/local
 CFLAGS  ?= -O2 -g
 WARN    := -Wall -Wextra -Werror=implicit-function-declaration
-BASE    := -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc/core -fPIC -pthread
+# -fvisibility=hidden: libgraft.so exports only what include/graft.h declares (its declarations
+# are in a visibility push(default) block); tests link the static archives and still see internals.
+BASE    := -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc/core -fPIC -pthread -fvisibility=hidden
 LIBS    := -lm -lpthread -ldl
 
 SRC     := $(sort $(wildcard src/core/*.c src/graph/*.c src/passes/*.c src/backends/ref/*.c \
@@ -19,7 +21,7 @@ SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-fram
 TSAN    := -fsanitize=thread
 
 .PHONY: all lib torch demo demo-c test bench fuzz install deps clean check-asan check-compiled check-valgrind \
-        check-tsan check-torch
+        check-tsan check-torch check-abi
 
 all: lib
 
@@ -114,8 +116,12 @@ torch: lib
 check-torch: torch
 	PYTHONPATH=torch /usr/bin/python3 -m pytest -q tests/torch
 
+# The ABI: libgraft.so exports exactly the functions include/graft.h declares.
+check-abi: build/libgraft.so
+	sh tests/check_exports.sh build/libgraft.so include/graft.h
+
 test: deps
-	@$(MAKE) --no-print-directory check-asan check-compiled check-tsan check-valgrind check-torch
+	@$(MAKE) --no-print-directory check-abi check-asan check-compiled check-tsan check-valgrind check-torch
 	@echo "all test suites passed"
 
 # The main job: a CNN trained on scikit-learn's bundled digits on graft's PyTorch device.

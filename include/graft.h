@@ -19,6 +19,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Symbol visibility. The library is built with -fvisibility=hidden, so only what this header
+ * declares is exported from libgraft.so (tests/check_exports.sh checks both directions).
+ * GRAFT_API marks one declaration public; the declarations below are made public as a block
+ * with `#pragma GCC visibility push(default)` ... `pop` instead, so that adding a function to
+ * this header is enough to export it and the existing declaration lines stay as they are
+ * (a GRAFT_API on each line would be a rewrite of every line, and a missed one a silently
+ * hidden function). GRAFT_API stays available for a declaration outside the block. */
+#if defined(__GNUC__) || defined(__clang__)
+#define GRAFT_API __attribute__((visibility("default")))
+#pragma GCC visibility push(default)
+#else
+#define GRAFT_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -343,5 +357,9 @@ const char *graft_last_compile_reason(void);
 
 #ifdef __cplusplus
 }
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC visibility pop
 #endif
 #endif
