@@ -76,7 +76,7 @@ graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const 
   int64_t numel = ir_numel(ndim, shape);
   if (numel < 0) return err_set(GRAFT_ERR_SHAPE, "%s: invalid shape (negative or too large)", fn);
   if (numel && !data) return err_set(GRAFT_ERR_NULL, "%s: data is NULL", fn);
-  graft_lock();
+  tensor_lock();
   size_t bytes = (size_t)numel * graft_dtype_size(dt);
   exec_buffer *b = buffer_new(bytes, device, 0, fn);
   graft_tensor *t = NULL;
@@ -87,7 +87,7 @@ graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const 
     t = tensor_wrap(ir_make_data(b, dt, ndim, shape, device));
     buffer_release(b);
   }
-  graft_unlock();
+  tensor_unlock();
   return t;
 }
 
@@ -97,9 +97,9 @@ graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const 
 static graft_tensor *scalar_on(const char *fn, double value, graft_dtype dt, int device) {
   unsigned mark = err_count();
   if (check_dtype(fn, dt) || check_device(fn, device)) return NULL;
-  graft_lock();
+  tensor_lock();
   graft_tensor *t = tensor_wrap(api_scalar_node(value, dt, device));
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -116,9 +116,9 @@ static graft_tensor *full_on(const char *fn, double value, graft_dtype dt, int n
   unsigned mark = err_count();
   if (check_dtype(fn, dt) || check_device(fn, device)) return NULL;
   ir_attrs at = {.f = value};
-  graft_lock();
+  tensor_lock();
   graft_tensor *t = api_node(ir_make_on(IR_CONSTANT, 0, NULL, &at, dt, ndim, shape, device));
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -156,9 +156,9 @@ static graft_tensor *iota_on(const char *fn, graft_dtype dt, int ndim, const int
   int ax = api_axis(fn, axis, ndim);
   if (ax < 0) return NULL;
   ir_attrs at = {.a = {ax}};
-  graft_lock();
+  tensor_lock();
   graft_tensor *t = api_node(ir_make_on(IR_IOTA, 0, NULL, &at, dt, ndim, shape, device));
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -174,10 +174,10 @@ graft_tensor *graft_iota_on(graft_dtype dt, int ndim, const int64_t *shape, int 
 static uint64_t rng_state = 0x853c49e6748fea9bull, rng_counter;
 
 void graft_manual_seed(uint64_t seed) {
-  graft_lock();
+  tensor_lock();
   rng_state = seed;
   rng_counter = 0;
-  graft_unlock();
+  tensor_unlock();
 }
 
 /* Each draw gets a fresh seed as a parameter, so a loop that draws every step compiles once. */
@@ -185,7 +185,7 @@ static graft_tensor *rand_draw(const char *fn, int dist, graft_dtype dt, int ndi
                                const int64_t *shape, int device) {
   unsigned mark = err_count();
   if (check_dtype(fn, dt) || check_device(fn, device)) return NULL;
-  graft_lock();
+  tensor_lock();
   uint64_t z = rng_state + 0x9e3779b97f4a7c15ull * ++rng_counter;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -198,7 +198,7 @@ static graft_tensor *rand_draw(const char *fn, int dist, graft_dtype dt, int ndi
     t = api_node(ir_make(IR_RNG, 1, &seed, &at, dt, ndim, shape));
     ir_release(seed);
   }
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -220,7 +220,7 @@ graft_tensor *graft_rand_normal_on(graft_dtype dt, int ndim, const int64_t *shap
 
 graft_tensor *graft_to_device(graft_tensor *t, int device) {
   const char *fn = "graft_to_device";
-  graft_lock();
+  tensor_lock();
   graft_tensor *r = NULL;
   tensor_slot *s = tensor_check(t, fn);
   if (s && !check_device(fn, device) && exec_sync_locked(&s, 1) == GRAFT_OK) {
@@ -234,16 +234,16 @@ graft_tensor *graft_to_device(graft_tensor *t, int device) {
       buffer_release(b);
     }
   }
-  graft_unlock();
+  tensor_unlock();
   return r;
 }
 
 /* ---- queries ---- */
 #define QUERY(expr, bad)                   \
-  graft_lock();                            \
+  tensor_lock();                            \
   ir_node *n = api_in(t, __func__);        \
   __typeof__(bad) r = n ? (expr) : (bad);  \
-  graft_unlock();                          \
+  tensor_unlock();                          \
   return r;
 
 int graft_ndim(const graft_tensor *t) { QUERY(n->ndim, -1) }
@@ -254,20 +254,20 @@ bool graft_is_pending(const graft_tensor *t) { QUERY(n->op != IR_DATA, false) }
 
 int graft_shape(const graft_tensor *t, int64_t *out) {
   if (!out) return err_set(GRAFT_ERR_NULL, "graft_shape: out is NULL"), -1;
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(t, __func__);
   if (n) memcpy(out, n->shape, sizeof(int64_t) * (size_t)n->ndim);
   int r = n ? n->ndim : -1;
-  graft_unlock();
+  tensor_unlock();
   return r;
 }
 
 int64_t graft_dim(const graft_tensor *t, int axis) {
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(t, __func__);
   int ax = n ? api_axis(__func__, axis, n->ndim) : -1;
   int64_t r = ax >= 0 ? n->shape[ax] : -1;
-  graft_unlock();
+  tensor_unlock();
   return r;
 }
 
@@ -308,9 +308,9 @@ graft_status api_step_locked(void) {
 }
 
 graft_status graft_step(void) {
-  graft_lock();
+  tensor_lock();
   graft_status st = api_step_locked();
-  graft_unlock();
+  tensor_unlock();
   return st;
 }
 
@@ -329,11 +329,11 @@ static tensor_slot **decode_list(graft_tensor *const *ts, int n, const char *fn)
 }
 
 graft_status graft_sync(graft_tensor *const *ts, int n) {
-  graft_lock();
+  tensor_lock();
   tensor_slot **s = decode_list(ts, n, "graft_sync");
   graft_status st = s ? exec_sync_locked(s, n) : graft_last_status();
   free(s);
-  graft_unlock();
+  tensor_unlock();
   return st;
 }
 
@@ -346,7 +346,7 @@ static ir_node *sync_one(graft_tensor *t, const char *fn) {
 
 graft_status graft_to_host(graft_tensor *t, void *dst, size_t bytes) {
   const char *fn = "graft_to_host";
-  graft_lock();
+  tensor_lock();
   ir_node *n = sync_one(t, fn);
   graft_status st = n ? GRAFT_OK : graft_last_status();
   if (n) {
@@ -366,13 +366,13 @@ graft_status graft_to_host(graft_tensor *t, void *dst, size_t bytes) {
       metrics.m.bytes_to_host += need;
     }
   }
-  graft_unlock();
+  tensor_unlock();
   return st;
 }
 
 graft_status graft_item(graft_tensor *t, double *out) {
   const char *fn = "graft_item";
-  graft_lock();
+  tensor_lock();
   ir_node *n = sync_one(t, fn);
   graft_status st = n ? GRAFT_OK : graft_last_status();
   if (n && n->numel != 1) {
@@ -388,7 +388,7 @@ graft_status graft_item(graft_tensor *t, double *out) {
     metrics.m.transfers_to_host++;
     metrics.m.bytes_to_host += graft_dtype_size(n->dtype);
   }
-  graft_unlock();
+  tensor_unlock();
   return st;
 }
 
@@ -398,10 +398,10 @@ void graft_empty_cache(void) { buffer_pool_trim(); }
 
 void graft_shutdown(void) {
   tier_shutdown();
-  graft_lock();
+  tensor_lock();
   tensor_free_all();
   cache_clear();
   exec_shutdown();
   buffer_pool_trim();
-  graft_unlock();
+  tensor_unlock();
 }

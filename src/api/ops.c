@@ -34,10 +34,10 @@ ir_node *api_broadcast(ir_node *n, int ndim, const int64_t *shape) {
 /* ---- elementwise ---- */
 static graft_tensor *unary(ir_op op, graft_tensor *a, const char *fn) {
   unsigned mark = err_count();
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = n ? api_node(ir_make(op, 1, &n, NULL, n->dtype, 0, NULL)) : NULL;
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -64,24 +64,24 @@ static graft_tensor *nary_locked(ir_op op, const char *fn, int nin, ir_node **in
 
 static graft_tensor *binary(ir_op op, graft_tensor *a, graft_tensor *b, const char *fn) {
   unsigned mark = err_count();
-  graft_lock();
+  tensor_lock();
   ir_node *in[2] = {api_in(a, fn), NULL};
   in[1] = in[0] ? api_in(b, fn) : NULL;
   graft_tensor *t = in[1] ? nary_locked(op, fn, 2, in) : NULL;
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
 static graft_tensor *with_scalar(ir_op op, graft_tensor *a, double s, const char *fn) {
   unsigned mark = err_count();
-  graft_lock();
+  tensor_lock();
   graft_tensor *t = NULL;
   ir_node *in[2] = {api_in(a, fn), NULL};
   if (in[0] && (in[1] = api_scalar_node(s, in[0]->dtype, in[0]->device))) {
     t = nary_locked(op, fn, 2, in);
     ir_release(in[1]);
   }
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -137,21 +137,21 @@ graft_tensor *graft_pow_scalar(graft_tensor *a, double s) { return with_scalar(I
 graft_tensor *graft_where(graft_tensor *cond, graft_tensor *a, graft_tensor *b) {
   unsigned mark = err_count();
   const char *fn = "graft_where";
-  graft_lock();
+  tensor_lock();
   ir_node *in[3] = {api_in(cond, fn), NULL, NULL};
   in[1] = in[0] ? api_in(a, fn) : NULL;
   in[2] = in[1] ? api_in(b, fn) : NULL;
   graft_tensor *t = in[2] ? nary_locked(IR_SELECT, fn, 3, in) : NULL;
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_convert(graft_tensor *a, graft_dtype dt) {
   unsigned mark = err_count();
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(a, __func__);
   graft_tensor *t = n ? api_node(ir_make(IR_CONVERT, 1, &n, NULL, dt, 0, NULL)) : NULL;
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, __func__);
 }
 
@@ -171,11 +171,11 @@ static int check_nd(const char *fn, int ndim, const int64_t *shape) {
 graft_tensor *graft_broadcast_to(graft_tensor *a, int ndim, const int64_t *shape) {
   unsigned mark = err_count();
   const char *fn = "graft_broadcast_to";
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = NULL;
   if (n && !check_nd(fn, ndim, shape)) t = api_node(api_broadcast(n, ndim, shape));
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -205,20 +205,20 @@ static int reshape_dims(const char *fn, const ir_node *n, int ndim, const int64_
 graft_tensor *graft_reshape(graft_tensor *a, int ndim, const int64_t *shape) {
   unsigned mark = err_count();
   const char *fn = "graft_reshape";
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = NULL;
   int64_t s[GRAFT_MAX_DIMS];
   if (n && !check_nd(fn, ndim, shape) && !reshape_dims(fn, n, ndim, shape, s))
     t = api_node(ir_make(IR_RESHAPE, 1, &n, NULL, n->dtype, ndim, s));
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_transpose(graft_tensor *a, const int *perm) {
   unsigned mark = err_count();
   const char *fn = "graft_transpose";
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = NULL;
   if (n && n->ndim && !perm) {
@@ -228,13 +228,13 @@ graft_tensor *graft_transpose(graft_tensor *a, const int *perm) {
     for (int i = 0; i < n->ndim; i++) at.a[i] = perm[i] < 0 ? perm[i] + n->ndim : perm[i];
     t = api_node(ir_make(IR_TRANSPOSE, 1, &n, &at, n->dtype, 0, NULL));
   }
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_t(graft_tensor *a) {
   unsigned mark = err_count();
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(a, "graft_t");
   graft_tensor *t = NULL;
   if (n && n->ndim < 2) {
@@ -246,7 +246,7 @@ graft_tensor *graft_t(graft_tensor *a) {
     at.a[n->ndim - 1] = n->ndim - 2;
     t = api_node(ir_make(IR_TRANSPOSE, 1, &n, &at, n->dtype, 0, NULL));
   }
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, "graft_t");
 }
 
@@ -254,7 +254,7 @@ graft_tensor *graft_slice(graft_tensor *a, const int64_t *start, const int64_t *
                           const int64_t *stride) {
   unsigned mark = err_count();
   const char *fn = "graft_slice";
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = NULL;
   if (n && n->ndim && (!start || !limit)) {
@@ -268,7 +268,7 @@ graft_tensor *graft_slice(graft_tensor *a, const int64_t *start, const int64_t *
     }
     t = api_node(ir_make(IR_SLICE, 1, &n, &at, n->dtype, 0, NULL));
   }
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -278,7 +278,7 @@ graft_tensor *graft_concat(graft_tensor *const *ts, int n, int axis) {
   if (n < 1 || !ts) return err_set(GRAFT_ERR_ARG, "%s: needs at least one tensor", fn);
   ir_node *small[16], **in = n <= 16 ? small : malloc(sizeof *in * (size_t)n);
   if (!in) return err_set(GRAFT_ERR_OOM, "%s: out of memory", fn);
-  graft_lock();
+  tensor_lock();
   graft_tensor *t = NULL;
   int ok = 1;
   for (int i = 0; i < n && ok; i++) ok = (in[i] = api_in(ts[i], fn)) != NULL;
@@ -287,7 +287,7 @@ graft_tensor *graft_concat(graft_tensor *const *ts, int n, int axis) {
     ir_attrs at = {.a = {ax}};
     t = api_node(ir_make(IR_CONCAT, n, in, &at, in[0]->dtype, 0, NULL));
   }
-  graft_unlock();
+  tensor_unlock();
   if (in != small) free(in);
   return err_named(t, mark, fn);
 }
@@ -301,7 +301,7 @@ graft_tensor *graft_pad_ex(graft_tensor *a, const int64_t *lo, const int64_t *hi
                            const int64_t *interior, double value) {
   unsigned mark = err_count();
   const char *fn = "graft_pad_ex";
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = NULL;
   if (n && n->ndim && (!lo || !hi)) {
@@ -315,7 +315,7 @@ graft_tensor *graft_pad_ex(graft_tensor *a, const int64_t *lo, const int64_t *hi
     }
     t = api_node(ir_make(IR_PAD, 1, &n, &at, n->dtype, 0, NULL));
   }
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -323,7 +323,7 @@ graft_tensor *graft_pad_ex(graft_tensor *a, const int64_t *lo, const int64_t *hi
 static graft_tensor *reduce(ir_op op, graft_tensor *a, const int *axes, int naxes, bool keepdim,
                             const char *fn) {
   unsigned mark = err_count();
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(a, fn);
   graft_tensor *t = NULL;
   if (n && naxes && !axes) {
@@ -346,7 +346,7 @@ static graft_tensor *reduce(ir_op op, graft_tensor *a, const int *axes, int naxe
     ir_attrs at = {.a = {mask, keepdim}};
     if (ok) t = api_node(ir_make(op, 1, &n, &at, n->dtype, 0, NULL));
   }
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -366,12 +366,12 @@ graft_tensor *graft_prod(graft_tensor *a, const int *axes, int naxes, bool keepd
 static graft_tensor *arg_extreme(ir_op op, graft_tensor *a, int axis, bool keepdim,
                                  const char *fn) {
   unsigned mark = err_count();
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(a, fn);
   int ax = n ? api_axis(fn, axis, n->ndim) : -1;
   ir_attrs at = {.a = {ax, keepdim}};
   graft_tensor *t = ax >= 0 ? api_node(ir_make(op, 1, &n, &at, GRAFT_I64, 0, NULL)) : NULL;
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 

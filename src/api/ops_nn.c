@@ -10,7 +10,7 @@ static ir_node *reshape_node(ir_node *n, int ndim, const int64_t *shape) {
 graft_tensor *graft_matmul(graft_tensor *a, graft_tensor *b) {
   unsigned mark = err_count();
   const char *fn = "graft_matmul";
-  graft_lock();
+  tensor_lock();
   ir_node *na = api_in(a, fn), *nb = na ? api_in(b, fn) : NULL;
   graft_tensor *t = NULL;
   ir_node *ra = NULL, *rb = NULL, *fa = NULL, *fb = NULL, *d = NULL;
@@ -66,7 +66,7 @@ out:
   if (rb) ir_release(rb);
   if (fa) ir_release(fa);
   if (fb) ir_release(fb);
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -75,7 +75,7 @@ graft_tensor *graft_conv2d_ex(graft_tensor *x, graft_tensor *w, const int *strid
                               int groups) {
   unsigned mark = err_count();
   const char *fn = "graft_conv2d_ex";
-  graft_lock();
+  tensor_lock();
   ir_node *in[2] = {api_in(x, fn), NULL};
   in[1] = in[0] ? api_in(w, fn) : NULL;
   graft_tensor *t = NULL;
@@ -91,7 +91,7 @@ graft_tensor *graft_conv2d_ex(graft_tensor *x, graft_tensor *w, const int *strid
     at.a[10] = groups;
     t = api_node(ir_make(IR_CONV2D, 2, in, &at, in[0]->dtype, 0, NULL));
   }
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -105,20 +105,20 @@ graft_tensor *graft_conv2d(graft_tensor *x, graft_tensor *w, const int *stride, 
 graft_tensor *graft_gather(graft_tensor *a, int axis, graft_tensor *index) {
   unsigned mark = err_count();
   const char *fn = "graft_gather";
-  graft_lock();
+  tensor_lock();
   ir_node *in[2] = {api_in(a, fn), NULL};
   in[1] = in[0] ? api_in(index, fn) : NULL;
   int ax = in[1] ? api_axis(fn, axis, in[0]->ndim) : -1;
   ir_attrs at = {.a = {ax}};
   graft_tensor *t = ax >= 0 ? api_node(ir_make(IR_GATHER, 2, in, &at, in[0]->dtype, 0, NULL)) : NULL;
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_scatter_add(graft_tensor *a, int axis, graft_tensor *index, graft_tensor *src) {
   unsigned mark = err_count();
   const char *fn = "graft_scatter_add";
-  graft_lock();
+  tensor_lock();
   ir_node *in[3] = {api_in(a, fn), NULL, NULL};
   in[1] = in[0] ? api_in(index, fn) : NULL;
   in[2] = in[1] ? api_in(src, fn) : NULL;
@@ -126,7 +126,7 @@ graft_tensor *graft_scatter_add(graft_tensor *a, int axis, graft_tensor *index, 
   ir_attrs at = {.a = {ax}};
   graft_tensor *t =
       ax >= 0 ? api_node(ir_make(IR_SCATTER_ADD, 3, in, &at, in[0]->dtype, 0, NULL)) : NULL;
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -150,10 +150,10 @@ graft_tensor *graft_max_pool2d(graft_tensor *x, const int *kernel, const int *st
                                const int *padding) {
   unsigned mark = err_count();
   const char *fn = "graft_max_pool2d";
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(x, fn);
   graft_tensor *t = n ? api_node(pool_node(fn, 0, n, kernel, stride, padding)) : NULL;
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }
 
@@ -161,7 +161,7 @@ graft_tensor *graft_avg_pool2d(graft_tensor *x, const int *kernel, const int *st
                                const int *padding) {
   unsigned mark = err_count();
   const char *fn = "graft_avg_pool2d";
-  graft_lock();
+  tensor_lock();
   ir_node *n = api_in(x, fn);
   graft_tensor *t = NULL;
   if (n && !dtype_is_float(n->dtype)) {
@@ -176,6 +176,6 @@ graft_tensor *graft_avg_pool2d(graft_tensor *x, const int *kernel, const int *st
     if (c) ir_release(c);
     if (cb) ir_release(cb);
   }
-  graft_unlock();
+  tensor_unlock();
   return err_named(t, mark, fn);
 }

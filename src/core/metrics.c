@@ -28,10 +28,10 @@ const char *graft_last_compile_reason(void) {
 }
 
 void graft_metrics_reset(void) {
-  graft_lock();
+  tensor_lock();
   memset(&metrics, 0, sizeof metrics);
   buffer_reset_peak();
   metrics_nreasons = 0;
-  graft_unlock();
+  tensor_unlock();
 }
 

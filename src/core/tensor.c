@@ -8,8 +8,8 @@
 _Static_assert(sizeof(uintptr_t) >= 8, "a handle packs a 32-bit index and a 32-bit generation");
 
 static pthread_mutex_t tensor_mu = PTHREAD_MUTEX_INITIALIZER;
-void graft_lock(void) { pthread_mutex_lock(&tensor_mu); }
-void graft_unlock(void) { pthread_mutex_unlock(&tensor_mu); }
+void tensor_lock(void) { pthread_mutex_lock(&tensor_mu); }
+void tensor_unlock(void) { pthread_mutex_unlock(&tensor_mu); }
 
 /* Slots live in chunks that never move while graft runs; the table of chunks is fixed-size so a
  * handle decodes with two loads. */
@@ -141,12 +141,12 @@ void graft_scope_end(void) {
     return;
   }
   scope_top = s->up;
-  graft_lock();
+  tensor_lock();
   for (size_t i = 0; i < s->n; i++) {
     tensor_slot *t = s->owned[i] ? slot_live(s->owned[i]) : NULL;
     if (t) slot_release(t); /* a handle the user released already is no longer ours */
   }
-  graft_unlock();
+  tensor_unlock();
   free(s->owned);
   free(s);
 }
@@ -158,9 +158,9 @@ graft_tensor *graft_keep(graft_tensor *t) {
     if (s->owned[i] == t) {
       s->owned[i] = NULL;
       scope_top = s->up; /* hand the reference to the outer scope, if any */
-      graft_lock();
+      tensor_lock();
       scope_add(t);
-      graft_unlock();
+      tensor_unlock();
       scope_top = s;
       return t;
     }
@@ -194,19 +194,19 @@ void tensor_set_node(tensor_slot *s, ir_node *node) {
 }
 
 graft_tensor *graft_retain(graft_tensor *t) {
-  graft_lock();
+  tensor_lock();
   tensor_slot *s = tensor_check(t, "graft_retain");
   if (s) s->refcnt++;
-  graft_unlock();
+  tensor_unlock();
   return s ? t : NULL;
 }
 
 void graft_release(graft_tensor *t) {
   if (!t) return;
-  graft_lock();
+  tensor_lock();
   tensor_slot *s = tensor_check(t, "graft_release");
   if (s) slot_release(s);
-  graft_unlock();
+  tensor_unlock();
 }
 
 void tensor_foreach_live(void (*fn)(tensor_slot *, void *), void *ctx) {
@@ -216,9 +216,9 @@ void tensor_foreach_live(void (*fn)(tensor_slot *, void *), void *ctx) {
 int64_t tensor_live_count(void) { return live_count; }
 int64_t tensor_max_pending(void) { return max_pending; }
 void graft_set_max_pending_nodes(int64_t n) {
-  graft_lock();
+  tensor_lock();
   max_pending = n > 0 ? n : 1;
-  graft_unlock();
+  tensor_unlock();
 }
 
 void tensor_free_all(void) {

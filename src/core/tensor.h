@@ -17,8 +17,8 @@ typedef struct tensor_slot {
 } tensor_slot;
 
 /* The one lock that guards tracing, graphs and the caches (a lock per device later). */
-void graft_lock(void);
-void graft_unlock(void);
+void tensor_lock(void);
+void tensor_unlock(void);
 
 /* Decodes a handle (lock held); sets the error (naming fn) and returns NULL if it is NULL,
  * released, or not a graft tensor. */

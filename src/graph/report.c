@@ -16,7 +16,7 @@ static void report_backend_stats(backend_stats *bs) {
 
 void graft_metrics_get(graft_metrics *m) {
   if (!m) return;
-  graft_lock();
+  tensor_lock();
   *m = metrics.m;
   m->live_tensors = (uint64_t)tensor_live_count();
   m->pending_nodes = (uint64_t)ir_pending_count();
@@ -29,7 +29,7 @@ void graft_metrics_get(graft_metrics *m) {
   m->native_disk_refused = bs.disk_refused;
   m->fallback_ops = 0;
   for (int i = 0; i < IR_OP_COUNT; i++) m->fallback_ops += bs.fallbacks[i];
-  graft_unlock();
+  tensor_unlock();
 }
 
 char *graft_metrics_report(void) {
@@ -38,7 +38,7 @@ char *graft_metrics_report(void) {
   size_t cap = 8192 + METRICS_NREASONS * 520;
   char *s = malloc(cap);
   if (!s) return NULL;
-  graft_lock();
+  tensor_lock();
   int k = snprintf(s, cap,
       "graft metrics\n"
       "  graphs compiled      %llu\n"
@@ -90,6 +90,6 @@ char *graft_metrics_report(void) {
   if (metrics_nreasons) k += snprintf(s + k, cap - (size_t)k, "  recent compile reasons:\n");
   for (int i = first; i < metrics_nreasons && (size_t)k < cap; i++)
     k += snprintf(s + k, cap - (size_t)k, "    - %s\n", metrics_reasons[i % METRICS_NREASONS]);
-  graft_unlock();
+  tensor_unlock();
   return s;
 }

@@ -82,9 +82,9 @@ static void *tier_worker(void *arg) {
     double ms = metrics_now_ms() - t0;
     char err[512];
     snprintf(err, sizeof err, "%s", exe ? "" : graft_last_error());
-    graft_lock();
+    tensor_lock();
     tier_finish(e, exe, err, ms);
-    graft_unlock();
+    tensor_unlock();
     pthread_mutex_lock(&q_mu);
     q_busy = 0;
     if (!q_head) pthread_cond_broadcast(&q_idle);
@@ -171,9 +171,9 @@ void tier_hit(cache_entry *e) {
 }
 
 void graft_wait_compiles(void) {
-  graft_lock(); /* graphs that ran once are compiled too: the caller wants native code */
+  tensor_lock(); /* graphs that ran once are compiled too: the caller wants native code */
   cache_foreach(tier_hit);
-  graft_unlock();
+  tensor_unlock();
   pthread_mutex_lock(&q_mu);
   while (q_started && (q_head || q_busy)) pthread_cond_wait(&q_idle, &q_mu);
   pthread_mutex_unlock(&q_mu);

@@ -281,7 +281,7 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
 #define PUT(...) (k += (size_t)snprintf(buf + k, k < n ? n - k : 0, __VA_ARGS__))
   int role = pl.role[slot];
   if (role == CPU_GEMM) {
-    PUT("a BLAS GEMM call in graft_entry of graph_%016" PRIx64 ".c (dot %%%d x %%%d)", e->hash,
+    PUT("a BLAS GEMM call in cpu_entry of graph_%016" PRIx64 ".c (dot %%%d x %%%d)", e->hash,
         ins->in[0], ins->in[1]);
   } else if (role == CPU_FALLBACK) {
     ref_arg a[16];
@@ -290,7 +290,7 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
       a[q] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel};
     }
     bool host = ins->nin <= 16 && cpu_host_kernel(ins, a);
-    PUT("the %s for %s %%%d, called from graft_entry of graph_%016" PRIx64 ".c (rt->fallback)",
+    PUT("the %s for %s %%%d, called from cpu_entry of graph_%016" PRIx64 ".c (rt->fallback)",
         host ? "host kernel (cpu_kernels.c)" : "reference kernel", op, slot, e->hash);
   } else if (kof[slot] >= 0) {
     int kid = kof[slot], ni = 0, nm = 0, nr = 0, top = 0;

@@ -2,7 +2,7 @@
  * per kernel (a fused loop nest; a "row group" runs several kernels row by row so a reduction
  * and the elementwise work that reads it back stay in cache: softmax, layer_norm; an expensive
  * value several members compute, softmax's exp, is kept in a row scratch by the first one), and
- * the entry `graft_entry`, which allocates, runs kernels (on the pool when big), calls BLAS
+ * the entry `cpu_entry`, which allocates, runs kernels (on the pool when big), calls BLAS
  * (transposed operands by its transpose flags) and the reference fallbacks, and frees buffers
  * after their last use. Outputs past CPU_NT_MIN_BYTES leave through streaming stores. */
 #include "cpu_codegen.h"
@@ -588,7 +588,7 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
   cpu_sb_puts(out, "\n");
   cpu_sb_puts(out, cpu_math_src);
   cpu_sb_puts(out, "\n\n");
-  cpu_sb_puts(&entry, "int graft_entry(const cpu_rt *rt) {\n  void **S = rt->S;\n  (void)S;\n");
+  cpu_sb_puts(&entry, "int cpu_entry(const cpu_rt *rt) {\n  void **S = rt->S;\n  (void)S;\n");
   for (int i = 0; i < n; i++) last_step[i] = -1;
   int kid = 0, step = 0;
   bool ok = g->reads && g->member && g->rc_state && g->rc_count && g->cost;

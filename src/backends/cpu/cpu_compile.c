@@ -197,10 +197,10 @@ static int cpu_dlopen(const char *path, cpu_object *obj) {
     err_set(GRAFT_ERR_COMPILE, "cpu: cannot load %s: %s", path, e ? e : "?");
     return -1;
   }
-  void *sym = dlsym(h, "graft_entry");
+  void *sym = dlsym(h, "cpu_entry");
   if (!sym) {
     dlclose(h);
-    err_set(GRAFT_ERR_COMPILE, "cpu: %s has no graft_entry", path);
+    err_set(GRAFT_ERR_COMPILE, "cpu: %s has no cpu_entry", path);
     return -1;
   }
   obj->dl = h;
