@@ -1,7 +1,7 @@
 # graft: a lazy-tensor graph compiler and runtime.
 #   make demo    run the main demo        make test   sanitized tests + valgrind + TSan
 #   make lib     build/libgraft.{a,so}    make bench  benchmarks
-#   make install PREFIX=/usr/local (with a pkg-config file)
+#   make install PREFIX=/usr/local (with a pkg-config file and the Python package)  make uninstall
 CC      ?= gcc
 PREFIX  ?= /usr/local
 CFLAGS  ?= -O2 -g
@@ -21,7 +21,7 @@ SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-fram
 TSAN    := -fsanitize=thread
 
 .PHONY: all lib torch demo demo-c test bench fuzz install deps clean check-asan check-compiled check-valgrind \
-        check-tsan check-torch check-abi
+        check-tsan check-torch check-abi check-install install-lib install-python uninstall print-pythondir
 
 all: lib
 
@@ -121,7 +121,8 @@ check-abi: build/libgraft.so
 	sh tests/check_exports.sh build/libgraft.so include/graft.h
 
 test: deps
-	@$(MAKE) --no-print-directory check-abi check-asan check-compiled check-tsan check-valgrind check-torch
+	@$(MAKE) --no-print-directory check-abi check-asan check-compiled check-tsan check-valgrind check-torch \
+	  check-install
 	@echo "all test suites passed"
 
 # The main job: a CNN trained on scikit-learn's bundled digits on graft's PyTorch device.
@@ -141,11 +142,45 @@ build/bench/%: bench/%.c build/libgraft.a
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) -O2 -g $< build/libgraft.a -o $@ $(LIBS)
 
-install: lib
+# make install PREFIX=... [DESTDIR=...]: the C library, header and graft.pc (install-lib), and the
+# Python package `graft` with its bridge _graft_C.so (install-python, which builds the bridge)
+# for Debian's /usr/bin/python3. Debian's python3 reads /usr/lib/python3/dist-packages for
+# packages of prefix /usr, and /usr/local/lib/python3.X/dist-packages (not .../python3/...) for
+# /usr/local; other prefixes follow /usr/local's layout and need PYTHONPATH=$(PYTHONDIR).
+# PYTHONDIR=... overrides. `make uninstall` (same PREFIX/DESTDIR) removes exactly these files.
+PY        ?= /usr/bin/python3
+PYVER     := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PYTHONDIR ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,$(PREFIX)/lib/python$(PYVER)/dist-packages)
+PYFILES   := $(notdir $(wildcard torch/graft/*.py))
+
+install: install-lib install-python
+
+install-lib: lib
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 build/libgraft.a build/libgraft.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 include/graft.h $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' graft.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/graft.pc
+
+# graft/__init__.py loads _graft_C.so from its own folder first.
+install-python: torch
+	install -d $(DESTDIR)$(PYTHONDIR)/graft
+	install -m 644 $(addprefix torch/graft/,$(PYFILES)) $(DESTDIR)$(PYTHONDIR)/graft/
+	install -m 644 torch/build/_graft_C.so $(DESTDIR)$(PYTHONDIR)/graft/
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/lib/libgraft.a $(DESTDIR)$(PREFIX)/lib/libgraft.so
+	rm -f $(DESTDIR)$(PREFIX)/include/graft.h $(DESTDIR)$(PREFIX)/lib/pkgconfig/graft.pc
+	rm -f $(addprefix $(DESTDIR)$(PYTHONDIR)/graft/,$(PYFILES) _graft_C.so)
+	rm -rf $(DESTDIR)$(PYTHONDIR)/graft/__pycache__
+	rmdir $(DESTDIR)$(PYTHONDIR)/graft 2>/dev/null || true
+
+print-pythondir:
+	@echo $(PYTHONDIR)
+
+# make install/uninstall into a temporary prefix: the Python package imports and runs an op
+# from another folder, examples/mlp.c builds with pkg-config and runs, nothing is left behind.
+check-install: lib torch
+	sh tests/check_install.sh
 
 clean:
 	rm -rf build
