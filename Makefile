@@ -12,7 +12,7 @@ BASE    := -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc/core -fPIC -pthrea
 LIBS    := -lm -lpthread -ldl
 
 SRC     := $(sort $(wildcard src/core/*.c src/graph/*.c src/passes/*.c src/backends/ref/*.c \
-             src/backends/cpu/*.c src/api/*.c))
+             src/backends/cpu/*.c src/backends/*.c src/api/*.c))
 HDR     := $(wildcard include/*.h src/*/*.h src/backends/*/*.h src/core/ops.def tests/*.h)
 TESTS   := $(sort $(wildcard tests/test_*.c))
 
@@ -21,7 +21,7 @@ SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-fram
 TSAN    := -fsanitize=thread
 
 .PHONY: all lib torch demo demo-c test bench fuzz install deps clean check-asan check-compiled check-valgrind \
-        check-tsan check-torch check-abi check-install install-lib install-python uninstall print-pythondir
+        check-tsan check-torch check-abi check-layers check-install install-lib install-python uninstall print-pythondir
 
 all: lib
 
@@ -106,6 +106,10 @@ check-valgrind: build/examples/mlp
 	GRAFT_COMPILE=off $(VALGRIND) ./build/examples/mlp > /dev/null
 	GRAFT_COMPILE=sync GRAFT_MARCH=x86-64-v3 $(VALGRIND) ./build/examples/mlp > /dev/null
 
+# Layers point down only: includes and the symbols each layer's objects use (tests/check_layers.sh).
+check-layers: build/asan/libgraft.a
+	sh tests/check_layers.sh build/asan/src
+
 check-tsan: build/tsan/tests/test_threads
 	TSAN_OPTIONS=halt_on_error=1 ./build/tsan/tests/test_threads
 
@@ -121,8 +125,8 @@ check-abi: build/libgraft.so
 	sh tests/check_exports.sh build/libgraft.so include/graft.h
 
 test: deps
-	@$(MAKE) --no-print-directory check-abi check-asan check-compiled check-tsan check-valgrind check-torch \
-	  check-install
+	@$(MAKE) --no-print-directory check-abi check-layers check-asan check-compiled check-tsan check-valgrind \
+	  check-torch check-install
 	@echo "all test suites passed"
 
 # The main job: a CNN trained on scikit-learn's bundled digits on graft's PyTorch device.

@@ -4,16 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t graft_dtype_size(graft_dtype dt) {
-  static const size_t sz[GRAFT_NDTYPES] = {4, 8, 2, 2, 4, 8, 1, 1};
-  return dtype_valid(dt) ? sz[dt] : 0;
-}
-
-const char *graft_dtype_name(graft_dtype dt) {
-  static const char *nm[GRAFT_NDTYPES] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool"};
-  return dtype_valid(dt) ? nm[dt] : "?";
-}
-
 graft_tensor *api_node(ir_node *n) {
   if (!n) return NULL;
   metrics.m.nodes_traced++;

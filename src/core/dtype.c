@@ -5,6 +5,17 @@
 #include <math.h>
 #include <string.h>
 
+/* Public API (graft.h), defined here because every layer uses them. */
+size_t graft_dtype_size(graft_dtype dt) {
+  static const size_t sz[GRAFT_NDTYPES] = {4, 8, 2, 2, 4, 8, 1, 1};
+  return dtype_valid(dt) ? sz[dt] : 0;
+}
+
+const char *graft_dtype_name(graft_dtype dt) {
+  static const char *nm[GRAFT_NDTYPES] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool"};
+  return dtype_valid(dt) ? nm[dt] : "?";
+}
+
 static uint32_t f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);

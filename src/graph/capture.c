@@ -91,15 +91,6 @@ void capture_free(graph_capture *g) {
   stack_cap = 0;
 }
 
-void program_free(exec_program *p) {
-  if (!p) return;
-  for (int i = 0; i < p->ninstr; i++) free(p->instr[i].in);
-  free(p->instr);
-  free(p->param_slot);
-  free(p->output_slot);
-  free(p);
-}
-
 exec_program *capture_lower(const graph_capture *g) {
   exec_program *p = calloc(1, sizeof *p);
   if (!p) return err_set(GRAFT_ERR_OOM, "out of memory lowering a graph");

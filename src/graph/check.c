@@ -65,7 +65,7 @@ exec_buffer **check_reference(const exec_program *p, exec_buffer *const *params)
   check_err saved;
   check_err_save(&saved);
   exec_buffer **ref = calloc((size_t)p->noutputs + 1, sizeof *ref);
-  if (!ref || ref_backend.execute(NULL, p, params, ref)) {
+  if (!ref || graph_backend(BACKEND_REFERENCE)->execute(NULL, p, params, ref)) {
     snprintf(check_ref_err, sizeof check_ref_err, "%s", ref ? graft_last_error() : "out of memory");
     check_err_restore(&saved); /* the backend's own run decides the sync */
     free(ref);

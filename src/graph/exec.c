@@ -153,7 +153,7 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
    * its tensors pending and usable, as after any failed step. */
   check_mode cm = check_get_mode();
   bool fast = e->tier == TIER_READY;
-  bool checking = cm && (fast || e->be != &ref_backend);
+  bool checking = cm && (fast || e->be != graph_backend(BACKEND_REFERENCE));
   exec_buffer **ref = checking ? check_reference(p, bufs) : NULL;
   if (cm != CHECK_STRICT) exec_donate(p, bufs, roots, n);
   exec_buffer **outs = bufs + p->nparams;

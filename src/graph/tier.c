@@ -20,8 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const backend cpu_backend, cpu_interp_backend;
-
 typedef enum { TIER_MODE_ASYNC, TIER_MODE_SYNC, TIER_MODE_OFF } tier_mode;
 
 static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -93,8 +91,17 @@ static void *tier_worker(void *arg) {
   return NULL;
 }
 
+static pthread_once_t backends_once = PTHREAD_ONCE_INIT;
+
+void graph_backends_init(void) { pthread_once(&backends_once, backend_register_builtin); }
+
+const backend *graph_backend(backend_role role) {
+  graph_backends_init();
+  return backend_find(GRAPH_DEVICE_KIND, role);
+}
+
 const backend *tier_first_backend(void) {
-  return tier_get_mode() == TIER_MODE_OFF ? &ref_backend : &cpu_interp_backend;
+  return graph_backend(tier_get_mode() == TIER_MODE_OFF ? BACKEND_REFERENCE : BACKEND_FIRST_TIER);
 }
 
 /* Rough cost of a program on the first tier, as measured here: ~250M elements/s for
@@ -122,11 +129,14 @@ static double tier_compile_cost_ms(const exec_program *p) { return 50 + 1.5 * p-
 
 void tier_submit(cache_entry *e) {
   tier_mode mode = tier_get_mode();
-  e->fast = &cpu_backend;
-  /* A huge graph would stall the compiler for long; it stays on the first tier. */
+  e->fast = graph_backend(BACKEND_COMPILER);
+  /* A huge graph would stall the compiler for long; it stays on the first tier. So does a
+   * graph with an instruction the compiler does not support (its supports(), asked per
+   * instruction): a declared fallback, not a compile failure. */
   const char *cap = getenv("GRAFT_MAX_COMPILE_NODES");
   int max_nodes = cap && atoi(cap) > 0 ? atoi(cap) : 20000;
-  if (mode == TIER_MODE_OFF || e->prog->ninstr > max_nodes) {
+  if (mode == TIER_MODE_OFF || !e->fast || e->prog->ninstr > max_nodes ||
+      !backend_supports_program(e->fast, e->prog, NULL)) {
     e->tier = TIER_OFF;
     return;
   }
@@ -196,5 +206,11 @@ static void tier_stop_thread(void) {
 
 void tier_shutdown(void) {
   tier_stop_thread();
-  if (cpu_backend.shutdown) cpu_backend.shutdown();
+  graph_backends_init();
+  for (int i = 0; i < backend_count(); i++) {
+    const backend *be = backend_at(i, NULL, NULL);
+    bool seen = false; /* one backend registered in two roles shuts down once */
+    for (int j = 0; j < i; j++) seen = seen || backend_at(j, NULL, NULL) == be;
+    if (!seen && be->shutdown) be->shutdown();
+  }
 }

@@ -4,7 +4,7 @@
  * call the reference kernels. Compiled objects are cached on disk per user. */
 #ifndef GRAFT_CPU_H
 #define GRAFT_CPU_H
-#include "program.h"
+#include "backend.h"
 
 extern const backend cpu_backend;
 /* The first tier: interprets a program with the reference kernels, except the instructions

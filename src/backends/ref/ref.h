@@ -2,7 +2,7 @@
  * checked against. Private to the backends. */
 #ifndef GRAFT_REF_H
 #define GRAFT_REF_H
-#include "program.h"
+#include "backend.h"
 
 typedef struct {
   const void *data;
@@ -25,4 +25,6 @@ typedef ref_fn (*ref_pick_fn)(const exec_instr *ins, const ref_arg *in);
 /* Interprets program p one instruction at a time (operands freed at their last use), each with
  * pick's kernel or the reference one; outs receive new references. Returns 0 or -1 (error set). */
 int ref_run(const exec_program *p, exec_buffer *const *params, exec_buffer **outs, ref_pick_fn pick);
+/* The reference backend: ref_run with the reference kernels only. */
+extern const backend ref_backend;
 #endif

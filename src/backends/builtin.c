@@ -1,0 +1,11 @@
+/* The backends built into graft, registered in one place (core/backend.h explains why this is
+ * an explicit call and not a constructor). The only file that names them all. */
+#include "backend.h"
+#include "cpu/cpu.h"
+#include "ref/ref.h"
+
+void backend_register_builtin(void) {
+  backend_register("cpu", BACKEND_REFERENCE, &ref_backend);
+  backend_register("cpu", BACKEND_FIRST_TIER, &cpu_interp_backend);
+  backend_register("cpu", BACKEND_COMPILER, &cpu_backend);
+}

@@ -1,0 +1,59 @@
+/* Backends and their registry. A backend is a vtable (what it supports, how it compiles a
+ * program and runs the result); backends register by name and device kind with a role, and
+ * the graph layer finds them here, never by naming one. The built-in backends are registered
+ * by backend_register_builtin() (defined by the backends, in the one file that names them),
+ * which the graph layer calls once before its first lookup: an explicit call, so a static link
+ * keeps them (a constructor in an object nobody references would be dropped). */
+#ifndef GRAFT_BACKEND_H
+#define GRAFT_BACKEND_H
+#include "program.h"
+
+/* Counters a backend keeps, read into graft's metrics. */
+typedef struct {
+  uint64_t compiles;                 /* native compiler runs that succeeded */
+  uint64_t disk_hits;                /* executables loaded from the disk cache */
+  uint64_t disk_refused;             /* compiles that could not use the disk cache folder */
+  uint64_t fallbacks[IR_OP_COUNT];   /* per op: instructions run on the reference kernels */
+} backend_stats;
+
+/* A backend: what it supports, how it compiles a program and runs the result. */
+typedef struct backend {
+  const char *name;
+  bool (*supports)(const exec_instr *ins);
+  /* Returns an executable or NULL with the error set. */
+  void *(*compile)(const exec_program *p);
+  /* params[i] binds p->param_slot[i]; outs[i] receives a new reference for output i. */
+  int (*execute)(void *exe, const exec_program *p, exec_buffer *const *params, exec_buffer **outs);
+  void (*free_exe)(void *exe);
+  void (*stats)(backend_stats *out); /* optional */
+  void (*shutdown)(void);            /* optional: stop threads, drop caches */
+  /* Optional (GRAFT_CHECK reports): writes into buf which code of exe computed slot (a
+   * generated kernel and what it inlines, a BLAS call, a host or reference kernel); when source
+   * is not NULL, stores there the generated source (malloc'd) or NULL when there is none. It
+   * may set the thread's error; the caller restores it. */
+  void (*explain)(void *exe, const exec_program *p, int slot, char *buf, size_t n, char **source);
+} backend;
+
+/* What a registered backend is for, on its device kind. */
+typedef enum {
+  BACKEND_REFERENCE,  /* the oracle: plain kernels for every op (GRAFT_COMPILE=off, GRAFT_CHECK) */
+  BACKEND_FIRST_TIER, /* runs a new graph at once */
+  BACKEND_COMPILER,   /* compiles graphs that recur; its supports() decides which it takes */
+  BACKEND_NROLES
+} backend_role;
+
+/* Registers be for device kind (e.g. "cpu") in role. A later registration for the same kind
+ * and role replaces the earlier one (tests use it to stand in a backend) and returns the
+ * replaced backend; otherwise NULL. Not thread-safe: register before graft runs graphs. */
+const backend *backend_register(const char *kind, backend_role role, const backend *be);
+/* The backend registered for kind and role, or NULL. */
+const backend *backend_find(const char *kind, backend_role role);
+/* The number of registrations and the i-th one (its backend, kind and role), in order. */
+int backend_count(void);
+const backend *backend_at(int i, const char **kind, backend_role *role);
+/* Registers the backends built into graft (defined in src/backends/builtin.c). */
+void backend_register_builtin(void);
+/* True when be (a compiler) supports every instruction of p (be->supports NULL: all). On false,
+ * *bad receives the first unsupported instruction's index when bad is not NULL. */
+bool backend_supports_program(const backend *be, const exec_program *p, int *bad);
+#endif
