@@ -5,6 +5,7 @@
 #define _DEFAULT_SOURCE
 #include "check.h"
 #include "graft.h"
+#include "backend.h" /* the registry: a test stands in a compiler */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -213,6 +214,55 @@ TEST(heavy_graph_compiles_before_first_run) {
   graft_scope_end();
 }
 
+/* The registry and the compiler's supports(): a stand-in compiler that declines tanh (and
+ * counts its compiles, delegating to the real one). A graph with a tanh stays on the first tier
+ * without a compile and without a failure; a graph without one is compiled. */
+static const backend *real_compiler;
+static int standin_compiles;
+static bool standin_supports(const exec_instr *ins) {
+  return ins->op != IR_TANH && (!real_compiler->supports || real_compiler->supports(ins));
+}
+static void *standin_compile(const exec_program *p) {
+  standin_compiles++;
+  return real_compiler->compile(p);
+}
+
+TEST(compiler_supports_decides_what_compiles) {
+  graft_metrics reset;
+  graft_metrics_get(&reset); /* registers the built-in backends */
+  real_compiler = backend_find("cpu", BACKEND_COMPILER);
+  CHECK(real_compiler != NULL && backend_find("cpu", BACKEND_REFERENCE) != NULL &&
+        backend_find("cpu", BACKEND_FIRST_TIER) != NULL && backend_find("gpu", BACKEND_COMPILER) == NULL);
+  if (!real_compiler) return;
+  backend standin = *real_compiler;
+  standin.name = "stand-in";
+  standin.supports = standin_supports;
+  standin.compile = standin_compile;
+  CHECK(backend_register("cpu", BACKEND_COMPILER, &standin) == real_compiler);
+  setenv("GRAFT_COMPILE", "sync", 1);
+  int64_t n = 1000;
+  float *v = ramp(n, 1), out[1000];
+  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  graft_metrics_reset();
+  standin_compiles = 0;
+  graft_scope_begin();
+  CHECK(graft_to_host(graft_tanh(graft_mul_scalar(x, 3)), out, sizeof out) == GRAFT_OK);
+  graft_scope_end();
+  CHECK(standin_compiles == 0 && M().native_compiles == 0 && M().native_compile_failures == 0);
+  CHECK(M().compiled_executions == 0);
+  CHECK_NEAR(out[7], tanhf(3 * v[7]), 1e-6);
+  graft_scope_begin();
+  CHECK(graft_to_host(graft_exp(graft_mul_scalar(x, 3)), out, sizeof out) == GRAFT_OK);
+  graft_scope_end();
+  CHECK(standin_compiles == 1 && M().native_compiles == 1 && M().compiled_executions == 1);
+  CHECK_NEAR(out[7], expf(3 * v[7]), 1e-6);
+  graft_release(x);
+  free(v);
+  /* the graph compiled by the stand-in stays cached; its free_exe is the real one's */
+  CHECK(backend_register("cpu", BACKEND_COMPILER, real_compiler) == &standin);
+  graft_shutdown(); /* drop the cache while standin's vtable is still alive */
+}
+
 int main(void) {
   setenv("GRAFT_DISK_CACHE", "0", 1); /* real compiles */
   RUN(compiled_when_run_again);
@@ -222,6 +272,7 @@ int main(void) {
   RUN(first_tier_matches_reference);
   RUN(first_tier_elementwise_equals_reference);
   RUN(heavy_graph_compiles_before_first_run);
+  RUN(compiler_supports_decides_what_compiles);
   graft_shutdown();
   return CHECK_DONE();
 }
