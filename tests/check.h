@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "graft.h"
 
 static int check_failed_in_test;
 static int check_passed, check_failed;
@@ -48,6 +49,32 @@ static inline int check_test_device(void) {
   return e && *e ? atoi(e) : 0;
 }
 
+/* The compiled pass (make check-compiled runs the suites with GRAFT_COMPILE=sync) must run
+ * compiled code: a graph the compiler failed on would silently run on the first tier and pass.
+ * So when the program started with GRAFT_COMPILE=sync, CHECK_DONE fails the run if graft's
+ * metrics count any compile failure (native_compile_failures). Graphs the compiler declines
+ * through its supports() are declared fallbacks, not failures. A test that breaks the compiler
+ * on purpose through the tier must account for it (graft_metrics_reset() afterwards). */
+static int check_started_sync;
+__attribute__((constructor)) static void check_record_compile_mode(void) {
+  const char *m = getenv("GRAFT_COMPILE");
+  check_started_sync = m && !strcmp(m, "sync");
+}
+
+static inline void check_compile_failures(void) {
+  if (!check_started_sync) return;
+  graft_metrics m;
+  graft_metrics_get(&m);
+  if (m.native_compile_failures) {
+    fprintf(stderr, "FAIL compiled pass: GRAFT_COMPILE=sync but %llu graph%s did not compile and "
+            "ran on the first tier instead (native_compile_failures; graft's warning above names "
+            "the compiler's error)\n", (unsigned long long)m.native_compile_failures,
+            m.native_compile_failures > 1 ? "s" : "");
+    check_failed++;
+  }
+}
+
 #define CHECK_DONE()                                                                        \
-  (printf("%d passed, %d failed\n", check_passed, check_failed), check_failed ? 1 : 0)
+  (check_compile_failures(), printf("%d passed, %d failed\n", check_passed, check_failed),  \
+   check_failed ? 1 : 0)
 #endif

@@ -9,6 +9,7 @@
 #include "cpu_math.h"
 #include "dtype.h"
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -702,6 +703,8 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
   free(cpu_step_end);
   cpu_step_end = NULL;
   int failed = g->failed || !ok || kern.oom || entry.oom || out->oom;
+  char fail_what[sizeof g->fail_what];
+  snprintf(fail_what, sizeof fail_what, "%s", g->failed ? g->fail_what : "");
   cpu_sb_free(&kern);
   cpu_sb_free(&entry);
   cpu_arena_free(&g->ar);
@@ -715,7 +718,7 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
   free(inst);
   *nkernels = kid;
   if (failed) {
-    err_set(GRAFT_ERR_INTERNAL, "cpu: code generation failed");
+    err_set(GRAFT_ERR_INTERNAL, "cpu: code generation failed%s", fail_what);
     return -1;
   }
   return 0;

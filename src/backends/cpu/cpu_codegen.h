@@ -34,6 +34,7 @@ typedef struct {
   const int64_t *oshape;
   int violation;        /* a group member read another member's output off its row */
   int failed;
+  char fail_what[128];  /* the first instruction it has no code for (the compile error names it) */
   /* Row groups: an expensive inlined value that several members compute at the same row
    * position (softmax's exp) is kept in a per-row scratch rc<i>[] by the first member that
    * computes it, and loaded by the later ones. */

@@ -542,6 +542,9 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
         v = cpu_compare(g, ins->op, a, b);
       }
       if (!v) {
+        if (!g->failed)
+          snprintf(g->fail_what, sizeof g->fail_what, ": no code for %s on %s (instruction %d)",
+                   ir_ops[ins->op].name, graft_dtype_name(ins->dtype), i);
         g->failed = 1;
         v = "0";
       } else {
