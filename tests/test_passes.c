@@ -226,6 +226,19 @@ TEST(arithmetic_folds_in_the_dtype) {
   }
 }
 
+/* A pad with interior fill only (a strided convolution's gradient) is no identity. */
+TEST(interior_pad_is_kept) {
+  graft_scope_begin();
+  float v[3] = {1, 2, 3}, out[5];
+  int64_t n = 3, zero = 0, one = 1;
+  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  graft_tensor *y = graft_mul_scalar(graft_pad_ex(x, &zero, &zero, &one, 0), 2);
+  CHECK(graft_numel(y) == 5);
+  CHECK(graft_to_host(y, out, sizeof out) == GRAFT_OK);
+  CHECK(out[0] == 2 && out[1] == 0 && out[2] == 4 && out[3] == 0 && out[4] == 6);
+  graft_scope_end();
+}
+
 int main(void) {
   RUN(identities_are_removed);
   RUN(common_subexpressions_merge);
@@ -235,6 +248,7 @@ int main(void) {
   RUN(convert_folds_in_the_constants_dtype);
   RUN(passes_round_a_raw_constant_to_its_dtype);
   RUN(arithmetic_folds_in_the_dtype);
+  RUN(interior_pad_is_kept);
   capture_free(&cap);
   graft_shutdown();
   return CHECK_DONE();

@@ -37,7 +37,7 @@ static int simplify(const exec_program *p, const exec_instr *ins) {
     return ins->in[0];
   case IR_PAD:
     for (int i = 0; i < ins->ndim; i++)
-      if (ins->attr.a[i] || ins->attr.a[8 + i]) return -1;
+      if (ins->attr.a[i] || ins->attr.a[8 + i] || ins->attr.a[16 + i]) return -1;
     return ins->in[0];
   case IR_MUL:
     if (const_value(b, &v) && v == 1) return ins->in[0];
