@@ -1391,6 +1391,17 @@ static int train_one(uint64_t seed, int verbose) {
   return bad;
 }
 
+/* A few training-shaped seeds (see train_one; `fuzz_graphs N 1 --train` runs any number;
+ * changing the generator changes what a seed builds): 11 Adam, a 3x3/(1,3) max pool on a
+ * quantized relu conv, a grouped conv with bias, SiLU, an average pool, a flattening linear
+ * head, donated weights, pooled activations; 19 f64, momentum, two overlapping max pools and an
+ * average pool; 54 SGD, a 2x2/2 max pool (the tiled gradient), a depthwise conv with bias;
+ * 55 momentum, batch norm in three layers, a strided depthwise 1x1 conv, an average pool. */
+TEST(train_seeds) {
+  static const uint64_t seeds[] = {11, 19, 54, 55};
+  for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) CHECK(train_one(seeds[i], 1) == 0);
+}
+
 static void setup_cache_root(void) {
   snprintf(cache_root, sizeof cache_root, "/tmp/graft-test-cache-%d", (int)getpid());
   mkdir(cache_root, 0700);
@@ -1422,6 +1433,7 @@ int main(void) {
   RUN(compiler_failure_is_an_error);
   RUN(disk_cache);
   RUN(fuzz_300_seeds);
+  RUN(train_seeds);
   capture_free(&cap);
   cpu_pool_shutdown();
   cleanup_cache_root();
