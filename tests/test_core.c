@@ -3,6 +3,7 @@
 #define _DEFAULT_SOURCE
 #include "check.h"
 #include "graft.h"
+#include "buffer.h"
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,6 +294,31 @@ TEST(released_blocks_are_pooled_and_reused) {
   CHECK(M().bytes_pooled == 0);
 }
 
+/* Debug builds (the sanitizer flavours define GRAFT_DEBUG) hand out every block nobody asked
+ * zeroed as NaN, fresh or back from the pool after a kernel wrote it: a kernel that reads
+ * memory it did not write fails loudly. */
+TEST(debug_blocks_read_as_nan) {
+#if defined(GRAFT_DEBUG) || defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  const size_t big = 1u << 20;
+  graft_empty_cache();
+  for (int round = 0; round < 2; round++) { /* fresh, then the block round 0 wrote and released */
+    size_t pooled = buffer_pool_bytes();
+    exec_buffer *b = buffer_new(big, 0, 0, "test");
+    const float *f = b->ptr;
+    CHECK(isnan(f[0]) && isnan(f[big / 4 - 1]));
+    CHECK(round == 0 || buffer_pool_bytes() + big == pooled); /* it came from the pool */
+    memset(b->ptr, 0, big);
+    buffer_release(b);
+  }
+  exec_buffer *s = buffer_new(24, 0, 0, "test"), *z = buffer_new(big, 0, 1, "test");
+  CHECK(isnan(((const double *)s->ptr)[2]));
+  CHECK(((const float *)z->ptr)[0] == 0 && ((const float *)z->ptr)[big / 4 - 1] == 0);
+  buffer_release(s);
+  buffer_release(z);
+  graft_empty_cache();
+#endif
+}
+
 /* Three optimizer-like updates p = p * 0.5 + 1 on 1M floats; with hold, the user keeps each old
  * value alive (so nothing may be donated). Returns the peak bytes above the start. */
 static uint64_t update_steps(bool hold, uint64_t *donated, float *last2) {
@@ -454,6 +480,7 @@ int main(void) {
   RUN(handles_refcount_and_release);
   RUN(memory_metrics_follow_data);
   RUN(released_blocks_are_pooled_and_reused);
+  RUN(debug_blocks_read_as_nan);
   RUN(an_input_only_the_graph_holds_is_donated);
   RUN(oom_is_an_error_and_state_survives);
   RUN(devices_are_separate);
