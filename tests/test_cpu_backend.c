@@ -1016,8 +1016,10 @@ static void tr_gen(tr_model *m) {
     if (y->quant) {
       y->act = rndi(4) ? TR_RELU : TR_NONE;
     } else {
-      y->bias = rndi(2);
+      /* no bias before batch norm (which removes it): its gradient is a sum that cancels to
+       * zero, so its value is rounding noise, which the optimizer state then holds */
       y->bn = rndi(3) != 0 && N * y->zs[2] * y->zs[3] >= 2;
+      y->bias = !y->bn && rndi(2);
       static const int acts[] = {TR_TANH, TR_SILU, TR_NONE};
       y->act = acts[rndi(3)];
     }
@@ -1255,6 +1257,8 @@ static int train_one(uint64_t seed, int verbose) {
     if (m.sparam[s] && nm[0] == 'w') { /* conv weight: fan-in scaled, or U(-1,1) to quantize */
       int l = nm[1] - '0';
       scale = m.L[l].quant ? 1 : 1 / sqrt((double)(m.sshape[s][1] * m.sshape[s][2] * m.sshape[s][3]));
+    } else if (s == m.ifw) {
+      scale = 1 / sqrt((double)m.sshape[s][1]);
     }
     for (int64_t i = 0; i < n; i++) {
       if (!m.sparam[s]) /* running stats; momentum as if from earlier steps; Adam's m, v start at 0 */
