@@ -1023,9 +1023,11 @@ static void tr_gen(tr_model *m) {
     if (y->quant) {
       y->act = rndi(4) ? TR_RELU : TR_NONE;
     } else {
-      /* no bias before batch norm (which removes it): its gradient is a sum that cancels to
-       * zero, so its value is rounding noise, which the optimizer state then holds */
-      y->bn = rndi(3) != 0 && N * y->zs[2] * y->zs[3] >= 2;
+      /* no bias before batch norm (which removes it), nor batch norm after a conv whose
+       * output channel has one weight (a 1x1 depthwise conv; batch norm undoes its scale): those
+       * gradients are sums that cancel to zero, so their values are rounding noise, which the
+       * optimizer state then holds */
+      y->bn = rndi(3) != 0 && N * y->zs[2] * y->zs[3] >= 2 && cin / y->groups * y->k[0] * y->k[1] > 1;
       y->bias = !y->bn && rndi(2);
       static const int acts[] = {TR_TANH, TR_SILU, TR_NONE};
       y->act = acts[rndi(3)];
