@@ -1427,10 +1427,11 @@ static int train_one(uint64_t seed, int verbose) {
  * dilated quantized relu conv, a grouped conv, batch norm, tanh, an average pool, donated
  * weights, pooled activations; 19 f64, momentum, two overlapping max pools, an average pool, a
  * flattening linear head; 54 SGD, a padded 2x2/2 max pool (the tiled gradient), a depthwise
- * conv with batch norm, a global-average-pool head; 55 momentum, a strided depthwise 1x1 conv,
- * batch norm, SiLU, bias, a dilated conv. */
+ * conv with batch norm, a global-average-pool head; 124 momentum with weight decay, a grouped
+ * non-square conv with bias, tanh, a strided dilated conv with batch norm and SiLU, donated
+ * weights. */
 TEST(train_seeds) {
-  static const uint64_t seeds[] = {11, 19, 54, 55};
+  static const uint64_t seeds[] = {11, 19, 54, 124};
   for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) CHECK(train_one(seeds[i], 1) == 0);
 }
 
