@@ -17,11 +17,13 @@ HDR     := $(wildcard include/*.h src/*/*.h src/backends/*/*.h src/core/ops.def 
 TESTS   := $(sort $(wildcard tests/test_*.c))
 
 # One build tree per flavour: release (build/), sanitizers (build/asan), threads (build/tsan).
-SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-TSAN    := -fsanitize=thread
+# GRAFT_DEBUG: buffer.c fills blocks handed out uninitialized, and released ones, with NaN.
+SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DGRAFT_DEBUG
+TSAN    := -fsanitize=thread -DGRAFT_DEBUG
 
-.PHONY: all lib torch demo demo-c test bench fuzz install deps clean check-asan check-compiled check-valgrind \
-        check-tsan check-torch check-abi check-layers check-install install-lib install-python uninstall print-pythondir
+.PHONY: all lib torch demo demo-c test bench fuzz fuzz-asan install deps clean check-asan check-compiled \
+        check-valgrind check-tsan check-torch check-abi check-layers check-install install-lib \
+        install-python uninstall print-pythondir
 
 all: lib
 
@@ -95,10 +97,22 @@ check-compiled: $(COMPILED_TESTS:%=build/asan/tests/%)
 build/fuzz_graphs: tests/fuzz_graphs.c tests/test_cpu_backend.c build/libgraft.a
 	$(CC) $(BASE) $(WARN) -O2 -g $< build/libgraft.a -o $@ $(LIBS)
 
-# make fuzz N=10000: random graphs, compiled vs reference.
+build/asan/fuzz_graphs: tests/fuzz_graphs.c tests/test_cpu_backend.c build/asan/libgraft.a
+	$(CC) $(BASE) $(WARN) -O1 -g $(SAN) $< build/asan/libgraft.a -o $@ $(LIBS)
+
+# make fuzz N=10000 NT=1000: N random graphs, then NT training-shaped graphs (a small CNN's
+# forward, backward and optimizer update, each trained three steps with donated inputs and a
+# warm pool), compiled vs reference. fuzz-asan: the same on the sanitized library, whose pool
+# hands out NaN-filled blocks (GRAFT_DEBUG), so a kernel reading memory it did not write shows.
 N ?= 1000
+NT ?= 100
 fuzz: build/fuzz_graphs
 	./build/fuzz_graphs $(N)
+	./build/fuzz_graphs $(NT) 1 --train
+
+fuzz-asan: build/asan/fuzz_graphs
+	ASAN_OPTIONS=detect_leaks=0 ./build/asan/fuzz_graphs $(N)
+	ASAN_OPTIONS=detect_leaks=0 ./build/asan/fuzz_graphs $(NT) 1 --train
 
 # valgrind has no AVX-512: generated code for it targets x86-64-v3, compiled before it runs.
 VALGRIND := valgrind --leak-check=full --errors-for-leak-kinds=definite,indirect --error-exitcode=1 -q

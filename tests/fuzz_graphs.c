@@ -1,6 +1,10 @@
-/* Differential fuzzer: `fuzz_graphs [count] [first_seed]` builds count random graphs (the
- * generator of test_cpu_backend.c) and compares the compiled CPU backend against the reference
- * backend on each. Prints the failing seeds and a summary; exits non-zero on any mismatch. */
+/* Differential fuzzer: `fuzz_graphs [count] [first_seed] [--train]` builds count random graphs
+ * (the generators of test_cpu_backend.c) and compares the compiled CPU backend against the
+ * reference backend on each. --train: training-shaped graphs (a small CNN's forward, backward
+ * and optimizer update), each trained three steps through the public API with donated inputs
+ * and a warm buffer pool, every step compared. Prints the failing seeds and a summary; exits
+ * non-zero on any mismatch. FUZZ_VERBOSE=1: each graph's description (--train) and the
+ * generated source of a failing one. */
 #define CPU_FUZZ_MAIN
 #pragma GCC diagnostic ignored "-Wunused-function"
 #pragma GCC diagnostic ignored "-Wunused-variable"
@@ -8,18 +12,37 @@
 #include <time.h>
 
 int main(int argc, char **argv) {
-  long count = argc > 1 ? atol(argv[1]) : 1000;
-  unsigned long long first = argc > 2 ? strtoull(argv[2], NULL, 10) : 1;
+  int train = 0, pos = 0;
+  long count = 1000;
+  unsigned long long first = 1;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--train")) train = 1;
+    else if (pos++ == 0) count = atol(argv[i]);
+    else first = strtoull(argv[i], NULL, 10);
+  }
+  int verbose = getenv("FUZZ_VERBOSE") ? 2 : 1;
   setup_cache_root();
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   long failed = 0;
-  for (long i = 0; i < count; i++) failed += fuzz_one(first + (unsigned long long)i, getenv("FUZZ_VERBOSE") ? 2 : 1) != 0;
+  for (long i = 0; i < count; i++) {
+    unsigned long long seed = first + (unsigned long long)i;
+    failed += (train ? train_one(seed, verbose) : fuzz_one(seed, verbose)) != 0;
+  }
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-  printf("fuzz: %ld graphs, %ld mismatching, %.1f s (compiles %llu, disk hits %llu)\n", count,
-         failed, s, (unsigned long long)cpu_stats.compiles, (unsigned long long)cpu_stats.disk_hits);
+  printf("fuzz%s: %ld graphs%s, %ld mismatching, %.1f s (compiles %llu, disk hits %llu)", train ? " --train" : "",
+         count, train ? " x 3 steps" : "", failed, s, (unsigned long long)cpu_stats.compiles,
+         (unsigned long long)cpu_stats.disk_hits);
+  if (train) {
+    graft_metrics gm;
+    graft_metrics_get(&gm);
+    printf(", native compiles %.1f s, donated buffers %llu, largest error %.3g",
+           gm.native_compile_ms / 1e3, (unsigned long long)gm.donated_buffers, tr_maxerr);
+  }
+  printf("\n");
   capture_free(&cap);
+  if (train) graft_shutdown();
   cpu_pool_shutdown();
   cleanup_cache_root();
   return failed != 0;

@@ -4,6 +4,7 @@
 #include "check.h"
 #include "graft.h"
 #include "../src/graph/graph.h" /* capture_test_force_hash */
+#include "buffer.h"
 #include <dirent.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -409,6 +410,31 @@ TEST(released_blocks_are_pooled_and_reused) {
   CHECK(M().bytes_pooled == 0);
 }
 
+/* Debug builds (the sanitizer flavours define GRAFT_DEBUG) hand out every block nobody asked
+ * zeroed as NaN, fresh or back from the pool after a kernel wrote it: a kernel that reads
+ * memory it did not write fails loudly. */
+TEST(debug_blocks_read_as_nan) {
+#if defined(GRAFT_DEBUG) || defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  const size_t big = 1u << 20;
+  graft_empty_cache();
+  for (int round = 0; round < 2; round++) { /* fresh, then the block round 0 wrote and released */
+    size_t pooled = buffer_pool_bytes();
+    exec_buffer *b = buffer_new(big, 0, 0, "test");
+    const float *f = b->ptr;
+    CHECK(isnan(f[0]) && isnan(f[big / 4 - 1]));
+    CHECK(round == 0 || buffer_pool_bytes() + big == pooled); /* it came from the pool */
+    memset(b->ptr, 0, big);
+    buffer_release(b);
+  }
+  exec_buffer *s = buffer_new(24, 0, 0, "test"), *z = buffer_new(big, 0, 1, "test");
+  CHECK(isnan(((const double *)s->ptr)[2]));
+  CHECK(((const float *)z->ptr)[0] == 0 && ((const float *)z->ptr)[big / 4 - 1] == 0);
+  buffer_release(s);
+  buffer_release(z);
+  graft_empty_cache();
+#endif
+}
+
 /* Three optimizer-like updates p = p * 0.5 + 1 on 1M floats; with hold, the user keeps each old
  * value alive (so nothing may be donated). Returns the peak bytes above the start. */
 static uint64_t update_steps(bool hold, uint64_t *donated, float *last2) {
@@ -448,25 +474,43 @@ TEST(an_input_only_the_graph_holds_is_donated) {
   uint64_t peak_held = update_steps(true, &donated_held, b);
   CHECK(donated == 3 && donated_held == 0);
   CHECK(peak + (4u << 20) <= peak_held); /* each step's output reused its input's memory */
-  /* A gather whose index input is checked in range beforehand still lets inputs be donated;
-   * one whose index could be out of range (computed in the graph) does not. */
-  for (int computed = 0; computed < 2; computed++) {
+  /* A gather whose index is checked in range beforehand still lets inputs be donated: an
+   * input index, or one computed from inputs, constants and iotas by sums and differences
+   * (graft_flip's, n-1 - iota); one whose range the executor cannot bound (a product) does
+   * not. */
+  for (int computed = 0; computed < 3; computed++) {
     int64_t n = 1 << 20, idx[4] = {0, 5, 7, 1};
     float *host = calloc((size_t)n, sizeof(float));
     graft_tensor *p = graft_from_host(host, GRAFT_F32, 1, &n, 0);
     graft_tensor *ix = graft_from_host(idx, GRAFT_I64, 1, (int64_t[]){4}, 0);
     free(host);
     graft_scope_begin();
-    graft_tensor *index = computed ? graft_add_scalar(ix, 0) : ix;
+    graft_tensor *index = computed == 2 ? graft_mul_scalar(ix, 1) : computed ? graft_add_scalar(ix, 0) : ix;
     graft_tensor *g = graft_keep(graft_gather(graft_add_scalar(p, 3), 0, index));
     graft_scope_end();
     graft_release(p);
     graft_metrics_reset();
     float out[4];
     CHECK(graft_to_host(g, out, sizeof out) == GRAFT_OK && out[2] == 3);
-    CHECK(M().donated_buffers == (computed ? 0u : 1u));
+    CHECK(M().donated_buffers == (computed == 2 ? 0u : 1u));
     graft_release(g);
     graft_release(ix);
+  }
+  { /* a flipped input (a gather by n-1 - iota) is donated */
+    int64_t n = 1 << 20;
+    float *host = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) host[i] = (float)i;
+    graft_tensor *p = graft_from_host(host, GRAFT_F32, 1, &n, 0);
+    graft_scope_begin();
+    graft_tensor *f = graft_keep(graft_add_scalar(graft_flip(p, (int[]){0}, 1), 1));
+    graft_scope_end();
+    graft_release(p);
+    graft_metrics_reset();
+    CHECK(graft_to_host(f, host, (size_t)n * sizeof(float)) == GRAFT_OK);
+    CHECK(host[0] == (float)n && host[n - 1] == 1);
+    CHECK(M().donated_buffers == 1);
+    graft_release(f);
+    free(host);
   }
   /* Under a memory limit running out is a recoverable error, so nothing is donated. */
   graft_set_memory_limit((size_t)1 << 30);
@@ -574,6 +618,7 @@ int main(void) {
   RUN(one_threads_scope_never_releases_anothers_tensor);
   RUN(memory_metrics_follow_data);
   RUN(released_blocks_are_pooled_and_reused);
+  RUN(debug_blocks_read_as_nan);
   RUN(an_input_only_the_graph_holds_is_donated);
   RUN(oom_is_an_error_and_state_survives);
   RUN(devices_are_separate);

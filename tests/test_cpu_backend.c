@@ -12,6 +12,7 @@
 #include "../src/backends/cpu/cpu.h"
 #include "../src/backends/cpu/cpu_math.h"
 #include "check.h"
+#include "tensor.h"
 #include <float.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -956,6 +957,549 @@ TEST(fuzz_300_seeds) {
   CHECK(failed == 0);
 }
 
+/* ---- the training-shaped generator ----
+ * A random small CNN trained for three steps through the public API, as a training loop does
+ * it: conv2d (odd sizes, stride 2, padding, dilation, groups/depthwise, 1x1 and non-square
+ * kernels), optional bias, batch norm (batch statistics, running statistics updated), an
+ * activation, max or average pooling, a linear + cross-entropy head or a given output
+ * gradient; the backward pass with graft's gradient helpers (conv2d_backward_input/_weight,
+ * max_pool2d_backward; average pooling's as a depthwise transposed convolution; batch norm's
+ * by its formula); and an optimizer update of every parameter (SGD, SGD with momentum, or
+ * Adam with weight decay) whose old values only the step's graph references, so they are
+ * donated. Each step is one graph, synced with GRAFT_COMPILE=sync (compiled before its first
+ * run, cached after): the three steps run the same executable with the buffer pool warm, the
+ * new state of step k feeding step k+1 and the batch re-uploaded. Before each sync the same
+ * pending graph runs on the reference backend (as captured: no passes, no donation), and
+ * every synced output is compared with it.
+ *
+ * Exactness: a max pool's backward picks each window's first maximum, so its input must be
+ * computed bit-exactly by both backends or a near-tie may flip. Such layers ("exact") feed
+ * the convolution a fake-quantized weight (round(w*8)/8, the gradient passing straight
+ * through) and an input of multiples of 1/8 (the batch, or an exact layer's output), so every
+ * product and sum is exact in f32; they have no bias or batch norm, and use relu, whose mask
+ * is then exact too. The other layers use smooth activations (tanh, SiLU) and average
+ * pooling, where the backends' rounding differences stay within the tolerance. */
+enum { TR_RELU, TR_TANH, TR_SILU, TR_NONE };
+enum { TR_POOL_NONE, TR_POOL_MAX, TR_POOL_AVG };
+enum { TR_SGD, TR_MOMENTUM, TR_ADAM };
+#define TR_MAXL 3
+#define TR_MAXS 64
+
+typedef struct {
+  int cin, cout, k[2], st[2], pd[2], dl[2], groups;
+  int quant, bias, bn, act, pool, pk[2], ps[2], pp[2];
+  int exact;                   /* the layer's output is computed exactly by both backends */
+  int64_t xs[4], zs[4], os[4]; /* input, conv output, layer output */
+  int iw, ib, ig, ibt, irm, irv; /* state slots (-1: none) */
+} tr_layer;
+
+typedef struct {
+  graft_dtype dt;
+  int nl, fc, ncls, opt;           /* fc: 0 a given output gradient, 1 global average pool +
+                                   * linear + cross-entropy, 2 flatten + linear + cross-entropy */
+  double lr, wd, eps;
+  tr_layer L[TR_MAXL];
+  int64_t xs[4];
+  int ifw, ifb;                   /* the head's linear layer */
+  int nst;                        /* state slots: parameters, running stats, optimizer state */
+  int64_t sshape[TR_MAXS][4];
+  int snd[TR_MAXS];
+  int sparam[TR_MAXS];            /* a parameter: updated by the optimizer */
+  int sopt[TR_MAXS][2];           /* its optimizer slots (momentum, or Adam's m and v) */
+  char sname[TR_MAXS][16];
+} tr_model;
+
+static int64_t tr_conv_out(int64_t h, int k, int s, int p, int d) {
+  int64_t e = h + 2 * p - (int64_t)d * (k - 1);
+  return e < 1 ? 0 : (e - 1) / s + 1;
+}
+
+static int tr_slot(tr_model *m, const char *name, int layer, int nd, const int64_t *shape, int param) {
+  int s = m->nst++;
+  m->snd[s] = nd;
+  memcpy(m->sshape[s], shape, sizeof(int64_t) * (size_t)nd);
+  m->sparam[s] = param;
+  m->sopt[s][0] = m->sopt[s][1] = -1;
+  snprintf(m->sname[s], sizeof m->sname[s], "%s%d", name, layer);
+  return s;
+}
+
+/* A random model; every shape is valid by construction. */
+static void tr_gen(tr_model *m) {
+  memset(m, 0, sizeof *m);
+  m->dt = rndi(5) == 0 ? GRAFT_F64 : GRAFT_F32;
+  int big = rndi(5) < 2; /* activations past the pool's 64 KB threshold, donatable weights */
+  int64_t N = big ? 2 + rndi(3) : 1 + rndi(3), C = 1 + rndi(big ? 16 : 4);
+  int64_t H = big ? 16 + rndi(17) : 3 + rndi(12);
+  int64_t W = rndi(3) == 0 ? H : big ? 16 + rndi(17) : 3 + rndi(12);
+  m->xs[0] = N, m->xs[1] = C, m->xs[2] = H, m->xs[3] = W;
+  m->nl = 1 + rndi(TR_MAXL);
+  m->opt = rndi(3);
+  m->lr = m->opt == TR_ADAM ? 1e-3 : 0.1; /* Adam's step amplifies gradient noise ~1/eps */
+  m->wd = rndi(2) ? 0.01 : 0;
+  m->eps = rndi(2) ? 1e-5 : 1e-3;
+  /* Exact values are multiples of 2^-eq with |v| <= eb; they stay exact while every partial
+   * sum is representable (below 2^24 ulps in f32, 2^53 in f64). */
+  int exact = 1, eq = 3;
+  double eb = 2;
+  const double elim = m->dt == GRAFT_F64 ? 0x1p53 : 0x1p24;
+  for (int l = 0; l < m->nl; l++) {
+    tr_layer *y = &m->L[l];
+    memcpy(y->xs, l ? m->L[l - 1].os : m->xs, sizeof y->xs);
+    int64_t cin = y->xs[1];
+    y->cin = (int)cin;
+    int gk = rndi(4);
+    if (gk == 0 && cin > 1) { /* depthwise, channel multiplier 1 or 2 */
+      y->groups = (int)cin;
+      y->cout = (int)cin * (1 + rndi(2));
+    } else if (gk == 1 && cin > 2) { /* grouped: a divisor of cin */
+      int g = 1;
+      for (int d = 2; d < cin; d++)
+        if (cin % d == 0 && (g == 1 || rndi(2))) g = d;
+      y->groups = g;
+      y->cout = g * (1 + rndi(3));
+    } else {
+      y->groups = 1;
+      y->cout = big ? 4 + rndi(29) : 1 + rndi(8);
+    }
+    int sq = rndi(4) != 0;
+    static const int ks[] = {1, 3, 3, 2, 5};
+    for (int d = 0; d < 2; d++) {
+      int64_t h = y->xs[2 + d];
+      for (int tries = 0;; tries++) {
+        int k = sq && d ? y->k[0] : ks[rndi(5)];
+        int dl = k > 1 && rndi(6) == 0 ? 2 : 1;
+        int s = rndi(3) == 0 ? 2 : 1;
+        int pmax = dl * (k - 1); /* conv2d_backward_input's limit */
+        int p = rndi(4) == 0 ? rndi(pmax + 1) : rndi(pmax / 2 + 1);
+        if (tries > 8) k = 1, dl = 1, s = 1, p = 0;
+        if (tr_conv_out(h, k, s, p, dl) >= 1) {
+          y->k[d] = k, y->dl[d] = dl, y->st[d] = s, y->pd[d] = p;
+          break;
+        }
+      }
+    }
+    y->zs[0] = N, y->zs[1] = y->cout;
+    for (int d = 0; d < 2; d++)
+      y->zs[2 + d] = tr_conv_out(y->xs[2 + d], y->k[d], y->st[d], y->pd[d], y->dl[d]);
+    /* the quantized weight: |w| <= 2, multiples of 1/8 */
+    double cb = (double)(cin / y->groups) * y->k[0] * y->k[1] * eb * 2;
+    y->quant = exact && cb * ldexp(1, eq + 3) <= elim && rndi(3) != 0;
+    if (y->quant) {
+      y->act = rndi(4) ? TR_RELU : TR_NONE;
+    } else {
+      /* no bias before batch norm (which removes it), nor batch norm after a conv whose
+       * output channel has one weight (a 1x1 depthwise conv; batch norm undoes its scale): those
+       * gradients are sums that cancel to zero, so their values are rounding noise, which the
+       * optimizer state then holds */
+      y->bn = rndi(3) != 0 && N * y->zs[2] * y->zs[3] >= 2 && cin / y->groups * y->k[0] * y->k[1] > 1;
+      y->bias = !y->bn && rndi(2);
+      static const int acts[] = {TR_TANH, TR_SILU, TR_NONE};
+      y->act = acts[rndi(3)];
+    }
+    exact = y->quant;
+    if (exact) eb = cb, eq += 3;
+    memcpy(y->os, y->zs, sizeof y->os);
+    if (rndi(3) != 0 && y->zs[2] >= 2 && y->zs[3] >= 2) {
+      y->pool = exact && rndi(3) != 0 ? TR_POOL_MAX : TR_POOL_AVG;
+      int sqp = rndi(4) != 0;
+      for (int d = 0; d < 2; d++) {
+        int k = sqp && d ? y->pk[0] : 2 + rndi(2);
+        if (k > y->zs[2 + d]) k = (int)y->zs[2 + d];
+        int s = rndi(3) == 0 ? 1 : rndi(2) ? k : 2;
+        int p = rndi(k / 2 + 1);
+        y->pk[d] = k, y->ps[d] = s, y->pp[d] = p;
+        y->os[2 + d] = (y->zs[2 + d] + 2 * p - k) / s + 1;
+      }
+      /* an average over a power-of-two window of exact values is exact (a sum, then a power
+       * of two); over 6 or 9 it is rounded, and a later sum that cancels may then come out 0
+       * in one backend and 2^-58 in the other, flipping a relu */
+      int kk = y->pk[0] * y->pk[1], lg = 0;
+      while ((1 << lg) < kk) lg++;
+      if (y->pool == TR_POOL_AVG && exact) {
+        if ((kk & (kk - 1)) == 0 && eb * kk * ldexp(1, eq) <= elim) eq += lg;
+        else exact = 0;
+      }
+    }
+    y->exact = exact;
+  }
+  tr_layer *last = &m->L[m->nl - 1];
+  m->fc = rndi(4);
+  if (m->fc == 3) m->fc = 2;
+  m->ncls = 2 + rndi(9);
+  for (int l = 0; l < m->nl; l++) {
+    tr_layer *y = &m->L[l];
+    int64_t ws[4] = {y->cout, y->cin / y->groups, y->k[0], y->k[1]}, cs[1] = {y->cout};
+    y->iw = tr_slot(m, "w", l, 4, ws, 1);
+    y->ib = y->bias ? tr_slot(m, "b", l, 1, cs, 1) : -1;
+    y->ig = y->bn ? tr_slot(m, "gamma", l, 1, cs, 1) : -1;
+    y->ibt = y->bn ? tr_slot(m, "beta", l, 1, cs, 1) : -1;
+    y->irm = y->bn ? tr_slot(m, "rmean", l, 1, cs, 0) : -1;
+    y->irv = y->bn ? tr_slot(m, "rvar", l, 1, cs, 0) : -1;
+  }
+  m->ifw = m->ifb = -1;
+  if (m->fc) {
+    int64_t fs[2] = {m->ncls, m->fc == 1 ? last->os[1] : last->os[1] * last->os[2] * last->os[3]};
+    int64_t bs[1] = {m->ncls};
+    m->ifw = tr_slot(m, "fcw", 0, 2, fs, 1);
+    m->ifb = tr_slot(m, "fcb", 0, 1, bs, 1);
+  }
+  int np = m->nst;
+  for (int s = 0; s < np; s++) {
+    if (!m->sparam[s] || m->opt == TR_SGD) continue;
+    m->sopt[s][0] = tr_slot(m, m->opt == TR_ADAM ? "m" : "mom", s, m->snd[s], m->sshape[s], 0);
+    if (m->opt == TR_ADAM) m->sopt[s][1] = tr_slot(m, "v", s, m->snd[s], m->sshape[s], 0);
+  }
+}
+
+static void tr_describe(const tr_model *m, FILE *f) {
+  static const char *an[] = {"relu", "tanh", "silu", "none"}, *pn[] = {"", "max", "avg"},
+                    *on[] = {"sgd", "momentum", "adam"};
+  fprintf(f, "  %s x [%lld,%lld,%lld,%lld] %s lr %g wd %g eps %g head %s\n", graft_dtype_name(m->dt),
+          (long long)m->xs[0], (long long)m->xs[1], (long long)m->xs[2], (long long)m->xs[3],
+          on[m->opt], m->lr, m->wd, m->eps,
+          m->fc == 2 ? "flatten+linear+cross-entropy" : m->fc ? "avgpool+linear+cross-entropy" : "given gradient");
+  for (int l = 0; l < m->nl; l++) {
+    const tr_layer *y = &m->L[l];
+    fprintf(f, "  layer %d: conv %d->%d k %dx%d s %d,%d p %d,%d d %d,%d g %d%s%s%s %s", l, y->cin,
+            y->cout, y->k[0], y->k[1], y->st[0], y->st[1], y->pd[0], y->pd[1], y->dl[0], y->dl[1],
+            y->groups, y->quant ? " quantized" : "", y->bias ? " bias" : "", y->bn ? " bn" : "",
+            an[y->act]);
+    if (y->pool)
+      fprintf(f, " %spool k %dx%d s %d,%d p %d,%d", pn[y->pool], y->pk[0], y->pk[1], y->ps[0],
+              y->ps[1], y->pp[0], y->pp[1]);
+    fprintf(f, " -> [%lld,%lld,%lld,%lld]%s\n", (long long)y->os[0], (long long)y->os[1],
+            (long long)y->os[2], (long long)y->os[3], y->exact ? " exact" : "");
+  }
+}
+
+/* Uploads host values (stored as doubles) as a data tensor of dtype dt. */
+static graft_tensor *tr_upload(graft_dtype dt, int nd, const int64_t *shape, const double *v) {
+  int64_t n = ir_numel(nd, shape);
+  void *buf = malloc((size_t)(n ? n : 1) * graft_dtype_size(dt));
+  for (int64_t i = 0; i < n; i++) dtype_store(buf, dt, i, v[i]);
+  graft_tensor *t = graft_from_host(buf, dt, nd, shape, 0);
+  free(buf);
+  return t;
+}
+
+static graft_tensor *tr_act(int act, graft_tensor *z) {
+  switch (act) {
+  case TR_RELU: return graft_relu(z);
+  case TR_TANH: return graft_tanh(z);
+  case TR_SILU: return graft_mul(z, graft_sigmoid(z));
+  default: return z;
+  }
+}
+
+static const int tr_nchw_axes[3] = {0, 2, 3};
+
+/* The new value of parameter slot s given its gradient g; optimizer slots into nw[]. */
+static graft_tensor *tr_update(const tr_model *m, graft_tensor **S, graft_tensor **nw, int s,
+                               graft_tensor *g, int step) {
+  graft_tensor *p = S[s];
+  if (m->wd) p = graft_mul_scalar(p, 1 - m->lr * m->wd);
+  if (m->opt == TR_SGD) return graft_sub(p, graft_mul_scalar(g, m->lr));
+  if (m->opt == TR_MOMENTUM) {
+    graft_tensor *v = graft_add(graft_mul_scalar(S[m->sopt[s][0]], 0.9), g);
+    nw[m->sopt[s][0]] = v;
+    return graft_sub(p, graft_mul_scalar(v, m->lr));
+  }
+  const double b1 = 0.9, b2 = 0.999;
+  graft_tensor *mm = graft_add(graft_mul_scalar(S[m->sopt[s][0]], b1), graft_mul_scalar(g, 1 - b1));
+  graft_tensor *vv = graft_add(graft_mul_scalar(S[m->sopt[s][1]], b2),
+                               graft_mul_scalar(graft_mul(g, g), 1 - b2));
+  nw[m->sopt[s][0]] = mm;
+  nw[m->sopt[s][1]] = vv;
+  /* bias corrections are user scalars (parameters): every step runs the same executable */
+  graft_tensor *mh = graft_mul_scalar(mm, 1 / (1 - pow(b1, step + 1)));
+  graft_tensor *vh = graft_mul_scalar(vv, 1 / (1 - pow(b2, step + 1)));
+  graft_tensor *den = graft_add_scalar(graft_sqrt(vh), 1e-3);
+  return graft_sub(p, graft_mul_scalar(graft_div(mh, den), m->lr));
+}
+
+/* Builds one training step (inside the caller's scope) from state S and the batch; fills the
+ * new state nw[] and the extra outputs (loss, squared gradient norm). */
+static void tr_step(const tr_model *m, graft_tensor **S, graft_tensor *x, graft_tensor *aux,
+                    int step, graft_tensor **nw, graft_tensor **extra) {
+  graft_dtype dt = m->dt;
+  graft_tensor *A[TR_MAXL], *WQ[TR_MAXL], *Z[TR_MAXL], *ZB[TR_MAXL], *Hh[TR_MAXL];
+  graft_tensor *cur = x;
+  for (int l = 0; l < m->nl; l++) {
+    const tr_layer *y = &m->L[l];
+    A[l] = cur;
+    graft_tensor *w = S[y->iw];
+    if (y->quant) { /* fake quantization: clipped to [-2, 2], rounded to 1/8 */
+      graft_tensor *wc = graft_minimum(graft_maximum(w, graft_full(-2, dt, 0, NULL)), graft_full(2, dt, 0, NULL));
+      WQ[l] = graft_mul_scalar(graft_round(graft_mul_scalar(wc, 8)), 0.125);
+    } else {
+      WQ[l] = w;
+    }
+    graft_tensor *z = graft_conv2d(cur, WQ[l], y->st, y->pd, y->dl, y->groups);
+    if (y->bias) z = graft_add(z, graft_reshape(S[y->ib], 4, (int64_t[]){1, y->cout, 1, 1}));
+    Z[l] = z;
+    ZB[l] = y->bn ? graft_batch_norm(z, S[y->ig], S[y->ibt], NULL, NULL, true, m->eps) : z;
+    Hh[l] = tr_act(y->act, ZB[l]);
+    cur = y->pool == TR_POOL_MAX ? graft_max_pool2d(Hh[l], y->pk, y->ps, y->pp)
+          : y->pool == TR_POOL_AVG ? graft_avg_pool2d(Hh[l], y->pk, y->ps, y->pp)
+                                   : Hh[l];
+  }
+  const tr_layer *last = &m->L[m->nl - 1];
+  graft_tensor *dout, *gnorm = graft_zeros(dt, 0, NULL);
+  if (m->fc) { /* global average pool or flatten, linear, cross-entropy against aux (labels) */
+    int64_t N = last->os[0], K = m->ncls, F = m->fc == 1 ? last->os[1] : last->os[1] * last->os[2] * last->os[3];
+    graft_tensor *feat = m->fc == 1 ? graft_mean(cur, (int[]){2, 3}, 2, false)
+                                    : graft_reshape(cur, 2, (int64_t[]){N, F});
+    graft_tensor *logits = graft_linear(feat, S[m->ifw], S[m->ifb]);
+    extra[0] = graft_cross_entropy(logits, aux);
+    graft_tensor *onehot = graft_convert(
+        graft_eq(graft_iota(GRAFT_I64, 2, (int64_t[]){N, K}, 1), graft_reshape(aux, 2, (int64_t[]){N, 1})), dt);
+    graft_tensor *dl = graft_div_scalar(graft_sub(graft_softmax(logits, 1), onehot), (double)N);
+    graft_tensor *dfw = graft_matmul(graft_t(dl), feat), *dfb = graft_sum(dl, (int[]){0}, 1, false);
+    gnorm = graft_add(gnorm, graft_add(graft_sum(graft_mul(dfw, dfw), NULL, 0, false),
+                                       graft_sum(graft_mul(dfb, dfb), NULL, 0, false)));
+    nw[m->ifw] = tr_update(m, S, nw, m->ifw, dfw, step);
+    nw[m->ifb] = tr_update(m, S, nw, m->ifb, dfb, step);
+    graft_tensor *dfeat = graft_matmul(dl, S[m->ifw]);
+    if (m->fc == 1)
+      dout = graft_broadcast_to(graft_reshape(graft_div_scalar(dfeat, (double)(last->os[2] * last->os[3])), 4,
+                                              (int64_t[]){N, F, 1, 1}), 4, last->os);
+    else
+      dout = graft_reshape(dfeat, 4, last->os);
+  } else { /* loss = sum(out * aux): aux is the output gradient */
+    extra[0] = graft_sum(graft_mul(cur, aux), NULL, 0, false);
+    dout = aux;
+  }
+  for (int l = m->nl - 1; l >= 0; l--) {
+    const tr_layer *y = &m->L[l];
+    graft_tensor *dh = dout;
+    if (y->pool == TR_POOL_MAX) {
+      dh = graft_max_pool2d_backward(Hh[l], dout, y->pk, y->ps, y->pp);
+    } else if (y->pool == TR_POOL_AVG) { /* a transposed depthwise conv with 1/(kh*kw) */
+      graft_tensor *ones = graft_full(1.0 / (y->pk[0] * y->pk[1]), dt, 4,
+                                      (int64_t[]){y->cout, 1, y->pk[0], y->pk[1]});
+      dh = graft_conv2d_backward_input(dout, ones, y->zs, y->ps, y->pp, NULL, y->cout);
+    }
+    graft_tensor *dzb;
+    switch (y->act) {
+    case TR_RELU: dzb = graft_where(graft_gt(ZB[l], graft_zeros(dt, 0, NULL)), dh, graft_zeros(dt, 0, NULL)); break;
+    case TR_TANH: dzb = graft_mul(dh, graft_sub(graft_ones(dt, 0, NULL), graft_mul(Hh[l], Hh[l]))); break;
+    case TR_SILU: {
+      graft_tensor *s = graft_sigmoid(ZB[l]);
+      dzb = graft_mul(dh, graft_mul(s, graft_add(graft_ones(dt, 0, NULL),
+                                                 graft_mul(ZB[l], graft_sub(graft_ones(dt, 0, NULL), s)))));
+      break;
+    }
+    default: dzb = dh;
+    }
+    graft_tensor *dz = dzb;
+    int64_t c4[4] = {1, y->cout, 1, 1}, c1[1] = {y->cout};
+    if (y->bn) {
+      double M = (double)(y->zs[0] * y->zs[2] * y->zs[3]);
+      graft_tensor *mu = graft_mean(Z[l], tr_nchw_axes, 3, true);
+      graft_tensor *xc = graft_sub(Z[l], mu);
+      graft_tensor *var = graft_mean(graft_mul(xc, xc), tr_nchw_axes, 3, true);
+      graft_tensor *rstd = graft_rsqrt(graft_add_scalar(var, m->eps));
+      graft_tensor *xhat = graft_mul(xc, rstd);
+      graft_tensor *dbeta = graft_sum(dzb, tr_nchw_axes, 3, false);
+      graft_tensor *dgamma = graft_sum(graft_mul(dzb, xhat), tr_nchw_axes, 3, false);
+      graft_tensor *dxhat = graft_mul(dzb, graft_reshape(S[y->ig], 4, c4));
+      dz = graft_mul(rstd, graft_sub(graft_sub(dxhat, graft_mean(dxhat, tr_nchw_axes, 3, true)),
+                                     graft_mul(xhat, graft_mean(graft_mul(dxhat, xhat), tr_nchw_axes, 3, true))));
+      gnorm = graft_add(gnorm, graft_add(graft_sum(graft_mul(dgamma, dgamma), NULL, 0, false),
+                                         graft_sum(graft_mul(dbeta, dbeta), NULL, 0, false)));
+      nw[y->ig] = tr_update(m, S, nw, y->ig, dgamma, step);
+      nw[y->ibt] = tr_update(m, S, nw, y->ibt, dbeta, step);
+      nw[y->irm] = graft_add(graft_mul_scalar(S[y->irm], 0.9), graft_mul_scalar(graft_reshape(mu, 1, c1), 0.1));
+      nw[y->irv] = graft_add(graft_mul_scalar(S[y->irv], 0.9),
+                             graft_mul_scalar(graft_reshape(var, 1, c1), 0.1 * M / (M - 1)));
+    }
+    if (y->bias) {
+      graft_tensor *db = graft_sum(dz, tr_nchw_axes, 3, false);
+      gnorm = graft_add(gnorm, graft_sum(graft_mul(db, db), NULL, 0, false));
+      nw[y->ib] = tr_update(m, S, nw, y->ib, db, step);
+    }
+    int64_t ws[4] = {y->cout, y->cin / y->groups, y->k[0], y->k[1]};
+    graft_tensor *dw = graft_conv2d_backward_weight(A[l], dz, ws, y->st, y->pd, y->dl, y->groups);
+    gnorm = graft_add(gnorm, graft_sum(graft_mul(dw, dw), NULL, 0, false));
+    nw[y->iw] = tr_update(m, S, nw, y->iw, dw, step);
+    if (l) dout = graft_conv2d_backward_input(dz, WQ[l], y->xs, y->st, y->pd, y->dl, y->groups);
+  }
+  extra[1] = gnorm;
+}
+
+static double tr_maxerr; /* largest |cpu - ref| / (1 + |ref|) seen (FUZZ_VERBOSE reports it) */
+
+/* One seed: a model trained three steps, each step compiled vs reference. Returns the number
+ * of mismatching values (an error, a graph that did not run compiled: 1). */
+static int train_one(uint64_t seed, int verbose) {
+  rng_state = seed * 0x9E3779B97F4A7C15ull + 777;
+  tr_model m;
+  tr_gen(&m);
+  graft_dtype dt = m.dt;
+  double tol = dt == GRAFT_F64 ? 1e-9 : 1e-3;
+  graft_tensor *S[TR_MAXS] = {0};
+  for (int s = 0; s < m.nst; s++) { /* initial state */
+    int64_t n = ir_numel(m.snd[s], m.sshape[s]);
+    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    const char *nm = m.sname[s];
+    double scale = 1;
+    if (m.sparam[s] && nm[0] == 'w') { /* conv weight: fan-in scaled, or U(-1,1) to quantize */
+      int l = nm[1] - '0';
+      scale = m.L[l].quant ? 1 : 1 / sqrt((double)(m.sshape[s][1] * m.sshape[s][2] * m.sshape[s][3]));
+    } else if (s == m.ifw) {
+      scale = 1 / sqrt((double)m.sshape[s][1]);
+    }
+    for (int64_t i = 0; i < n; i++) {
+      if (!m.sparam[s]) /* running stats; momentum as if from earlier steps; Adam's m, v start at 0 */
+        v[i] = !strncmp(nm, "rvar", 4) ? 0.5 + rndu() : !strncmp(nm, "mom", 3) || !strncmp(nm, "rmean", 5) ? rndu() * 0.2 - 0.1 : 0;
+      else if (!strncmp(nm, "gamma", 5)) v[i] = 0.5 + rndu();
+      else v[i] = (rndu() * 2 - 1) * scale;
+    }
+    S[s] = tr_upload(dt, m.snd[s], m.sshape[s], v);
+    free(v);
+  }
+  /* the batch (multiples of 1/8 in [-2, 2]) and the labels or output gradient */
+  int64_t xn = ir_numel(4, m.xs);
+  const tr_layer *last = &m.L[m.nl - 1];
+  int64_t an = m.fc ? last->os[0] : ir_numel(4, last->os);
+  double *xv = malloc(sizeof(double) * (size_t)xn), *av = malloc(sizeof(double) * (size_t)an);
+  for (int64_t i = 0; i < xn; i++) xv[i] = (rndi(33) - 16) / 8.0;
+  for (int64_t i = 0; i < an; i++) av[i] = m.fc ? rndi(m.ncls) : rndu() * 2 - 1;
+  if (verbose > 1) tr_describe(&m, stderr);
+  int bad = 0, worst = -1;
+  double seed_err = 0;
+  const char *old = getenv("GRAFT_COMPILE");
+  char *saved = old ? strdup(old) : NULL;
+  setenv("GRAFT_COMPILE", "sync", 1);
+  for (int step = 0; step < 3 && !bad; step++) {
+    graft_tensor *nw[TR_MAXS] = {0}, *extra[2] = {0}, *roots[TR_MAXS + 2];
+    graft_scope_begin();
+    graft_tensor *x = tr_upload(dt, 4, m.xs, xv);
+    graft_tensor *aux = m.fc ? tr_upload(GRAFT_I64, 1, last->os, av) : tr_upload(dt, 4, last->os, av);
+    tr_step(&m, S, x, aux, step, nw, extra);
+    int nr = 0;
+    for (int s = 0; s < m.nst; s++) roots[nr++] = graft_keep(nw[s]);
+    roots[nr++] = graft_keep(extra[0]);
+    roots[nr++] = graft_keep(extra[1]);
+    graft_scope_end();
+    for (int s = 0; s < m.nst; s++) { /* the old state: only this step's graph holds it now */
+      graft_release(S[s]);
+      S[s] = NULL;
+    }
+    for (int r = 0; r < nr; r++)
+      if (!roots[r]) {
+        fprintf(stderr, "train seed %llu step %d: output %d is NULL: %s\n", (unsigned long long)seed,
+                step, r, graft_last_error());
+        bad = 1;
+      }
+    /* the reference: the pending graph as captured, before the sync donates its inputs */
+    double *ref[TR_MAXS + 2] = {0};
+    if (!bad) {
+      ir_node *nodes[TR_MAXS + 2];
+      for (int r = 0; r < nr; r++) nodes[r] = tensor_check(roots[r], "train")->node;
+      tensor_lock();
+      exec_program *p = capture_run(&cap, nodes, nr) ? NULL : capture_lower(&cap);
+      tensor_unlock();
+      exec_buffer **params = p ? malloc(sizeof *params * ((size_t)p->nparams + 1)) : NULL;
+      exec_buffer **ro = p ? calloc((size_t)p->noutputs + 1, sizeof *ro) : NULL;
+      if (p) for (int k = 0; k < p->nparams; k++) params[k] = cap.params[k]->data;
+      if (!p || ref_backend.execute(NULL, p, params, ro)) {
+        fprintf(stderr, "train seed %llu step %d: reference failed: %s\n", (unsigned long long)seed,
+                step, graft_last_error());
+        bad = 1;
+      }
+      for (int r = 0; r < nr && !bad; r++) {
+        int k = 0;
+        while (p->output_slot[k] != cap.out_slot[r]) k++;
+        int64_t n = graft_numel(roots[r]);
+        ref[r] = malloc(sizeof(double) * (size_t)(n ? n : 1));
+        for (int64_t i = 0; i < n; i++) ref[r][i] = dtype_load(ro[k]->ptr, dt, i);
+      }
+      if (p) for (int k = 0; k < p->noutputs; k++) buffer_release(ro[k]);
+      free(params);
+      free(ro);
+      if (p) program_free(p);
+    }
+    bool ran = false;
+    if (!bad) { /* the compiled run: donated inputs, a warm pool */
+      graft_metrics m0, m1;
+      graft_metrics_get(&m0);
+      if (graft_sync(roots, nr) != GRAFT_OK) {
+        fprintf(stderr, "train seed %llu step %d: sync failed: %s\n", (unsigned long long)seed,
+                step, graft_last_error());
+        bad = 1;
+      }
+      graft_metrics_get(&m1);
+      if (!bad && m1.compiled_executions != m0.compiled_executions + 1) {
+        fprintf(stderr, "train seed %llu step %d: the graph did not run compiled\n",
+                (unsigned long long)seed, step);
+        bad = 1;
+      }
+      ran = !bad;
+    }
+    for (int r = 0; r < nr && ran; r++) { /* every output (a mismatch in one does not stop it) */
+      int64_t n = graft_numel(roots[r]);
+      size_t bytes = (size_t)n * graft_dtype_size(dt);
+      void *h = malloc(bytes ? bytes : 1);
+      if (graft_to_host(roots[r], h, bytes) != GRAFT_OK) {
+        bad++;
+      } else {
+        int shown = 0;
+        for (int64_t i = 0; i < n; i++) {
+          double a = dtype_load(h, dt, i), b = ref[r][i];
+          if (!isnan(a) && !isnan(b)) {
+            double e = fabs(a - b) / (1 + fabs(b));
+            if (e > seed_err) seed_err = e, worst = r;
+          }
+          if (same_val(a, b, tol)) continue;
+          bad++;
+          if (verbose && shown++ < 3)
+            fprintf(stderr, "train seed %llu step %d: %s [%lld]: cpu %.9g ref %.9g\n",
+                    (unsigned long long)seed, step,
+                    r < m.nst ? m.sname[r] : r == m.nst ? "loss" : "grad-norm", (long long)i, a, b);
+        }
+      }
+      free(h);
+    }
+    for (int r = 0; r < nr; r++) free(ref[r]);
+    for (int s = 0; s < m.nst; s++) S[s] = roots[s]; /* the next step's state */
+    for (int r = m.nst; r < nr; r++) graft_release(roots[r]);
+  }
+  if (saved) setenv("GRAFT_COMPILE", saved, 1);
+  else unsetenv("GRAFT_COMPILE");
+  free(saved);
+  if (seed_err > tr_maxerr) tr_maxerr = seed_err;
+  if (verbose > 1)
+    fprintf(stderr, "train seed %llu: largest error %.3g (%s)\n", (unsigned long long)seed, seed_err,
+            worst < 0 ? "-" : worst < m.nst ? m.sname[worst] : worst == m.nst ? "loss" : "grad-norm");
+  if (bad && verbose) {
+    fprintf(stderr, "train seed %llu: %d mismatches\n", (unsigned long long)seed, bad);
+    if (verbose < 2) tr_describe(&m, stderr);
+  }
+  for (int s = 0; s < m.nst; s++) graft_release(S[s]);
+  free(xv);
+  free(av);
+  graft_clear_error();
+  tensor_lock(); /* each seed's graph is new: drop the compiled executables */
+  cache_clear();
+  tensor_unlock();
+  return bad;
+}
+
+/* A few training-shaped seeds (see train_one; `fuzz_graphs N 1 --train` runs any number;
+ * changing the generator changes what a seed builds): 11 Adam, a 3x3/(1,3) max pool after a
+ * dilated quantized relu conv, a grouped conv, batch norm, tanh, an average pool, donated
+ * weights, pooled activations; 19 f64, momentum, two overlapping max pools, an average pool, a
+ * flattening linear head; 54 SGD, a padded 2x2/2 max pool (the tiled gradient), a depthwise
+ * conv with batch norm, a global-average-pool head; 124 momentum with weight decay, a grouped
+ * non-square conv with bias, tanh, a strided dilated conv with batch norm and SiLU, donated
+ * weights. */
+TEST(train_seeds) {
+  static const uint64_t seeds[] = {11, 19, 54, 124};
+  for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) CHECK(train_one(seeds[i], 1) == 0);
+}
+
 static void setup_cache_root(void) {
   snprintf(cache_root, sizeof cache_root, "/tmp/graft-test-cache-%d", (int)getpid());
   mkdir(cache_root, 0700);
@@ -989,6 +1533,7 @@ int main(void) {
   RUN(cache_path_is_not_shell_code);
   RUN(read_only_cache_folder);
   RUN(fuzz_300_seeds);
+  RUN(train_seeds);
   capture_free(&cap);
   cpu_pool_shutdown();
   cleanup_cache_root();

@@ -17,6 +17,18 @@
 #define POOL_UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
 
+/* Debug builds (the sanitizer flavours define GRAFT_DEBUG; the sanitizers' own macros count
+ * too) hand out no memory that looks initialized: a block released to the pool, and a fresh
+ * block nobody asked zeroed, are filled with 0xFF bytes (NaN as f32/f64, -1 as an integer), so a
+ * kernel that reads memory it did not write fails loudly instead of reading the previous step's
+ * plausible values. Release builds skip it (the constant folds the branches away). */
+#if defined(GRAFT_DEBUG) || defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define POOL_FILL 1
+#else
+#define POOL_FILL 0
+#endif
+#define POOL_FILL_BYTE 0xFF
+
 #define POOL_MIN_BYTES (64u << 10) /* smaller blocks come cheap from malloc */
 #define POOL_SLOTS 64
 #define POOL_MAX_BYTES ((size_t)2 << 30)
@@ -111,6 +123,7 @@ exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what) {
     return err_set(GRAFT_ERR_OOM, "out of memory: %s needs %zu bytes", what, bytes);
   }
   if (zero && bytes) memset(p, 0, bytes);
+  else if (POOL_FILL && bytes) memset(p, POOL_FILL_BYTE, bytes);
   size_t peak = atomic_load(&buf_peak);
   while (now > peak && !atomic_compare_exchange_weak(&buf_peak, &peak, now)) {
   }
@@ -130,6 +143,7 @@ void buffer_release(exec_buffer *b) {
   if (!b || __atomic_sub_fetch(&b->refcnt, 1, __ATOMIC_ACQ_REL) != 0) return;
   atomic_fetch_sub(&buf_in_use, b->bytes);
   size_t rounded = round_size(b->bytes);
+  if (POOL_FILL && b->ptr && rounded >= POOL_MIN_BYTES) memset(b->ptr, POOL_FILL_BYTE, rounded);
   if (!b->ptr || rounded < POOL_MIN_BYTES || !pool_put(b->ptr, rounded)) free(b->ptr);
   free(b);
 }

@@ -20,41 +20,90 @@ static graph_capture cap;
 static int *edges;
 static int edges_cap;
 
-/* True when every value of slot lies in [0, size), judged on the host before anything runs:
- * inputs are scanned, constants compared, and reshapes, broadcasts, transposes, slices,
- * integer converts and selects followed to their sources. Anything else: unknown (false). */
-static bool exec_in_range(const exec_program *p, exec_buffer **bufs, int slot, int64_t size,
-                          int depth) {
+/* The range [*lo, *hi] of slot's integer values, judged on the host before anything runs:
+ * inputs are scanned; constants and iotas are known; reshapes, broadcasts, transposes, slices,
+ * integer converts and selects are followed to their sources; additions, subtractions,
+ * negations, minima and maxima combine their operands' ranges (graft_flip's index, n-1 - iota,
+ * is one). A range that does not fit the slot's dtype (a wrap) or anything else: unknown
+ * (false). An empty value has the range [0, 0]. */
+static bool exec_range(const exec_program *p, exec_buffer **bufs, int slot, int64_t *lo,
+                       int64_t *hi, int depth) {
   const exec_instr *ins = &p->instr[slot];
   if (depth > 16 || !dtype_is_int(ins->dtype)) return false;
+  int64_t alo, ahi, blo, bhi;
+  bool ok = false;
+  *lo = *hi = 0;
+  if (ins->numel == 0) return true;
   switch (ins->op) {
   case IR_DATA:
-    for (int k = 0; k < p->nparams; k++)
+    for (int k = 0; k < p->nparams && !ok; k++)
       if (p->param_slot[k] == slot) {
-        for (int64_t e = 0; e < ins->numel; e++) {
+        *lo = *hi = dtype_load_i(bufs[k]->ptr, ins->dtype, 0);
+        for (int64_t e = 1; e < ins->numel; e++) {
           int64_t v = dtype_load_i(bufs[k]->ptr, ins->dtype, e);
-          if (v < 0 || v >= size) return false;
+          if (v < *lo) *lo = v;
+          if (v > *hi) *hi = v;
         }
-        return true;
+        ok = true;
       }
-    return false;
+    break;
   case IR_CONSTANT:
-    return ins->attr.f >= 0 && ins->attr.f < (double)size;
+    if (ins->attr.f >= -9.2e18 && ins->attr.f <= 9.2e18) {
+      *lo = *hi = (int64_t)ins->attr.f;
+      ok = true;
+    }
+    break;
+  case IR_IOTA:
+    *hi = ins->shape[ins->attr.a[0]] - 1;
+    ok = true;
+    break;
   case IR_RESHAPE: case IR_BROADCAST: case IR_TRANSPOSE: case IR_SLICE: case IR_CONVERT:
-    return exec_in_range(p, bufs, ins->in[0], size, depth + 1);
-  case IR_SELECT:
-    return exec_in_range(p, bufs, ins->in[1], size, depth + 1) &&
-           exec_in_range(p, bufs, ins->in[2], size, depth + 1);
+    ok = exec_range(p, bufs, ins->in[0], lo, hi, depth + 1);
+    break;
+  case IR_NEG:
+    ok = exec_range(p, bufs, ins->in[0], &alo, &ahi, depth + 1) &&
+         !__builtin_sub_overflow((int64_t)0, ahi, lo) && !__builtin_sub_overflow((int64_t)0, alo, hi);
+    break;
+  case IR_SELECT: case IR_ADD: case IR_SUB: case IR_MIN: case IR_MAX: {
+    int first = ins->op == IR_SELECT ? 1 : 0;
+    if (!exec_range(p, bufs, ins->in[first], &alo, &ahi, depth + 1) ||
+        !exec_range(p, bufs, ins->in[first + 1], &blo, &bhi, depth + 1))
+      return false;
+    switch (ins->op) {
+    case IR_SELECT:
+      *lo = alo < blo ? alo : blo, *hi = ahi > bhi ? ahi : bhi, ok = true;
+      break;
+    case IR_ADD:
+      ok = !__builtin_add_overflow(alo, blo, lo) && !__builtin_add_overflow(ahi, bhi, hi);
+      break;
+    case IR_SUB:
+      ok = !__builtin_sub_overflow(alo, bhi, lo) && !__builtin_sub_overflow(ahi, blo, hi);
+      break;
+    case IR_MIN:
+      *lo = alo < blo ? alo : blo, *hi = ahi < bhi ? ahi : bhi, ok = true;
+      break;
+    default:
+      *lo = alo > blo ? alo : blo, *hi = ahi > bhi ? ahi : bhi, ok = true;
+    }
+    break;
+  }
   default:
     return false;
+  }
+  if (!ok) return false;
+  switch (ins->dtype) { /* the value computed in a narrower type must not have wrapped */
+  case GRAFT_I32: return *lo >= INT32_MIN && *hi <= INT32_MAX;
+  case GRAFT_U8: return *lo >= 0 && *hi <= 255;
+  default: return true;
   }
 }
 
 /* True when gather/scatter instruction i cannot fail at run time. */
 static bool exec_index_in_range(const exec_program *p, exec_buffer **bufs, int i) {
   const exec_instr *ins = &p->instr[i];
-  int64_t size = p->instr[ins->in[0]].shape[ins->attr.a[0]];
-  return exec_in_range(p, bufs, ins->in[1], size, 0);
+  int64_t size = p->instr[ins->in[0]].shape[ins->attr.a[0]], lo, hi;
+  return exec_range(p, bufs, ins->in[1], &lo, &hi, 0) &&
+         (p->instr[ins->in[1]].numel == 0 || (lo >= 0 && hi < size));
 }
 
 static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *const *roots, int n) {
