@@ -58,16 +58,9 @@ FLIP_REL = 5e-2        # ... if within this relative error of float64
 WORKER_TIMEOUT = 1500  # seconds per mode
 
 # Cases that fail on a graft bug outside this test: {(model, opt, mode): reason}.
-_PAD_BUG = ("graft bug: src/passes/passes.c simplify() drops an IR_PAD whose lo and hi are 0 but "
-            "whose interior padding is not, so the input gradient of a 1x1 stride-2 convolution "
-            "on an odd-sized input (resnet18's downsamples, 5x5 -> 3x3 -> 2x2 at 40 px) is the "
-            "unpadded gradient read as the padded shape: garbage (1e33) in every mode")
-KNOWN = {("resnet18", o, m): _PAD_BUG for o in OPTS for m in MODES}
+KNOWN = {}
 # Models with ops graft does not lower yet (PyTorch's CPU kernel runs them mid-graph).
-KNOWN_FALLBACKS = {
-    "mobilenet_v2": "aten::hardtanh_ and aten::hardtanh_backward (ReLU6) fall back",
-    "efficientnet_b0": "aten::silu_ (SiLU, inplace) falls back",
-}
+KNOWN_FALLBACKS = {}
 
 _results = {}   # mode -> {(model, opt): {"rows": [...], "error": str|None, "fallbacks": {}}}
 _timing = {}    # mode -> seconds
