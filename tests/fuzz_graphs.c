@@ -37,8 +37,9 @@ int main(int argc, char **argv) {
   if (train) {
     graft_metrics gm;
     graft_metrics_get(&gm);
-    printf(", native compiles %.1f s, donated buffers %llu, largest error %.3g",
-           gm.native_compile_ms / 1e3, (unsigned long long)gm.donated_buffers, tr_maxerr);
+    printf(", native compiles %.1f s, donated buffers %llu, largest error %.3g (seed %llu)",
+           gm.native_compile_ms / 1e3, (unsigned long long)gm.donated_buffers, tr_maxerr,
+           (unsigned long long)tr_maxerr_seed);
   }
   printf("\n");
   capture_free(&cap);

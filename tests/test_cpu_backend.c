@@ -1328,7 +1328,8 @@ static void tr_step(const tr_model *m, graft_tensor **S, graft_tensor *x, graft_
   extra[1] = gnorm;
 }
 
-static double tr_maxerr; /* largest |cpu - ref| / (1 + |ref|) seen (FUZZ_VERBOSE reports it) */
+static double tr_maxerr; /* largest |cpu - ref| / (1 + |ref|) seen, and in which seed */
+static uint64_t tr_maxerr_seed;
 
 /* One seed: a model trained three steps, each step compiled vs reference. Returns the number
  * of mismatching values (an error, a graph that did not run compiled: 1). */
@@ -1469,7 +1470,7 @@ static int train_one(uint64_t seed, int verbose) {
   if (saved) setenv("GRAFT_COMPILE", saved, 1);
   else unsetenv("GRAFT_COMPILE");
   free(saved);
-  if (seed_err > tr_maxerr) tr_maxerr = seed_err;
+  if (seed_err > tr_maxerr) tr_maxerr = seed_err, tr_maxerr_seed = seed;
   if (verbose > 1)
     fprintf(stderr, "train seed %llu: largest error %.3g (%s)\n", (unsigned long long)seed, seed_err,
             worst < 0 ? "-" : worst < m.nst ? m.sname[worst] : worst == m.nst ? "loss" : "grad-norm");
