@@ -72,14 +72,14 @@ build/examples/%: examples/%.c build/libgraft.a
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $< build/libgraft.a -o $@ $(LIBS)
 
-build/tsan/tests/test_threads: tests/test_threads.c build/tsan/libgraft.a
+build/tsan/tests/%: tests/%.c build/tsan/libgraft.a
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) -O1 -g $(TSAN) $< build/tsan/libgraft.a -o $@ $(LIBS)
 
 # Every test on the reference backend alone (deterministic), then the op and composite tests
 # again with each graph compiled to native code before it runs (GRAFT_COMPILE=sync); each pass
 # runs the composite and gradient suites on cpu:0 and again on cpu:1.
-COMPILED_TESTS := test_composite test_grad test_passes test_ops_elementwise test_ops_shape test_ops_nn
+COMPILED_TESTS := test_async test_composite test_grad test_passes test_ops_elementwise test_ops_shape test_ops_nn
 
 # The device-parametrized suites (inputs on cpu:GRAFT_TEST_DEVICE) run again on cpu:1.
 DEVICE_TESTS := test_composite test_grad
@@ -124,8 +124,10 @@ check-valgrind: build/examples/mlp
 check-layers: build/asan/libgraft.a
 	sh tests/check_layers.sh build/asan/src
 
-check-tsan: build/tsan/tests/test_threads
+check-tsan: build/tsan/tests/test_threads build/tsan/tests/test_async
 	TSAN_OPTIONS=halt_on_error=1 ./build/tsan/tests/test_threads
+	TSAN_OPTIONS=halt_on_error=1 ./build/tsan/tests/test_async
+	TSAN_OPTIONS=halt_on_error=1 GRAFT_COMPILE=sync ./build/tsan/tests/test_async
 
 # The PyTorch device: torch/build/_graft_C.so, imported as `graft` with PYTHONPATH=torch.
 torch: lib

@@ -152,6 +152,9 @@ bool graft_is_pending(const graft_tensor *t);
 graft_status graft_step(void);
 /** Materializes the given tensors (one graph per device). */
 graft_status graft_sync(graft_tensor *const *ts, int n);
+/** Waits until every queued step has run; returns the first asynchronous failure that no sync
+ *  has reported yet (once), else GRAFT_OK. Syncs return once their graph is queued. */
+graft_status graft_wait(void);
 /** Syncs t and copies its data to dst, which must hold exactly numel*dtype_size bytes. */
 graft_status graft_to_host(graft_tensor *t, void *dst, size_t bytes);
 /** Syncs a one-element tensor and returns its value as a double. */
@@ -341,6 +344,9 @@ typedef struct {
                                 (the graph was then found or compiled on its own, never run as that one) */
   uint64_t checked_executions; /* GRAFT_CHECK: executions also run on the reference kernels */
   uint64_t check_mismatches; /* GRAFT_CHECK: outputs that differed from the reference kernels */
+  uint64_t async_steps;      /* graphs queued for asynchronous execution (GRAFT_ASYNC) */
+  uint64_t async_waits;      /* reads that waited for a queued graph to finish */
+  double async_wait_ms;      /* time those reads waited */
 } graft_metrics;
 
 /** Fills m with the current counters. */

@@ -29,6 +29,7 @@ static void report_backend_stats(backend_stats *bs) {
 void graft_metrics_get(graft_metrics *m) {
   if (!m) return;
   tensor_lock();
+  async_drain(); /* the executor thread's counters describe finished steps */
   *m = metrics.m;
   m->live_tensors = (uint64_t)tensor_live_count();
   m->pending_nodes = (uint64_t)ir_pending_count();
@@ -41,6 +42,15 @@ void graft_metrics_get(graft_metrics *m) {
   m->native_disk_refused = bs.disk_refused;
   m->fallback_ops = 0;
   for (int i = 0; i < IR_OP_COUNT; i++) m->fallback_ops += bs.fallbacks[i];
+  tensor_unlock();
+}
+
+void graft_metrics_reset(void) {
+  tensor_lock();
+  async_drain(); /* the executor thread writes the execution counters */
+  memset(&metrics, 0, sizeof metrics);
+  buffer_reset_peak();
+  metrics_nreasons = 0;
   tensor_unlock();
 }
 
@@ -85,6 +95,10 @@ char *graft_metrics_report(void) {
       (unsigned long long)m.native_disk_refused,
       m.compile_ms, m.execute_ms, m.sync_overhead_ms,
       (unsigned long long)m.syncs);
+  if (m.async_steps)
+    k += snprintf(s + k, cap - (size_t)k, "  asynchronous steps   %llu (reads waited %llu times, "
+                  "%.3f ms)\n", (unsigned long long)m.async_steps,
+                  (unsigned long long)m.async_waits, m.async_wait_ms);
   if (m.checked_executions || m.check_mismatches)
     k += snprintf(s + k, cap - (size_t)k, "  checked executions   %llu (GRAFT_CHECK), %llu outputs "
                   "differed from the reference kernels\n", (unsigned long long)m.checked_executions,

@@ -602,6 +602,8 @@ static std::string py_metrics_json() {
      << ",\"native_disk_refused\":" << m.native_disk_refused << ",\"fallback_ops\":" << m.fallback_ops
      << ",\"syncs\":" << m.syncs << ",\"checked_executions\":" << m.checked_executions
      << ",\"check_mismatches\":" << m.check_mismatches
+     << ",\"async_steps\":" << m.async_steps << ",\"async_waits\":" << m.async_waits
+     << ",\"async_wait_ms\":" << m.async_wait_ms
      << ",\"sync_overhead_ms\":" << m.sync_overhead_ms << ",\"fallbacks\":" << fallback_json() << "}";
   return os.str();
 }
@@ -623,6 +625,11 @@ static std::string py_report() {
 static void py_wait_compiles() {
   // Not under the bridge lock: background compiles do not need it, and tracing may go on.
   graft_wait_compiles();
+}
+
+static void py_wait() {
+  // Not under the bridge lock: the executor thread never needs it.
+  chk_status(graft_wait(), "wait");
 }
 
 static std::string py_last_compile_reason() { return graft_last_compile_reason(); }
@@ -648,4 +655,5 @@ TORCH_LIBRARY(graft, m) {
   m.def("manual_seed(int seed) -> ()", &py_manual_seed);
   m.def("is_pending(Tensor t) -> bool", &py_is_pending);
   m.def("wait_compiles() -> ()", &py_wait_compiles);
+  m.def("wait() -> ()", &py_wait);
 }
