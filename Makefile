@@ -9,10 +9,23 @@ WARN    := -Wall -Wextra -Werror=implicit-function-declaration
 # -fvisibility=hidden: libgraft.so exports only what include/graft.h declares (its declarations
 # are in a visibility push(default) block); tests link the static archives and still see internals.
 BASE    := -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc/core -fPIC -pthread -fvisibility=hidden
-LIBS    := -lm -lpthread -ldl
+LIBS     = -lm -lpthread -ldl $(LIBS_MPI)
 
 SRC     := $(sort $(wildcard src/core/*.c src/graph/*.c src/passes/*.c src/backends/ref/*.c \
-             src/backends/cpu/*.c src/backends/*.c src/api/*.c))
+             src/backends/cpu/*.c src/backends/*.c src/api/*.c src/dist/*.c))
+
+# Open MPI (collectives, src/dist): pkg-config ompi, else mpicc's flags. Only src/dist compiles
+# against mpi.h; without Open MPI graft builds and graft_dist_available() is false. MPI=0 forces
+# a build without it.
+ifneq ($(MPI),0)
+MPI_CFLAGS := $(shell pkg-config --cflags ompi 2>/dev/null || mpicc -showme:compile 2>/dev/null)
+MPI_LIBS   := $(shell pkg-config --libs ompi 2>/dev/null || mpicc -showme:link 2>/dev/null)
+endif
+ifneq ($(strip $(MPI_LIBS)),)
+MPI_DEFS   := -DGRAFT_HAVE_MPI $(MPI_CFLAGS)
+LIBS_MPI   := $(MPI_LIBS)
+endif
+MPIRUN  := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe
 HDR     := $(wildcard include/*.h src/*/*.h src/backends/*/*.h src/core/ops.def tests/*.h)
 TESTS   := $(sort $(wildcard tests/test_*.c))
 
@@ -43,6 +56,9 @@ build/asan/%.o: %.c $(HDR)
 build/tsan/%.o: %.c $(HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) -O1 -g $(TSAN) -c $< -o $@
+
+# Only the dist module sees mpi.h.
+build/src/dist/%.o build/asan/src/dist/%.o build/tsan/src/dist/%.o: BASE += $(MPI_DEFS)
 
 OBJ      := $(SRC:%.c=build/%.o)
 ASAN_OBJ := $(SRC:%.c=build/asan/%.o)

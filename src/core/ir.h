@@ -16,7 +16,8 @@ typedef enum {
 
 typedef enum {
   IR_K_LEAF, IR_K_UNARY, IR_K_BINARY, IR_K_COMPARE, IR_K_SELECT,
-  IR_K_MOVEMENT, IR_K_REDUCE, IR_K_CONTRACT, IR_K_SPECIAL
+  IR_K_MOVEMENT, IR_K_REDUCE, IR_K_CONTRACT, IR_K_SPECIAL,
+  IR_K_COLLECTIVE /* runs across processes (ops.def): a side effect passes keep in place */
 } ir_kind;
 
 /* Dtype classes an op accepts. */
