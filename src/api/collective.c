@@ -102,7 +102,8 @@ static graft_status coll_api(const char *fn, ir_op op, int64_t arg, graft_tensor
   if (!rc) rc = coll_build(op, arg, in, n, nodes);
   if (!rc) coll_wrap(nodes, n, out);
   else
-    for (int i = 0; i < n; i++) ir_release(nodes[i]);
+    for (int i = 0; i < n; i++)
+      if (nodes[i]) ir_release(nodes[i]);
   tensor_unlock();
   free(in);
   if (rc) err_rename(fn);

@@ -17,7 +17,6 @@
 #include "graft.h"
 #include "../core/coll.h"
 #include "../core/error.h"
-#include "../core/metrics.h"
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -250,16 +249,10 @@ static int dist_run(ir_op op, int64_t arg, graft_dtype dt, void *buf, int64_t co
   if (op == IR_RANK_BROADCAST && (arg < 0 || arg >= dist.world))
     return err_set(GRAFT_ERR_ARG, "broadcast: root %" PRId64 " is not a rank of this world of %d",
                    arg, dist.world), -1;
-  double t0 = metrics_now_ms();
   dist_sig mine = {++dist.seq, sig, count, arg, (int32_t)op, (int32_t)dt};
   int rc = dist_check_sigs(&mine);
   if (!rc) rc = dist_data(op, arg, dt, buf, count, &mine);
   if (!rc && op == IR_ALL_REDUCE && arg == GRAFT_REDUCE_MEAN) dist_scale(dt, buf, count);
-  if (!rc) {
-    metrics.m.collectives++;
-    metrics.m.collective_bytes += (uint64_t)count * graft_dtype_size(dt);
-  }
-  metrics.m.collective_ms += metrics_now_ms() - t0;
   return rc;
 }
 

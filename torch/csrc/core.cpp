@@ -602,6 +602,8 @@ static std::string py_metrics_json() {
      << ",\"native_disk_refused\":" << m.native_disk_refused << ",\"fallback_ops\":" << m.fallback_ops
      << ",\"syncs\":" << m.syncs << ",\"checked_executions\":" << m.checked_executions
      << ",\"check_mismatches\":" << m.check_mismatches
+     << ",\"collectives\":" << m.collectives << ",\"collective_bytes\":" << m.collective_bytes
+     << ",\"collective_ms\":" << m.collective_ms
      << ",\"sync_overhead_ms\":" << m.sync_overhead_ms << ",\"fallbacks\":" << fallback_json() << "}";
   return os.str();
 }
