@@ -35,7 +35,7 @@ SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-fram
 TSAN    := -fsanitize=thread -DGRAFT_DEBUG
 
 .PHONY: all lib torch demo demo-c test bench fuzz fuzz-asan install deps clean check-asan check-compiled \
-        check-valgrind check-tsan check-torch check-abi check-layers check-install install-lib \
+        check-valgrind check-tsan check-torch check-abi check-layers check-install install-lib check-dist demo-ddp \
         install-python uninstall print-pythondir
 
 all: lib
@@ -140,6 +140,10 @@ check-valgrind: build/examples/mlp
 check-layers: build/asan/libgraft.a
 	sh tests/check_layers.sh build/asan/src
 
+# Collectives across 2 processes under mpirun: parity, mismatch, stall and kill (tests/check_dist.sh).
+check-dist: build/asan/tests/test_dist
+	sh tests/check_dist.sh build/asan/tests/test_dist
+
 check-tsan: build/tsan/tests/test_threads
 	TSAN_OPTIONS=halt_on_error=1 ./build/tsan/tests/test_threads
 
@@ -155,8 +159,8 @@ check-abi: build/libgraft.so
 	sh tests/check_exports.sh build/libgraft.so include/graft.h
 
 test: deps
-	@$(MAKE) --no-print-directory check-abi check-layers check-asan check-compiled check-tsan check-valgrind \
-	  check-torch check-install
+	@$(MAKE) --no-print-directory check-abi check-layers check-asan check-compiled check-dist check-tsan \
+	  check-valgrind check-torch check-install
 	@echo "all test suites passed"
 
 # The main job: a CNN trained on scikit-learn's bundled digits on graft's PyTorch device.
