@@ -167,6 +167,11 @@ test: deps
 demo: deps torch
 	PYTHONPATH=torch /usr/bin/python3 examples/digits_cnn.py
 
+# The digits CNN trained data-parallel on 2 processes (examples/ddp_digits.py). Open MPI
+# refuses to run as root unless told: the variables are set here, not left to the user.
+demo-ddp: deps torch
+	$(MPIRUN) -np 2 /usr/bin/python3 examples/ddp_digits.py
+
 # The C example a C user starts from.
 demo-c: deps build/examples/mlp
 	./build/examples/mlp
@@ -197,7 +202,7 @@ install-lib: lib
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 build/libgraft.a build/libgraft.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 include/graft.h $(DESTDIR)$(PREFIX)/include/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' graft.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/graft.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' -e 's|@MPI_LIBS@|$(LIBS_MPI)|' graft.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/graft.pc
 
 # graft/__init__.py loads _graft_C.so from its own folder first.
 install-python: torch
