@@ -176,10 +176,14 @@ demo-ddp: deps torch
 demo-c: deps build/examples/mlp
 	./build/examples/mlp
 
-bench: deps build/bench/bench_core build/bench/bench_compiler torch
+bench: deps build/bench/bench_core build/bench/bench_compiler torch $(if $(LIBS_MPI),build/bench/bench_dist)
 	./build/bench/bench_core
 	./build/bench/bench_compiler
 	PYTHONPATH=torch /usr/bin/python3 bench/torch_bench.py
+	$(if $(LIBS_MPI),sh bench/dist_bench.sh build/bench/bench_dist,@echo "bench: no Open MPI: collective benchmarks skipped")
+
+# The collective benchmarks call MPI directly (a bare MPI_Allreduce to compare with).
+build/bench/bench_dist: BASE += $(MPI_DEFS)
 
 build/bench/%: bench/%.c build/libgraft.a
 	@mkdir -p $(dir $@)
