@@ -63,6 +63,7 @@ static int dist_read_timeout(void) {
   return 0;
 }
 
+#ifdef GRAFT_HAVE_MPI
 static double dist_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -87,7 +88,6 @@ static int dist_fail(const char *msg) {
   return -1;
 }
 
-#ifdef GRAFT_HAVE_MPI
 static MPI_Comm dist_comm = MPI_COMM_NULL;
 enum { DIST_TAG_SIG = 7201 };
 
@@ -366,8 +366,16 @@ bool graft_dist_available(void) {
 #endif
 }
 
+/* MPI cannot be initialized twice in a process: a job left is left for good. */
+static bool dist_left_mpi;
+
 graft_status graft_dist_init(void) {
   if (dist.init) return GRAFT_OK;
+  if (dist_left_mpi) {
+    err_set(GRAFT_ERR_DIST, "graft_dist_init: this process already left its MPI job "
+            "(graft_dist_finalize); MPI cannot be joined again");
+    return GRAFT_ERR_DIST;
+  }
   if (dist_read_timeout()) return GRAFT_ERR_ARG;
   if (dist_launched()) {
 #ifdef GRAFT_HAVE_MPI
@@ -402,6 +410,7 @@ graft_status graft_dist_finalize(void) {
     dist_wd_end();
     MPI_Comm_free(&dist_comm);
     if (dist.owns_mpi) MPI_Finalize();
+    dist_left_mpi = true;
   }
 #endif
   dist = (dist_state){.world = 1, .timeout_s = DIST_DEFAULT_TIMEOUT_S};
