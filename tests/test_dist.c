@@ -35,6 +35,15 @@ static graft_tensor *filled(graft_dtype dt, int nd, const int64_t *shape, double
   return t;
 }
 
+TEST(bad_timeout_is_refused) {
+  setenv("GRAFT_DIST_TIMEOUT", "soon", 1);
+  CHECK(graft_dist_init() == GRAFT_ERR_ARG);
+  CHECK(strstr(graft_last_error(), "GRAFT_DIST_TIMEOUT=\"soon\" is not a number") != NULL);
+  setenv("GRAFT_DIST_TIMEOUT", "-1", 1);
+  CHECK(graft_dist_init() == GRAFT_ERR_ARG);
+  unsetenv("GRAFT_DIST_TIMEOUT");
+}
+
 TEST(identity_in_a_world_of_one) {
   CHECK(graft_dist_init() == GRAFT_OK);
   CHECK(graft_dist_rank() == 0 && graft_dist_world_size() == 1);
@@ -371,6 +380,7 @@ int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
   make_data();
   if (!*mode) {
+    RUN(bad_timeout_is_refused);
     RUN(identity_in_a_world_of_one);
     RUN(bad_input_is_a_clear_error);
     RUN(collectives_are_never_merged);
