@@ -4,6 +4,9 @@
 #   mismatch a rank reducing another shape gets a clear error on every rank
 #   stall    a rank that stops answering is named by the other within GRAFT_DIST_TIMEOUT
 #   kill     a rank killed mid-training ends the whole job in bounded time, naming it
+#   flood    a rank stopped (SIGSTOP) at a random point of back-to-back collectives: whether
+#            it stops before the signatures or inside the data transfer (the watchdog), the
+#            job ends in bounded time
 # Usage: tests/check_dist.sh BIN (a build of tests/test_dist.c). Exits 1 naming each failure.
 set -u
 BIN=${1:?usage: check_dist.sh BIN}
@@ -68,6 +71,30 @@ if [ $rc -eq 0 ] || [ $secs -gt 60 ] || ! grep -q "rank 1 .*exited on signal 9" 
   bad "killed rank: want a non-zero exit within 60 s naming rank 1 (exit $rc after $secs s)" kill
 else
   echo "kill: job ended in ${secs} s: $(grep -m1 -o 'process rank 1.*' "$tmp/kill")"
+fi
+
+# A rank stopped at a random point: run in the background, stop rank 1 after a while.
+export GRAFT_DIST_TIMEOUT=2
+t0=$(date +%s)
+timeout -k 5 120 $MPIRUN "$BIN" flood > "$tmp/flood" 2>&1 &
+job=$!
+pid=""
+for _ in $(seq 1 300); do
+  pid=$(sed -n 's/^rank 1 pid \([0-9]*\)$/\1/p' "$tmp/flood")
+  [ -n "$pid" ] && break
+  sleep 0.1
+done
+sleep 1.3
+[ -n "$pid" ] && kill -STOP "$pid" 2> /dev/null
+wait $job
+rc=$?
+secs=$(($(date +%s) - t0))
+unset GRAFT_DIST_TIMEOUT
+if [ -z "$pid" ] || [ $rc -eq 0 ] || [ $secs -gt 60 ] ||
+   ! grep -qE "rank\(s\) 1 did not reach|did not complete within 2 s" "$tmp/flood"; then
+  bad "stopped rank: want the job to end within 60 s with a timeout error (exit $rc after $secs s)" flood
+else
+  echo "flood: job ended in ${secs} s: $(grep -m1 -oE 'rank\(s\) 1 did not reach.*|collective #.*did not complete within 2 s' "$tmp/flood" | cut -c1-90)..."
 fi
 
 [ $fail -eq 0 ] && echo "check_dist: collectives across 2 processes passed"

@@ -9,7 +9,10 @@
  *   mpirun -np 2 test_dist mismatch   rank 1 reduces another shape: both ranks get the error
  *   mpirun -np 2 test_dist stall      rank 1 stops answering: rank 0 fails naming it
  *   mpirun -np 2 test_dist kill       rank 1 is killed mid-training (tests/check_dist.sh checks
- *                                     the job ends in bounded time, naming the rank) */
+ *                                     the job ends in bounded time, naming the rank)
+ *   mpirun -np 2 test_dist flood      16 MB all-reduces until stopped; tests/check_dist.sh stops
+ *                                     rank 1 (SIGSTOP) at a random point, in either phase of a
+ *                                     collective: the job must still end in bounded time */
 #include "check.h"
 #include <signal.h>
 #include <unistd.h>
@@ -376,6 +379,25 @@ static int fault(bool stall) {
   return r.status ? 3 : 0;
 }
 
+/* Prints this rank's pid for the script, then all-reduces 16 MB until an error. */
+static int flood(void) {
+  int64_t n = 4 << 20;
+  float *h = calloc((size_t)n, sizeof(float));
+  graft_tensor *x = graft_from_host(h, GRAFT_F32, 1, &n, 0);
+  printf("rank %d pid %d\n", graft_dist_rank(), (int)getpid());
+  fflush(stdout);
+  int rc = 0;
+  for (int i = 0; i < 100000 && !rc; i++) {
+    graft_tensor *o = NULL;
+    rc = graft_dist_all_reduce(&x, 1, GRAFT_REDUCE_SUM, &o) || graft_sync(&o, 1);
+    graft_release(o);
+  }
+  if (rc) fprintf(stderr, "rank %d: flood failed: %s\n", graft_dist_rank(), graft_last_error());
+  graft_release(x);
+  free(h);
+  return rc ? 3 : 0;
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
   make_data();
@@ -397,6 +419,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(mode, "mismatch")) rc = mismatch();
   else if (!strcmp(mode, "stall")) rc = fault(true);
   else if (!strcmp(mode, "kill")) rc = fault(false);
+  else if (!strcmp(mode, "flood")) rc = flood();
   else fprintf(stderr, "test_dist: unknown mode %s\n", mode);
   graft_dist_finalize();
   graft_shutdown();
