@@ -1,6 +1,7 @@
 #!/bin/sh
 # Collectives across 2 processes under mpirun (make check-dist, part of make test):
 #   parity   data-parallel MLP and CNN == one process on the whole batch (tests/test_dist.c)
+#   dtypes   every dtype (f16/bf16 through graft's MPI ops), broadcast and all_gather
 #   mismatch a rank reducing another shape gets a clear error on every rank
 #   stall    a rank that stops answering is named by the other within GRAFT_DIST_TIMEOUT
 #   kill     a rank killed mid-training ends the whole job in bounded time, naming it
@@ -47,6 +48,13 @@ for model in mlp cnn; do
     grep "rank 0/2" "$tmp/parity_$model"
   fi
 done
+
+run dtypes 120 "$BIN" dtypes
+if [ $rc -ne 0 ] || [ "$(grep -c "dtypes ok" "$tmp/dtypes")" -ne 2 ]; then
+  bad "every dtype, broadcast and all_gather on 2 ranks (exit $rc)" dtypes
+else
+  grep -m1 "dtypes ok" "$tmp/dtypes"
+fi
 
 run mismatch 120 "$BIN" mismatch
 if [ $rc -ne 0 ] || [ "$(grep -c "expected error: ranks disagree" "$tmp/mismatch")" -ne 2 ]; then

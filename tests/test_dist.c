@@ -7,6 +7,7 @@
  *        (rank 0 trains it first, without collectives): losses and parameters per step within
  *        1e-5 relative over 20 steps; the step is one cached graph with one MPI call per step
  *   mpirun -np 2 test_dist mismatch   rank 1 reduces another shape: both ranks get the error
+ *   mpirun -np 2 test_dist dtypes     every dtype, reductions, broadcast and all_gather
  *   mpirun -np 2 test_dist stall      rank 1 stops answering: rank 0 fails naming it
  *   mpirun -np 2 test_dist kill       rank 1 is killed mid-training (tests/check_dist.sh checks
  *                                     the job ends in bounded time, naming the rank)
@@ -76,8 +77,12 @@ TEST(bad_input_is_a_clear_error) {
   CHECK(graft_dist_all_reduce(&i, 1, GRAFT_REDUCE_MEAN, out) == GRAFT_ERR_DTYPE);
   CHECK(strstr(graft_last_error(), "graft_dist_all_reduce: mean of i32") != NULL);
   CHECK(out[0] == NULL); /* outputs are cleared on error */
-  CHECK(graft_dist_all_reduce(&h, 1, GRAFT_REDUCE_SUM, out) == GRAFT_ERR_DTYPE);
-  CHECK(strstr(graft_last_error(), "f16") != NULL);
+  CHECK(graft_dist_all_reduce(&h, 1, GRAFT_REDUCE_SUM, out) == GRAFT_OK); /* f16 is fine */
+  graft_release(out[0]);
+  graft_tensor *b = graft_convert(f, GRAFT_BOOL);
+  CHECK(graft_dist_all_reduce(&b, 1, GRAFT_REDUCE_SUM, out) == GRAFT_ERR_DTYPE);
+  CHECK(strstr(graft_last_error(), "sum of bool (use max or min)") != NULL);
+  graft_release(b);
   CHECK(graft_dist_all_reduce(&f, 1, (graft_reduce_op)9, out) == GRAFT_ERR_ARG);
   CHECK(graft_dist_all_reduce(&f, 0, GRAFT_REDUCE_SUM, out) == GRAFT_ERR_ARG);
   CHECK(graft_dist_all_reduce(NULL, 1, GRAFT_REDUCE_SUM, out) == GRAFT_ERR_ARG);
@@ -368,6 +373,55 @@ static int mismatch(void) {
   return bad;
 }
 
+/* Element i of t as a double (a sync). */
+static double val(graft_tensor *t, int64_t i) {
+  graft_tensor *d = graft_convert(t, GRAFT_F64);
+  int64_t n = graft_numel(d);
+  double *h = calloc((size_t)(n > 0 ? n : 1), sizeof(double)), v = NAN;
+  if (d && graft_to_host(d, h, sizeof(double) * (size_t)n) == GRAFT_OK && i < n) v = h[i];
+  free(h);
+  graft_release(d);
+  return v;
+}
+
+/* Every dtype through MPI on 2 ranks (f16/bf16 through graft's own MPI ops), several per
+ * call, and broadcast and all_gather. Rank r holds values made from r. */
+static int dtypes(void) {
+  int r = graft_dist_rank();
+  int64_t s3[1] = {3}, s2[2] = {2, 1};
+  graft_tensor *f32 = filled(GRAFT_F32, 1, s3, r + 1), *f16 = filled(GRAFT_F16, 1, s3, r + 0.5);
+  graft_tensor *bf = filled(GRAFT_BF16, 2, s2, 2 * r), *i64 = filled(GRAFT_I64, 1, s3, 10 * r);
+  graft_tensor *bl = graft_convert(filled(GRAFT_I32, 1, s3, r - 1), GRAFT_BOOL); /* r=0: 1,0,1 */
+  graft_tensor *sum_in[3] = {f32, f16, i64}, *sum[3], *mx[2], *mn[1], *mean[1], *bc[2], *ga[2];
+  graft_tensor *mx_in[2] = {bf, bl}, *bc_in[2] = {i64, f32}, *ga_in[2] = {f16, bf};
+  int bad = graft_dist_all_reduce(sum_in, 3, GRAFT_REDUCE_SUM, sum) ||
+            graft_dist_all_reduce(mx_in, 2, GRAFT_REDUCE_MAX, mx) ||
+            graft_dist_all_reduce(&bl, 1, GRAFT_REDUCE_MIN, mn) ||
+            graft_dist_all_reduce(&f16, 1, GRAFT_REDUCE_MEAN, mean) ||
+            graft_dist_broadcast(bc_in, 2, 1, bc) || graft_dist_all_gather(ga_in, 2, ga);
+  if (bad) {
+    fprintf(stderr, "rank %d: dtypes: %s\n", r, graft_last_error());
+    return 1;
+  }
+  struct { const char *what; double got, want; } c[] = {
+    {"f32 sum", val(sum[0], 2), 1 + 2 + 2 + 2},      {"f16 sum", val(sum[1], 1), 1.5 + 2.5},
+    {"i64 sum", val(sum[2], 2), 2 + 12},             {"bf16 max", val(mx[0], 1), 3},
+    {"bool max", val(mx[1], 1), 1},                  {"bool min", val(mn[0], 0), 0},
+    {"f16 mean", val(mean[0], 0), 1},                {"i64 broadcast", val(bc[0], 0), 10},
+    {"f32 broadcast", val(bc[1], 2), 4},             {"f16 gather [1,2]", val(ga[0], 5), 3.5},
+    {"bf16 gather shape", (double)graft_dim(ga[1], 0) * 10 + graft_ndim(ga[1]), 23},
+    {"bf16 gather [1,1,0]", val(ga[1], 3), 3}};
+  for (size_t k = 0; k < sizeof c / sizeof c[0]; k++)
+    if (c[k].got != c[k].want) {
+      fprintf(stderr, "rank %d: %s = %g, want %g\n", r, c[k].what, c[k].got, c[k].want);
+      bad = 1;
+    }
+  graft_metrics m;
+  graft_metrics_get(&m);
+  if (!bad) printf("rank %d: dtypes ok (%llu collectives)\n", r, (unsigned long long)m.collectives);
+  return bad;
+}
+
 /* Fault runs: the surviving rank reports its error and ends the job (graft_dist_finalize
  * aborts after a failed collective). */
 static int fault(bool stall) {
@@ -420,6 +474,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(mode, "stall")) rc = fault(true);
   else if (!strcmp(mode, "kill")) rc = fault(false);
   else if (!strcmp(mode, "flood")) rc = flood();
+  else if (!strcmp(mode, "dtypes")) rc = dtypes();
   else fprintf(stderr, "test_dist: unknown mode %s\n", mode);
   graft_dist_finalize();
   graft_shutdown();

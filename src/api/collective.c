@@ -64,12 +64,7 @@ static int coll_build(ir_op op, int64_t arg, ir_node **in, int n, ir_node **node
     int m = 0;
     for (int i = 0; i < n; i++)
       if (in[i]->dtype == (graft_dtype)dt) idx[m++] = i;
-    if (m && (dt == GRAFT_F16 || dt == GRAFT_BF16)) {
-      err_set(GRAFT_ERR_DTYPE, "%s: %s tensors are not supported (convert to f32)",
-              ir_ops[op].name, graft_dtype_name((graft_dtype)dt));
-      rc = -1;
-    } else if (m)
-      rc = coll_group(op, arg, in, idx, m, nodes);
+    if (m) rc = coll_group(op, arg, in, idx, m, nodes);
   }
   free(idx);
   return rc;

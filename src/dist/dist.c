@@ -15,6 +15,7 @@
  *     graph's flat buffer, under a watchdog thread that ends the process past the deadline. */
 #include "graft.h"
 #include "../core/coll.h"
+#include "../core/dtype.h"
 #include "../core/error.h"
 #include <inttypes.h>
 #include <signal.h>
@@ -36,7 +37,7 @@ typedef struct {
   bool mpi;          /* launched by mpirun: collectives go through MPI */
   bool owns_mpi;     /* graft called MPI_Init, so graft finalizes */
   bool broken;       /* a collective timed out with requests in flight */
-  char broken_msg[512];
+  char broken_msg[1024];
   int rank, world;
   double timeout_s;
   uint64_t seq;      /* collectives run: equal on every rank while their graphs agree */
@@ -127,7 +128,7 @@ static void dist_sig_str(const dist_sig *s, char *buf, size_t n) {
 
 /* Names the ranks whose signature did not arrive (recv[r] still pending). */
 static int dist_missing(const dist_sig *mine, MPI_Request *recv) {
-  char who[256] = "", what[256], msg[512];
+  char who[256] = "", what[256], msg[768];
   size_t k = 0;
   for (int r = 0; r < dist.world; r++) {
     int done = 1;
@@ -183,8 +184,48 @@ static MPI_Datatype dist_type(graft_dtype dt) {
   case GRAFT_I32: return MPI_INT32_T;
   case GRAFT_I64: return MPI_INT64_T;
   case GRAFT_U8: case GRAFT_BOOL: return MPI_UINT8_T; /* bool max/min = or/and on 0/1 bytes */
-  default: return MPI_DATATYPE_NULL;                   /* f16/bf16: refused before */
+  default: return MPI_UINT16_T;                        /* f16/bf16, with graft's own ops */
   }
+}
+
+/* f16 and bf16 have no MPI type: they travel as 16-bit words and reduce through float with
+ * these user ops (each pairwise result rounded once, as a float16 sum on a device would). */
+#define DIST_HALF_OP(name, load, store, expr)                                              \
+  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {                   \
+    (void)dt;                                                                              \
+    const uint16_t *a = in;                                                                \
+    uint16_t *b = inout;                                                                   \
+    for (int i = 0; i < *len; i++) {                                                       \
+      float x = load(a[i]), y = load(b[i]);                                                \
+      b[i] = store(expr);                                                                  \
+    }                                                                                      \
+  }
+DIST_HALF_OP(dist_f16_sum, dtype_f16_to_f32, dtype_f32_to_f16, x + y)
+DIST_HALF_OP(dist_f16_max, dtype_f16_to_f32, dtype_f32_to_f16, x > y ? x : y)
+DIST_HALF_OP(dist_f16_min, dtype_f16_to_f32, dtype_f32_to_f16, x < y ? x : y)
+DIST_HALF_OP(dist_bf16_sum, dtype_bf16_to_f32, dtype_f32_to_bf16, x + y)
+DIST_HALF_OP(dist_bf16_max, dtype_bf16_to_f32, dtype_f32_to_bf16, x > y ? x : y)
+DIST_HALF_OP(dist_bf16_min, dtype_bf16_to_f32, dtype_f32_to_bf16, x < y ? x : y)
+
+static MPI_Op dist_half_ops[2][3]; /* [f16, bf16][sum, max, min], made at init */
+
+static void dist_half_ops_make(void) {
+  MPI_User_function *fns[2][3] = {{dist_f16_sum, dist_f16_max, dist_f16_min},
+                                  {dist_bf16_sum, dist_bf16_max, dist_bf16_min}};
+  for (int d = 0; d < 2; d++)
+    for (int k = 0; k < 3; k++) MPI_Op_create(fns[d][k], 1, &dist_half_ops[d][k]);
+}
+
+static void dist_half_ops_free(void) {
+  for (int d = 0; d < 2; d++)
+    for (int k = 0; k < 3; k++) MPI_Op_free(&dist_half_ops[d][k]);
+}
+
+/* The MPI reduction for all_reduce's arg (sum and mean both sum) on dt. */
+static MPI_Op dist_op(int64_t arg, graft_dtype dt) {
+  int k = arg == GRAFT_REDUCE_MAX ? 1 : arg == GRAFT_REDUCE_MIN ? 2 : 0;
+  if (dt == GRAFT_F16 || dt == GRAFT_BF16) return dist_half_ops[dt == GRAFT_BF16][k];
+  return k == 1 ? MPI_MAX : k == 2 ? MPI_MIN : MPI_SUM;
 }
 
 /* The data phase's watchdog. Once every rank's signature has arrived, the data moves with
@@ -265,8 +306,7 @@ static int dist_move(ir_op op, int64_t arg, graft_dtype dt, void *buf, int count
   if (op == IR_RANK_BROADCAST) return MPI_Bcast(buf, count, t, (int)arg, dist_comm);
   if (op == IR_ALL_GATHER)
     return MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, t, dist_comm);
-  MPI_Op o = arg == 2 ? MPI_MAX : arg == 3 ? MPI_MIN : MPI_SUM;
-  return MPI_Allreduce(MPI_IN_PLACE, buf, count, t, o, dist_comm);
+  return MPI_Allreduce(MPI_IN_PLACE, buf, count, t, dist_op(arg, dt), dist_comm);
 }
 
 /* Phase 2: the data, in pieces of at most 2^30 elements (MPI counts are int); all_gather rows
@@ -298,9 +338,8 @@ static void dist_scale(graft_dtype dt, void *buf, int64_t count) {
   if (dt == GRAFT_F32) {
     float *p = buf, w = (float)dist.world;
     for (int64_t i = 0; i < count; i++) p[i] /= w;
-  } else if (dt == GRAFT_F64) {
-    double *p = buf, w = dist.world;
-    for (int64_t i = 0; i < count; i++) p[i] /= w;
+  } else {
+    for (int64_t i = 0; i < count; i++) dtype_store(buf, dt, i, dtype_load(buf, dt, i) / dist.world);
   }
 }
 
@@ -309,9 +348,6 @@ static int dist_run(ir_op op, int64_t arg, graft_dtype dt, void *buf, int64_t co
                     uint64_t sig) {
   if (dist.broken) return err_set(GRAFT_ERR_DIST, "%s (an earlier collective failed)",
                                   dist.broken_msg), -1;
-  if (dist_type(dt) == MPI_DATATYPE_NULL)
-    return err_set(GRAFT_ERR_DTYPE, "collectives: %s is not supported (convert to f32)",
-                   graft_dtype_name(dt)), -1;
   if (op == IR_RANK_BROADCAST && (arg < 0 || arg >= dist.world))
     return err_set(GRAFT_ERR_ARG, "broadcast: root %" PRId64 " is not a rank of this world of %d",
                    arg, dist.world), -1;
@@ -343,6 +379,7 @@ static int dist_init_mpi(void) {
   }
   /* A communicator of graft's own: a user's MPI traffic never matches graft's messages. */
   MPI_Comm_dup(MPI_COMM_WORLD, &dist_comm);
+  dist_half_ops_make();
   MPI_Comm_set_errhandler(dist_comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(dist_comm, &dist.rank);
   MPI_Comm_size(dist_comm, &dist.world);
@@ -408,6 +445,7 @@ graft_status graft_dist_finalize(void) {
   if (dist.mpi) {
     coll_set_hooks(NULL);
     dist_wd_end();
+    dist_half_ops_free();
     MPI_Comm_free(&dist_comm);
     if (dist.owns_mpi) MPI_Finalize();
     dist_left_mpi = true;
