@@ -117,6 +117,25 @@ TEST(collectives_are_never_merged) {
   for (int k = 0; k < 3; k++) graft_release(o1[k]);
 }
 
+/* Reading one output of a collective runs the whole pending step: the collective runs once,
+ * and the other outputs are data afterwards (never a second run in a later graph). */
+TEST(a_read_runs_the_collective_once) {
+  int64_t s[1] = {4};
+  graft_tensor *a = filled(GRAFT_F32, 1, s, 1), *b = filled(GRAFT_F32, 1, s, 5), *in[2] = {a, b}, *o[2];
+  graft_step();
+  graft_metrics_reset();
+  CHECK(graft_dist_all_reduce(in, 2, GRAFT_REDUCE_SUM, o) == GRAFT_OK);
+  graft_tensor *other = graft_mul_scalar(a, 3); /* unrelated pending work joins the step */
+  float v[4];
+  CHECK(graft_to_host(o[0], v, sizeof v) == GRAFT_OK && v[3] == 4);
+  CHECK(!graft_is_pending(o[1]) && !graft_is_pending(other));
+  CHECK(graft_to_host(o[1], v, sizeof v) == GRAFT_OK && v[0] == 5);
+  graft_metrics m;
+  graft_metrics_get(&m);
+  CHECK(m.collectives == 1 && m.executions == 1);
+  graft_release(a), graft_release(b), graft_release(o[0]), graft_release(o[1]), graft_release(other);
+}
+
 /* ---------------------------------------------------------------- training */
 
 typedef struct {
@@ -460,6 +479,7 @@ int main(int argc, char **argv) {
     RUN(identity_in_a_world_of_one);
     RUN(bad_input_is_a_clear_error);
     RUN(collectives_are_never_merged);
+    RUN(a_read_runs_the_collective_once);
     graft_dist_finalize();
     graft_shutdown();
     return CHECK_DONE();

@@ -11,6 +11,8 @@
 static int64_t ir_pending; /* live nodes that are not data leaves */
 
 int64_t ir_pending_count(void) { return ir_pending; }
+static int64_t ir_collectives; /* live collective nodes (exec.c widens syncs while any) */
+int64_t ir_collective_count(void) { return ir_collectives; }
 
 int64_t ir_numel(int ndim, const int64_t *shape) {
   int64_t n = 1;
@@ -71,6 +73,7 @@ static void ir_finish(ir_node *n) {
   for (int i = 0; i < n->nin; i++) h = ir_mix(h, n->in[i]->hash);
   n->hash = h;
   if (n->op != IR_DATA) ir_pending++;
+  if (ir_ops[n->op].kind == IR_K_COLLECTIVE) ir_collectives++;
 }
 
 ir_node *ir_make_data(exec_buffer *buf, graft_dtype dt, int ndim, const int64_t *shape,
@@ -110,6 +113,7 @@ void ir_release(ir_node *n) {
       stack[top++] = m->in[i];
     }
     if (m->op != IR_DATA) ir_pending--;
+    if (ir_ops[m->op].kind == IR_K_COLLECTIVE) ir_collectives--;
     buffer_release(m->data);
     free(m);
   }

@@ -89,6 +89,8 @@ void ir_retain(ir_node *n);
 void ir_release(ir_node *n);
 /* Pending (non-leaf-data) nodes alive now. */
 int64_t ir_pending_count(void);
+/* Collective nodes alive now (pending: a collective never becomes data itself). */
+int64_t ir_collective_count(void);
 /* Writes "[2,3]" into buf. */
 const char *ir_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 /* Writes one line describing the node's attributes (empty when none). */

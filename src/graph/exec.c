@@ -261,7 +261,46 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
   return st;
 }
 
+static graft_status exec_sync_some(tensor_slot *const *ts, int n);
+
+typedef struct {
+  tensor_slot **ts;
+  int n, cap;
+  bool oom;
+} exec_pending;
+
+static void exec_collect(tensor_slot *t, void *ctx) {
+  exec_pending *l = ctx;
+  if (t->node->op == IR_DATA || l->oom) return;
+  if (l->n == l->cap) {
+    int c = l->cap ? l->cap * 2 : 64;
+    tensor_slot **p = realloc(l->ts, sizeof *p * (size_t)c);
+    if (!p) {
+      l->oom = true;
+      return;
+    }
+    l->ts = p;
+    l->cap = c;
+  }
+  l->ts[l->n++] = t;
+}
+
+/* A collective must run once per step, at the same point on every rank. Syncing only some of
+ * its outputs (a read of one) would leave the others pending on the same collective node, to
+ * run it again in a later graph; and a rank that read and a rank that did not would disagree.
+ * So while a collective is pending, every sync runs everything pending: a step. */
 graft_status exec_sync_locked(tensor_slot *const *ts, int n) {
+  if (!ir_collective_count()) return exec_sync_some(ts, n);
+  exec_pending l = {0};
+  tensor_foreach_live(exec_collect, &l);
+  graft_status st = GRAFT_ERR_OOM;
+  if (l.oom) err_set(GRAFT_ERR_OOM, "graft_sync: out of memory listing live tensors");
+  else st = exec_sync_some(l.ts, l.n);
+  free(l.ts);
+  return st;
+}
+
+static graft_status exec_sync_some(tensor_slot *const *ts, int n) {
   tensor_slot **sel = malloc(sizeof *sel * ((size_t)n + 1));
   ir_node **roots = malloc(sizeof *roots * ((size_t)n + 1));
   if (!sel || !roots) {
