@@ -95,7 +95,8 @@ TEST(bad_input_is_a_clear_error) {
 }
 
 /* Two reductions of the same tensor in one graph stay two (passes never merge collectives),
- * a collective's operands of two dtypes make two, and all of it is one graph. */
+ * a collective's operands of two dtypes make two, a constant's is not folded away, and all of
+ * it is one graph. */
 TEST(collectives_are_never_merged) {
   int64_t s[1] = {8};
   graft_tensor *f = filled(GRAFT_F32, 1, s, 1), *l = filled(GRAFT_I64, 1, s, 1);
@@ -104,13 +105,18 @@ TEST(collectives_are_never_merged) {
   graft_tensor *x = graft_mul_scalar(f, 2), *in[3] = {x, l, x}, *o1[3], *o2[1];
   CHECK(graft_dist_all_reduce(in, 3, GRAFT_REDUCE_SUM, o1) == GRAFT_OK);
   CHECK(graft_dist_all_reduce(&x, 1, GRAFT_REDUCE_SUM, o2) == GRAFT_OK);
+  /* nor folded: a collective of a constant still runs (another process may hold another) */
+  int64_t one[1] = {1};
+  graft_tensor *c = graft_full(7, GRAFT_F32, 1, one), *oc[1];
+  CHECK(graft_dist_all_reduce(&c, 1, GRAFT_REDUCE_SUM, oc) == GRAFT_OK);
   graft_tensor *y = graft_add(o1[0], o2[0]);
   CHECK(graft_step() == GRAFT_OK);
   graft_metrics m;
   graft_metrics_get(&m);
   CHECK(m.executions == 1);
-  CHECK(m.collectives == 3); /* f32 and i64 of the first call, f32 of the second */
-  CHECK(m.collective_bytes == (8 + 8) * 4 + 8 * 8 + 8 * 4);
+  CHECK(m.collectives == 4); /* f32 and i64 of the first call, f32 of the second, the constant */
+  CHECK(m.collective_bytes == (8 + 8) * 4 + 8 * 8 + 8 * 4 + 4);
+  graft_release(c), graft_release(oc[0]);
   float v[8];
   CHECK(graft_to_host(y, v, sizeof v) == GRAFT_OK && v[7] == 32);
   graft_release(y), graft_release(x), graft_release(f), graft_release(l), graft_release(o2[0]);
