@@ -342,7 +342,8 @@ typedef struct {
                                 (the graph was then found or compiled on its own, never run as that one) */
   uint64_t checked_executions; /* GRAFT_CHECK: executions also run on the reference kernels */
   uint64_t check_mismatches; /* GRAFT_CHECK: outputs that differed from the reference kernels */
-  uint64_t collectives;      /* MPI collectives graphs ran (one per dtype per graft_dist_* call) */
+  uint64_t collectives;      /* collectives graphs ran: one per dtype per graft_dist_* call, each one
+                                MPI call in a job of more than one process */
   uint64_t collective_bytes; /* bytes those collectives moved from this rank */
   double collective_ms;      /* time in them, waiting for the other ranks included */
 } graft_metrics;
