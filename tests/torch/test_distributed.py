@@ -92,3 +92,29 @@ def test_mismatched_shapes_are_an_error():
     rc, out, secs = mpirun("mismatch", timeout=120)
     assert rc != 0 and secs < 60, (rc, secs, out)
     assert "ranks disagree" in out and "finished training" not in out, out
+
+
+def test_world_of_one_in_process():
+    """Without mpirun: a world of one, collectives are the identity, bad input is a clear error."""
+    import torch
+    import graft
+    assert gd.init() == 1 and gd.rank() == 0 and gd.world_size() == 1
+    dev = graft.device()
+    a, b = torch.arange(4.0).to(dev), torch.ones(2, dtype=torch.long).to(dev)
+    gd.all_reduce([a, b], "sum")
+    assert a.cpu().tolist() == [0.0, 1.0, 2.0, 3.0] and b.cpu().tolist() == [1, 1]
+    assert gd.all_gather(a).shape == (1, 4)
+    with pytest.raises(ValueError, match="unknown op 'prod'"):
+        gd.all_reduce([a], "prod")
+    with pytest.raises(RuntimeError, match="tensor 0 is on cpu, not on graft's device"):
+        gd.all_reduce([torch.ones(2)])
+    with pytest.raises(RuntimeError, match="mean of i64"):
+        gd.all_reduce([b], "mean")
+    model = torch.nn.Linear(3, 2).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().cpu().clone() for p in model.parameters()]
+    model(torch.ones(4, 3).to(dev)).sum().backward()
+    gd.optimizer_step(opt)
+    graft.step()
+    after = [p.detach().cpu() for p in model.parameters()]
+    assert all(not torch.equal(x, y) for x, y in zip(before, after))
