@@ -60,7 +60,8 @@ typedef enum {
   GRAFT_ERR_OOM,       /* allocation failed or memory limit reached */
   GRAFT_ERR_ARG,       /* any other invalid argument */
   GRAFT_ERR_COMPILE,   /* a backend failed to compile a graph */
-  GRAFT_ERR_INTERNAL
+  GRAFT_ERR_INTERNAL,
+  GRAFT_ERR_DIST       /* a collective failed: a rank failed, timed out or disagreed, or no MPI */
 } graft_status;
 
 /* ---- errors ---- */
@@ -347,6 +348,10 @@ typedef struct {
   uint64_t async_steps;      /* graphs queued for asynchronous execution (GRAFT_ASYNC) */
   uint64_t async_waits;      /* reads that waited for a queued graph to finish */
   double async_wait_ms;      /* time those reads waited */
+  uint64_t collectives;      /* collectives graphs ran: one per dtype per graft_dist_* call, each one
+                                MPI call in a job of more than one process */
+  uint64_t collective_bytes; /* bytes those collectives moved from this rank */
+  double collective_ms;      /* time in them, waiting for the other ranks included */
 } graft_metrics;
 
 /** Fills m with the current counters. */
@@ -360,6 +365,32 @@ char *graft_metrics_report(void);
 void graft_wait_compiles(void);
 /** Why the last graph was compiled ("" before any compile); valid until the next compile. */
 const char *graft_last_compile_reason(void);
+
+/* ---- data-parallel collectives (Open MPI; src/dist) ----
+ * Collectives are graph nodes: a training step with its all_reduce is one cached graph, run
+ * at the next sync. Every rank must trace the same collectives in the same order; a rank
+ * whose shapes or dtypes differ gets GRAFT_ERR_DIST naming both, and a rank that fails or
+ * stalls makes the others fail with GRAFT_ERR_DIST within GRAFT_DIST_TIMEOUT seconds (30). */
+typedef enum { GRAFT_REDUCE_SUM, GRAFT_REDUCE_MEAN, GRAFT_REDUCE_MAX, GRAFT_REDUCE_MIN } graft_reduce_op;
+/** True when graft was built with Open MPI (else only a world of one process exists). */
+bool graft_dist_available(void);
+/** Joins the job mpirun started (or, not under a launcher, a world of one); idempotent. */
+graft_status graft_dist_init(void);
+/** This process's rank in [0, world size); 0 before graft_dist_init. */
+int graft_dist_rank(void);
+/** Processes in the job; 1 before graft_dist_init. */
+int graft_dist_world_size(void);
+/** Leaves the job (MPI_Finalize); after a failed collective it aborts the job instead. */
+graft_status graft_dist_finalize(void);
+/** Ends the whole job now (MPI_Abort), so no rank waits for this one: for fatal errors. */
+void graft_dist_abort(int exit_code);
+/** out[i] = in[i] reduced over all ranks (sum, mean, max, min); one MPI call per dtype. */
+graft_status graft_dist_all_reduce(graft_tensor *const *in, int n, graft_reduce_op op,
+                                   graft_tensor **out);
+/** out[i] = rank root's in[i] on every rank (shapes and dtypes must agree). */
+graft_status graft_dist_broadcast(graft_tensor *const *in, int n, int root, graft_tensor **out);
+/** out[i] = every rank's in[i] stacked: shape [world size, ...in[i]'s shape]. */
+graft_status graft_dist_all_gather(graft_tensor *const *in, int n, graft_tensor **out);
 
 #ifdef __cplusplus
 }

@@ -207,6 +207,14 @@ static graft_status exec_failed_input(exec_buffer *const *bufs, int nparams) {
   return GRAFT_OK;
 }
 
+/* Collectives make MPI calls, which graft serializes under its global lock (dist.c asks for
+ * MPI_THREAD_SERIALIZED): a graph with one runs in the syncing thread. */
+static bool exec_has_collective(const exec_program *p) {
+  for (int i = 0; i < p->ninstr; i++)
+    if (ir_ops[p->instr[i].op].kind == IR_K_COLLECTIVE) return true;
+  return false;
+}
+
 /* One graph per device: roots holds the pending nodes of one device. */
 static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) {
   double t0 = metrics_now_ms();
@@ -272,9 +280,9 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
   check_mode cm = check_get_mode();
   bool fast = e->tier == TIER_READY;
   bool checking = cm && (fast || e->be != graph_backend(BACKEND_REFERENCE));
-  /* Checking reads the inputs here, and a memory limit makes running out of memory an expected,
-   * recoverable error: both run in this thread, after what is queued. */
-  if (async_enabled() && !checking && !buffer_get_limit()) {
+  /* Checking reads the inputs here, a memory limit makes running out of memory an expected,
+   * recoverable error, and collectives call MPI: all run in this thread, after what is queued. */
+  if (async_enabled() && !checking && !buffer_get_limit() && !exec_has_collective(p)) {
     graft_status st = exec_queue(e, fast, bufs, ts, roots, n, out_index);
     free(bufs);
     free(out_index);
@@ -333,7 +341,46 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
   return st;
 }
 
+static graft_status exec_sync_some(tensor_slot *const *ts, int n);
+
+typedef struct {
+  tensor_slot **ts;
+  int n, cap;
+  bool oom;
+} exec_pending;
+
+static void exec_collect(tensor_slot *t, void *ctx) {
+  exec_pending *l = ctx;
+  if (t->node->op == IR_DATA || l->oom) return;
+  if (l->n == l->cap) {
+    int c = l->cap ? l->cap * 2 : 64;
+    tensor_slot **p = realloc(l->ts, sizeof *p * (size_t)c);
+    if (!p) {
+      l->oom = true;
+      return;
+    }
+    l->ts = p;
+    l->cap = c;
+  }
+  l->ts[l->n++] = t;
+}
+
+/* A collective must run once per step, at the same point on every rank. Syncing only some of
+ * its outputs (a read of one) would leave the others pending on the same collective node, to
+ * run it again in a later graph; and a rank that read and a rank that did not would disagree.
+ * So while a collective is pending, every sync runs everything pending: a step. */
 graft_status exec_sync_locked(tensor_slot *const *ts, int n) {
+  if (!ir_collective_count()) return exec_sync_some(ts, n);
+  exec_pending l = {0};
+  tensor_foreach_live(exec_collect, &l);
+  graft_status st = GRAFT_ERR_OOM;
+  if (l.oom) err_set(GRAFT_ERR_OOM, "graft_sync: out of memory listing live tensors");
+  else st = exec_sync_some(l.ts, l.n);
+  free(l.ts);
+  return st;
+}
+
+static graft_status exec_sync_some(tensor_slot *const *ts, int n) {
   tensor_slot **sel = malloc(sizeof *sel * ((size_t)n + 1));
   ir_node **roots = malloc(sizeof *roots * ((size_t)n + 1));
   if (!sel || !roots) {

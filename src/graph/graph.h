@@ -83,7 +83,8 @@ void check_unchecked(const exec_program *p, const char *backend_name, int backen
 int check_compare(cache_entry *e, bool fast, exec_buffer *const *outs, exec_buffer **ref,
                   char *msg, size_t n);
 
-/* Materializes the given tensors (lock held). Returns GRAFT_OK or an error status. */
+/* Materializes the given tensors (lock held); while a collective is pending, every pending
+ * tensor (a step). Returns GRAFT_OK or an error status. */
 graft_status exec_sync_locked(tensor_slot *const *ts, int n);
 /* A new graph (lock held): compiled at once with GRAFT_COMPILE=sync or when the first tier would
  * be slower than the compiler; else marked TIER_ONCE, to compile on a background thread if it

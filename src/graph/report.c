@@ -103,6 +103,10 @@ char *graft_metrics_report(void) {
     k += snprintf(s + k, cap - (size_t)k, "  checked executions   %llu (GRAFT_CHECK), %llu outputs "
                   "differed from the reference kernels\n", (unsigned long long)m.checked_executions,
                   (unsigned long long)m.check_mismatches);
+  if (m.collectives)
+    k += snprintf(s + k, cap - (size_t)k, "  collectives          %llu (%llu bytes, %.1f ms with "
+                  "waiting for other ranks)\n", (unsigned long long)m.collectives,
+                  (unsigned long long)m.collective_bytes, m.collective_ms);
   backend_stats bs;
   report_backend_stats(&bs);
   if (m.fallback_ops) {

@@ -604,6 +604,8 @@ static std::string py_metrics_json() {
      << ",\"check_mismatches\":" << m.check_mismatches
      << ",\"async_steps\":" << m.async_steps << ",\"async_waits\":" << m.async_waits
      << ",\"async_wait_ms\":" << m.async_wait_ms
+     << ",\"collectives\":" << m.collectives << ",\"collective_bytes\":" << m.collective_bytes
+     << ",\"collective_ms\":" << m.collective_ms
      << ",\"sync_overhead_ms\":" << m.sync_overhead_ms << ",\"fallbacks\":" << fallback_json() << "}";
   return os.str();
 }

@@ -69,4 +69,8 @@ const ref_fn ref_kernels[IR_OP_COUNT] = {
   [IR_GATHER] = ref_gather,
   [IR_SCATTER_ADD] = ref_scatter_add,
   [IR_REDUCE_WINDOW] = ref_reduce_window,
+
+  [IR_ALL_REDUCE] = ref_collective,
+  [IR_RANK_BROADCAST] = ref_collective,
+  [IR_ALL_GATHER] = ref_collective,
 };
