@@ -87,6 +87,8 @@ TEST(conv2d_gradients) {
       {1, 4, 9, 9, 6, 3, 2, 0, 1, 2}, /* groups, stride, odd remainder */
       {2, 2, 9, 9, 2, 3, 1, 2, 2, 1}, /* dilation */
       {1, 4, 6, 6, 4, 3, 1, 1, 1, 4}, /* depthwise */
+      {2, 6, 9, 9, 6, 3, 2, 1, 1, 6}, /* depthwise, strided: dx convolves a dilated dy */
+      {1, 3, 8, 8, 6, 3, 2, 2, 2, 3}, /* two outputs per group, stride and dilation */
       {3, 1, 5, 5, 2, 5, 1, 2, 1, 1}, /* kernel as big as the input */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) conv_case_run(cases[i]);

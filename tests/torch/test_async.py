@@ -1,0 +1,71 @@
+"""Asynchronous execution from PyTorch: graft.step() queues the step's graph and returns, the
+next step is traced while it runs, reads wait. Results equal the synchronous mode's (GRAFT_ASYNC=0);
+a failure inside a queued step surfaces at the next sync or graft.wait(), naming the step, and
+training goes on."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import graft
+
+DEV = graft.device()
+
+
+def _train(model, X, Y, steps):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(X), Y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+        graft.step()
+    return [float(l) for l in losses], [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("compile_mode", ["off", "sync"])
+def test_results_equal_the_synchronous_modes(monkeypatch, compile_mode):
+    # one tier in both runs: the first tier and native code round differently
+    monkeypatch.setenv("GRAFT_COMPILE", compile_mode)
+    torch.manual_seed(0)
+    init = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 5))
+    X, Y = torch.randn(16, 12), torch.randint(0, 5, (16,))
+    results = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("GRAFT_ASYNC", mode)
+        graft.wait()
+        graft.reset_metrics()
+        results[mode] = _train(copy.deepcopy(init).to(DEV), X.to(DEV), Y.to(DEV), 6)
+        results[mode + "steps"] = graft.metrics()["async_steps"]
+    assert results["0steps"] == 0 and results["1steps"] >= 6   # the second run was queued
+    assert results["0"][0] == results["1"][0]                     # losses, bit for bit
+    for a, b in zip(results["0"][1], results["1"][1]):
+        assert torch.equal(a, b)
+    assert results["1"][0][-1] < results["1"][0][0]
+
+
+def test_an_error_surfaces_at_the_next_sync_and_training_continues():
+    x = torch.randn(3).to(DEV)
+    bad = torch.tensor([0, 5]).to(DEV)
+    y = x[bad]                       # index 5 of 3: fails inside the queued step
+    with pytest.raises(RuntimeError, match=r"step \d+ .*out of range"):
+        graft.step()
+        graft.wait()
+    graft.wait()                     # reported once
+    with pytest.raises(RuntimeError, match="value was lost"):
+        y.cpu()
+    # the input and new steps are fine: training goes on
+    w = torch.zeros(3, requires_grad=True, device=DEV)
+    for _ in range(3):
+        loss = ((w - x) ** 2).sum()
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.25 * w.grad
+            w.grad.zero_()
+        graft.step()
+    assert torch.allclose(w.cpu(), x.cpu() * (1 - 0.5 ** 3), atol=1e-6)
+    graft.wait()
