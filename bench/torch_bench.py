@@ -6,7 +6,8 @@
 Each benchmark runs the same PyTorch code on graft's device (graft.step() per step) and on eager
 CPU at its best settings (OMP_WAIT_POLICY=PASSIVE, set before torch is imported; the faster of 1
 and 2 intra-op threads; OpenBLAS uses both cores), from the same initial weights. Times are
-medians over repeated steps after warm-up, graft and eager timed in alternating blocks so that
+medians over blocks of 3 steps after warm-up (a graft block ends with graft.wait(): steps
+run asynchronously), graft and eager timed in alternating blocks so that
 both see the same machine (it is shared; its speed drifts); each block starts with a pause and
 a few untimed steps, the same for both. For graft, graft.wait_compiles()
 after the warm-up makes the steady state run natively compiled code.
@@ -50,12 +51,6 @@ def ref_ops(m):
     return m.get("fallback_ops", 0) - _BASE["fallback_ops"]
 
 
-def timed(fn, sync):
-    t0 = time.perf_counter()
-    sync(fn())
-    return (time.perf_counter() - t0) * 1000
-
-
 def graft_warm(fn, warmup):
     """Warm-up on graft: the first steps trace, compile (in the background) and cache; after
     graft.wait_compiles() the steady state runs natively compiled code. Metrics are reset so
@@ -64,6 +59,7 @@ def graft_warm(fn, warmup):
         graft_sync(fn())
     graft.wait_compiles()
     graft_sync(fn())    # first run after the compile lands
+    graft.wait()
     graft.reset_metrics()
     _BASE["fallback_ops"] = graft.metrics().get("fallback_ops", 0)  # not reset by graft
 
@@ -99,27 +95,42 @@ def best_eager(make_fn, warmup, reps):
         fn = make_fn()
         for _ in range(warmup):
             fn()
-        ms = statistics.median(timed(fn, cpu_sync) for _ in range(max(3, reps // 4)))
+        ms = statistics.median(timed_block(fn, cpu_sync, lambda: None, 1) for _ in range(max(3, reps // 4)))
         if best is None or ms < best[0]:
             best = (ms, th, fn)
     torch.set_num_threads(1)
     return best[2], best[1]
 
 
+def timed_block(fn, sync, finish, n):
+    """Mean ms of n steps: with asynchronous execution graft.step() returns once the step is
+    queued, so a block ends by waiting for what is queued (graft.wait()); eager has none."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        sync(fn())
+    finish()
+    return (time.perf_counter() - t0) * 1000 / n
+
+
+BLOCK = 3  # steps per timed sample
+
+
 def interleaved(gfn, efn, eth, reps, rounds=5, warm=3):
-    """Median ms of graft and of eager, timed in alternating blocks: this machine is shared and
-    its speed drifts, so both see the same conditions. Every block starts the same way: a pause
-    (OpenBLAS's threads spin for a while after eager's last product) and a few untimed steps
-    (caches, sleeping threads, clock speed after the pause)."""
+    """Median ms per step of graft and of eager, timed in alternating blocks: this machine is
+    shared and its speed drifts, so both see the same conditions. Every block starts the same
+    way: a pause (OpenBLAS's threads spin for a while after eager's last product) and a few
+    untimed steps (caches, sleeping threads, clock speed after the pause)."""
     gts, ets = [], []
-    per = max(1, reps // rounds)
+    per = max(2, reps // rounds // BLOCK)
     for _ in range(rounds):
-        for fn, sync, th, ts in ((gfn, graft_sync, 1, gts), (efn, cpu_sync, eth, ets)):
+        for fn, sync, fin, th, ts in ((gfn, graft_sync, graft.wait, 1, gts),
+                                      (efn, cpu_sync, lambda: None, eth, ets)):
             torch.set_num_threads(th)
             time.sleep(0.2)
             for _ in range(warm):
                 sync(fn())
-            ts += [timed(fn, sync) for _ in range(per)]
+            fin()
+            ts += [timed_block(fn, sync, fin, BLOCK) for _ in range(per)]
     torch.set_num_threads(1)
     return statistics.median(gts), statistics.median(ets)
 

@@ -66,6 +66,39 @@ static void cpu_conv_range(int64_t n, int64_t on, int64_t s, int64_t k, int64_t 
 CONV_DIRECT(float)
 CONV_DIRECT(double)
 
+/* The same with the kernel offsets innermost: a weight gradient's "kernel" is the forward's
+ * output plane (32x32) and its output the forward's kernel (3x3), so each output element is a
+ * long dot product instead of many 3-long loops. No input dilation (the weight gradient has
+ * none). */
+#define CONV_DIRECT_DOT(T)                                                                       \
+  static void cpu_conv_dot_##T(void **S, int64_t lo, int64_t hi) {                               \
+    const cpu_conv *c = S[0];                                                                    \
+    const T *x = c->x, *w = c->w;                                                                \
+    for (int64_t plane = lo; plane < hi; plane++) {                                              \
+      int64_t n = plane / c->O, o = plane % c->O, g = o / c->Og;                                 \
+      T *y = (T *)c->y + plane * c->OH * c->OW;                                                  \
+      for (int64_t oh = 0; oh < c->OH; oh++)                                                     \
+        for (int64_t ow = 0; ow < c->OW; ow++) {                                                 \
+          int64_t kh0, kh1, kw0, kw1;                                                            \
+          cpu_conv_range(c->H, c->KH, c->dh, oh, c->sh, c->ph, 1, &kh0, &kh1);                   \
+          cpu_conv_range(c->W, c->KW, c->dw, ow, c->sw, c->pw, 1, &kw0, &kw1);                   \
+          T acc = 0;                                                                             \
+          for (int64_t ci = 0; ci < c->Cg; ci++) {                                               \
+            const T *xp = x + (n * c->C + g * c->Cg + ci) * c->H * c->W;                         \
+            const T *wp = w + (o * c->Cg + ci) * c->KH * c->KW;                                  \
+            for (int64_t kh = kh0; kh < kh1; kh++) {                                             \
+              const T *xr = xp + (oh * c->sh + kh * c->dh - c->ph) * c->W + ow * c->sw - c->pw;  \
+              const T *wr = wp + kh * c->KW;                                                     \
+              for (int64_t kw = kw0; kw < kw1; kw++) acc += wr[kw] * xr[kw * c->dw];             \
+            }                                                                                    \
+          }                                                                                      \
+          y[oh * c->OW + ow] = acc;                                                              \
+        }                                                                                        \
+    }                                                                                            \
+  }
+CONV_DIRECT_DOT(float)
+CONV_DIRECT_DOT(double)
+
 /* Direct pays where a group's GEMM would have a row or few: grouped, few outputs per group. */
 static bool cpu_conv_direct_pays(int64_t G, int64_t Og) { return G > 1 && Og <= 4; }
 
@@ -80,7 +113,10 @@ static int cpu_k_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
     cpu_conv c = {in[0].data, in[1].data, out, C, H, W, O, KH, KW, Cg, Og, OH, OW,
                   sh, sw, ph, pw, dh, dw, lh, lw};
     void *S[1] = {&c};
-    cpu_parallel_run(ins->dtype == GRAFT_F32 ? cpu_conv_direct_float : cpu_conv_direct_double, S, N * O);
+    bool f32 = ins->dtype == GRAFT_F32, dot = KH * KW > OH * OW && lh == 1 && lw == 1;
+    cpu_kernel_fn fn = dot ? (f32 ? cpu_conv_dot_float : cpu_conv_dot_double)
+                           : (f32 ? cpu_conv_direct_float : cpu_conv_direct_double);
+    cpu_parallel_run(fn, S, N * O);
     return 0;
   }
   if (ins->dtype == GRAFT_F32) CONV_BODY(float, bl->sgemm);
