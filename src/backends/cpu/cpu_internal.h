@@ -99,4 +99,7 @@ void cpu_profile_free(cpu_profile *p);
 typedef int (*cpu_host_fn)(const exec_instr *ins, const ref_arg *in, void *out);
 /* A host kernel for this instruction, or NULL (the reference kernel runs it). */
 cpu_host_fn cpu_host_kernel(const exec_instr *ins, const ref_arg *in);
+/* The first tier's typed float reductions (cpu_reduce.c): ref_reduce's results, faster; NULL
+ * for other ops and dtypes. */
+cpu_host_fn cpu_reduce_kernel(const exec_instr *ins, const ref_arg *in);
 #endif

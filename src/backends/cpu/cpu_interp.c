@@ -206,7 +206,7 @@ static int interp_slice(const exec_instr *ins, const ref_arg *in, void *out) {
 
 static ref_fn interp_pick(const exec_instr *ins, const ref_arg *in) {
   cpu_host_fn host = cpu_host_kernel(ins, in);
-  if (host) return host;
+  if (host || (host = cpu_reduce_kernel(ins, in))) return host;
   bool fl = ins->dtype == GRAFT_F32 || ins->dtype == GRAFT_F64;
   switch (ir_ops[ins->op].kind) {
   case IR_K_UNARY: return fl && in[0].dtype == ins->dtype && interp_unary_ok(ins->op) ? interp_unary : NULL;
