@@ -85,49 +85,19 @@ static graft_tensor *with_scalar(ir_op op, graft_tensor *a, double s, const char
   return err_named(t, mark, fn);
 }
 
-#define UNARY(fname, OP) \
-  graft_tensor *graft_##fname(graft_tensor *a) { return unary(IR_##OP, a, "graft_" #fname); }
-UNARY(neg, NEG)
-UNARY(abs, ABS)
-UNARY(exp, EXP)
-UNARY(log, LOG)
-UNARY(sqrt, SQRT)
-UNARY(rsqrt, RSQRT)
-UNARY(tanh, TANH)
-UNARY(erf, ERF)
-UNARY(sigmoid, SIGMOID)
-UNARY(sin, SIN)
-UNARY(cos, COS)
-UNARY(floor, FLOOR)
-UNARY(ceil, CEIL)
-UNARY(round, ROUND)
-UNARY(sign, SIGN)
-UNARY(reciprocal, RECIPROCAL)
-UNARY(log1p, LOG1P)
-UNARY(expm1, EXPM1)
-UNARY(logical_not, NOT)
-
-#define BINARY(fname, OP)                                    \
-  graft_tensor *graft_##fname(graft_tensor *a, graft_tensor *b) { \
-    return binary(IR_##OP, a, b, "graft_" #fname);           \
+/* graft_<fn> for every row of ops.def whose api column is UNARY, UNARY_FLOAT or BINARY
+ * (compare rows included: they are binary in the C API). */
+#define API_GEN_UNARY(fn, e)                                                                    \
+  graft_tensor *graft_##fn(graft_tensor *a) { return unary(IR_##e, a, "graft_" #fn); }
+#define API_GEN_UNARY_FLOAT API_GEN_UNARY
+#define API_GEN_BINARY(fn, e)                                                                   \
+  graft_tensor *graft_##fn(graft_tensor *a, graft_tensor *b) {                                  \
+    return binary(IR_##e, a, b, "graft_" #fn);                                                  \
   }
-BINARY(add, ADD)
-BINARY(sub, SUB)
-BINARY(mul, MUL)
-BINARY(div, DIV)
-BINARY(pow, POW)
-BINARY(maximum, MAX)
-BINARY(minimum, MIN)
-BINARY(rem, REM)
-BINARY(logical_and, AND)
-BINARY(logical_or, OR)
-BINARY(logical_xor, XOR)
-BINARY(eq, EQ)
-BINARY(ne, NE)
-BINARY(lt, LT)
-BINARY(le, LE)
-BINARY(gt, GT)
-BINARY(ge, GE)
+#define API_GEN_OWN(fn, e)
+#define API_GEN_NONE(fn, e)
+#define X(e, nm, ar, k, dts, api, fn, ...) API_GEN_##api(fn, e)
+#include "ops.def"
 
 graft_tensor *graft_add_scalar(graft_tensor *a, double s) { return with_scalar(IR_ADD, a, s, __func__); }
 graft_tensor *graft_mul_scalar(graft_tensor *a, double s) { return with_scalar(IR_MUL, a, s, __func__); }

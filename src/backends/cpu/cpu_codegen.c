@@ -7,6 +7,7 @@
  * after their last use. Outputs past CPU_NT_MIN_BYTES leave through streaming stores. */
 #include "cpu_codegen.h"
 #include "cpu_math.h"
+#include "opmath.h"
 #include "dtype.h"
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,6 +22,14 @@
 #define CPU_ROW_SCRATCH_BYTES (64 << 10) /* per-row scratch (stack) of one kernel, at most */
 
 static _Thread_local size_t *cpu_step_end;
+
+/* ops.def's float math lines as functions of the generated source (gm_op_<ENUM>); CPU_WIDE ops
+ * call them (cpu_expr.c), so their compiled code computes what the reference kernel does. */
+static const char cpu_op_math_src[] =
+#define M1(e, expr) "static inline double gm_op_" #e "(double v) { return " #expr "; }\n"
+#define M2(e, expr) "static inline double gm_op_" #e "(double a, double b) { return " #expr "; }\n"
+#include "ops.def"
+    "";
 
 static const char cpu_prelude[] =
     "#include <stdint.h>\n#include <math.h>\n"
@@ -500,13 +509,7 @@ static void cpu_costs(const exec_program *p, const cpu_plan *pl, int *cost) {
   for (int i = 0; i < p->ninstr; i++) {
     const exec_instr *ins = &p->instr[i];
     if (pl->role[i] != CPU_INLINE) { cost[i] = 0; continue; }
-    int c;
-    switch (ins->op) {
-    case IR_EXP: case IR_LOG: case IR_TANH: case IR_ERF: case IR_SIGMOID: case IR_SIN:
-    case IR_COS: case IR_LOG1P: case IR_EXPM1: case IR_POW: case IR_REM: c = 16; break;
-    case IR_DIV: case IR_SQRT: case IR_RSQRT: case IR_RECIPROCAL: c = 4; break;
-    default: c = ir_ops[ins->op].kind == IR_K_MOVEMENT ? 0 : 1;
-    }
+    int c = ir_ops[ins->op].cost; /* ops.def's cost column */
     for (int k = 0; k < ins->nin; k++) c += cost[ins->in[k]];
     cost[i] = c > 1000 ? 1000 : c;
   }
@@ -588,7 +591,11 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
   cpu_sb_puts(out, cpu_rt_src);
   cpu_sb_puts(out, "\n");
   cpu_sb_puts(out, cpu_math_src);
-  cpu_sb_puts(out, "\n\n");
+  cpu_sb_puts(out, "\n");
+  cpu_sb_puts(out, ops_math_src);
+  cpu_sb_puts(out, "\n");
+  cpu_sb_puts(out, cpu_op_math_src);
+  cpu_sb_puts(out, "\n");
   cpu_sb_puts(&entry, "int cpu_entry(const cpu_rt *rt) {\n  void **S = rt->S;\n  (void)S;\n");
   for (int i = 0; i < n; i++) last_step[i] = -1;
   int kid = 0, step = 0;

@@ -115,9 +115,17 @@ static const char *cpu_narrow(cpu_cg *g, graft_dtype dt, const char *e64) {
   return cpu_fmt(&g->ar, "(%s)(uint64_t)(%s)", cpu_ctype(dt), e64);
 }
 
+/* The op's enum name, as the generated gm_op_<ENUM> math functions are named. */
+static const char *const cpu_op_enum[IR_OP_COUNT] = {
+#define X(e, ...) [IR_##e] = #e,
+#include "ops.def"
+};
+
 static const char *cpu_unary(cpu_cg *g, const exec_instr *ins, const char *a) {
   graft_dtype dt = ins->dtype;
   bool f = dt == GRAFT_F32, d = dt == GRAFT_F64;
+  if ((f || d) && ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_UNARY)
+    return cpu_fmt(&g->ar, "%s(gm_op_%s(gc_wide(%s)))", f ? "gc_f32" : "", cpu_op_enum[ins->op], a);
   if (f || d) {
     /* f32 results computed in double are narrowed through gc_f32, which gcc cannot see
      * through: gcc 12's SLP vectorizer dropped a (float) rounding followed by a widening
@@ -133,8 +141,6 @@ static const char *cpu_unary(cpu_cg *g, const exec_instr *ins, const char *a) {
     case IR_TANH: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_tanhf" : "tanh", a);
     case IR_ERF: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_erff" : "erf", a);
     case IR_SIGMOID: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_sigmoidf" : "gm_sigmoid", a);
-    case IR_SIN: return cpu_fmt(&g->ar, "%s(sin(gc_wide(%s)))", cast, a);
-    case IR_COS: return cpu_fmt(&g->ar, "%s(cos(gc_wide(%s)))", cast, a);
     case IR_FLOOR: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_floorf" : "__builtin_floor", a);
     case IR_CEIL: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_ceilf" : "__builtin_ceil", a);
     case IR_ROUND: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_rintf" : "__builtin_rint", a);
@@ -143,8 +149,6 @@ static const char *cpu_unary(cpu_cg *g, const exec_instr *ins, const char *a) {
     /* 1/a rounded once from double equals the f32 quotient (53 >= 2*24+2: double rounding
      * of a division is innocuous), so f32 divides in f32 and vectorizes. */
     case IR_RECIPROCAL: return f ? cpu_fmt(&g->ar, "1.0f / %s", a) : cpu_fmt(&g->ar, "1.0 / %s", a);
-    case IR_LOG1P: return cpu_fmt(&g->ar, "%s(log1p(gc_wide(%s)))", cast, a);
-    case IR_EXPM1: return cpu_fmt(&g->ar, "%s(expm1(gc_wide(%s)))", cast, a);
     default: return NULL;
     }
   }
@@ -182,13 +186,14 @@ static const char *cpu_binary(cpu_cg *g, const exec_instr *ins, const char *a, c
   graft_dtype dt = ins->dtype;
   if (dt == GRAFT_F32 || dt == GRAFT_F64) {
     const char *cast = dt == GRAFT_F32 ? "gc_f32" : ""; /* see cpu_unary */
+    if (ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_BINARY)
+      return cpu_fmt(&g->ar, "%s(gm_op_%s(gc_wide(%s), gc_wide(%s)))", cast, cpu_op_enum[ins->op],
+                     a, b);
     switch (ins->op) {
     case IR_ADD: return cpu_fmt(&g->ar, "%s + %s", a, b);
     case IR_SUB: return cpu_fmt(&g->ar, "%s - %s", a, b);
     case IR_MUL: return cpu_fmt(&g->ar, "%s * %s", a, b);
     case IR_DIV: return cpu_fmt(&g->ar, "%s / %s", a, b);
-    case IR_POW: return cpu_fmt(&g->ar, "%s(pow(gc_wide(%s), gc_wide(%s)))", cast, a, b);
-    case IR_REM: return cpu_fmt(&g->ar, "%s(fmod(gc_wide(%s), gc_wide(%s)))", cast, a, b);
     case IR_MAX:
       return cpu_fmt(&g->ar, "(%s != %s ? %s : %s != %s ? %s : %s > %s ? %s : %s)", a, a, a, b, b,
                      b, a, b, a, b);

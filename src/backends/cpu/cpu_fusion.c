@@ -15,22 +15,14 @@ bool cpu_op_generated(const exec_program *p, int i, bool have_blas) {
   if (!cpu_dtype_gen(ins->dtype)) return false;
   for (int k = 0; k < ins->nin; k++)
     if (!cpu_dtype_gen(p->instr[ins->in[k]].dtype)) return false;
-  switch (ir_ops[ins->op].kind) {
-  case IR_K_UNARY: case IR_K_BINARY: case IR_K_COMPARE: case IR_K_SELECT: case IR_K_MOVEMENT:
-    return true;
-  default: break;
-  }
-  switch (ins->op) {
-  case IR_CONSTANT: case IR_IOTA:
-  case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD:
-  case IR_ARGMAX: case IR_ARGMIN:
-    return true;
-  case IR_DOT: /* BLAS for f32/f64 with int-sized dims */
+  switch (ir_ops[ins->op].cpu) { /* ops.def's cpu column */
+  case OPS_CPU_EXPR: case OPS_CPU_WIDE: case OPS_CPU_MOVE: case OPS_CPU_REDUCE: return true;
+  case OPS_CPU_GEMM: /* BLAS for f32/f64 with int-sized dims */
     if (!have_blas || !dtype_is_float(ins->dtype)) return false;
     for (int d = 0; d < ins->ndim; d++)
       if (ins->shape[d] > 0x7fffffff) return false;
     return p->instr[ins->in[0]].shape[p->instr[ins->in[0]].ndim - 1] <= 0x7fffffff;
-  default: return false;
+  default: return false; /* host kernels and declared fallbacks run through rt->fallback */
   }
 }
 
@@ -79,8 +71,8 @@ int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl) {
     if (!live[i]) { pl->role[i] = CPU_DEAD; continue; }
     for (int k = 0; k < ins->nin; k++) pl->nuse[ins->in[k]]++;
     if (!cpu_op_generated(p, i, have_blas)) pl->role[i] = CPU_FALLBACK;
-    else if (ins->op == IR_DOT) pl->role[i] = CPU_GEMM;
-    else if (ir_ops[ins->op].kind == IR_K_REDUCE) pl->role[i] = CPU_REDUCE;
+    else if (ir_ops[ins->op].cpu == OPS_CPU_GEMM) pl->role[i] = CPU_GEMM;
+    else if (ir_ops[ins->op].cpu == OPS_CPU_REDUCE) pl->role[i] = CPU_REDUCE;
     else if (ins->is_output) pl->role[i] = CPU_KERNEL;
     else pl->role[i] = CPU_INLINE;
   }
