@@ -225,8 +225,9 @@ static void check_cpu(ir_op op, graft_dtype dt, const exec_program *p, exec_buff
                       exec_buffer *want) {
   void *exe = cpu_backend.compile(p);
   if (!exe) {
-    COVER_FAIL("%s on %s: the cpu backend failed to compile it (ops.def: cpu column %d): %s",
-               ir_ops[op].name, graft_dtype_name(dt), (int)ir_ops[op].cpu, graft_last_error());
+    static const char *const nm[] = {"NONE", "EXPR", "WIDE", "MOVE", "REDUCE", "GEMM", "HOST", "REF"};
+    COVER_FAIL("%s on %s: the cpu backend failed to compile it (ops.def's cpu column: %s): %s",
+               ir_ops[op].name, graft_dtype_name(dt), nm[ir_ops[op].cpu], graft_last_error());
     graft_clear_error();
     return;
   }
