@@ -176,6 +176,7 @@ graft_tensor *graft_sign(graft_tensor *a);       /**< -1, 0 or 1 */
 graft_tensor *graft_reciprocal(graft_tensor *a); /**< 1/a (float dtypes) */
 graft_tensor *graft_log1p(graft_tensor *a);      /**< log(1+a) (float dtypes) */
 graft_tensor *graft_expm1(graft_tensor *a);      /**< e^a-1 (float dtypes) */
+graft_tensor *graft_atan(graft_tensor *a);       /**< arctangent, in (-pi/2, pi/2) (float dtypes) */
 graft_tensor *graft_logical_not(graft_tensor *a);/**< !a (bool) or ~a (integers) */
 
 graft_tensor *graft_add(graft_tensor *a, graft_tensor *b);     /**< a+b */
