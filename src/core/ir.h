@@ -61,9 +61,19 @@ extern const unsigned char ir_op_math[IR_OP_COUNT];
 
 #define IR_MAX_ATTRS 40
 typedef struct {
-  int64_t a[IR_MAX_ATTRS]; /* meaning per op: see ops.def */
+  int64_t a[IR_MAX_ATTRS]; /* the layouts: ops.def's ATTR lines; read them by name (below) */
   double f;
 } ir_attrs;
+
+/* Field offsets from ops.def's ATTR lines (IR_ATTR_<LAYOUT>_<field>) and accessors by name:
+ * IR_ATTR(n->attr, CONV2D, groups) is a one-entry field, IR_ATTR_AT(ins->attr, SLICE, limit, d)
+ * entry d of a per-dim field. Both are lvalues. */
+enum {
+#define ATTR(layout, field, off, count) IR_ATTR_##layout##_##field = off,
+#include "ops.def"
+};
+#define IR_ATTR(attrs, layout, field) ((attrs).a[IR_ATTR_##layout##_##field])
+#define IR_ATTR_AT(attrs, layout, field, i) ((attrs).a[IR_ATTR_##layout##_##field + (i)])
 
 struct exec_buffer;
 

@@ -14,3 +14,10 @@ const unsigned char ir_op_math[IR_OP_COUNT] = {
 #define M2(e, expr) [IR_##e] = OPS_MATH_BINARY,
 #include "ops.def"
 };
+
+/* Every attribute field fits in ir_attrs.a (ND: one entry per dim). */
+#define ND GRAFT_MAX_DIMS
+#define ATTR(layout, field, off, count)                                                         \
+  _Static_assert((off) + (count) <= IR_MAX_ATTRS, "attribute " #layout "." #field " past IR_MAX_ATTRS");
+#include "ops.def"
+#undef ND

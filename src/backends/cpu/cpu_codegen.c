@@ -87,7 +87,7 @@ typedef struct {
 
 static bool cpu_is_trailing_reduce(const exec_program *p, int i, int *a) {
   const exec_instr *x = &p->instr[p->instr[i].in[0]];
-  int64_t mask = p->instr[i].attr.a[0];
+  int64_t mask = IR_ATTR(p->instr[i].attr, REDUCE, mask);
   int nr = 0;
   for (int d = 0; d < x->ndim; d++) nr += (int)(mask >> d & 1);
   *a = x->ndim - nr;
@@ -173,7 +173,7 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a) {
 static void cpu_member_reduce(cpu_cg *g, int i) {
   const exec_instr *ins = &g->p->instr[i];
   const exec_instr *x = &g->p->instr[ins->in[0]];
-  int64_t mask = ins->attr.a[0];
+  int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
   graft_dtype dt = ins->dtype;
   bool fl = dt == GRAFT_F32 || dt == GRAFT_F64;
   bool mx = ins->op == IR_REDUCE_MAX, mn = ins->op == IR_REDUCE_MIN;
@@ -253,7 +253,7 @@ enum { CPU_COLSUM_BLOCK = 512 };
 static bool cpu_is_colsum(const exec_program *p, int i) {
   const exec_instr *ins = &p->instr[i];
   const exec_instr *x = &p->instr[ins->in[0]];
-  int64_t mask = ins->attr.a[0];
+  int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
   return ins->op == IR_REDUCE_SUM && (ins->dtype == GRAFT_F32 || ins->dtype == GRAFT_F64) &&
          x->ndim >= 2 && !(mask >> (x->ndim - 1) & 1) && mask != 0 && x->shape[x->ndim - 1] > 1;
 }
@@ -261,7 +261,7 @@ static bool cpu_is_colsum(const exec_program *p, int i) {
 static void cpu_member_colsum(cpu_cg *g, int i) {
   const exec_instr *ins = &g->p->instr[i];
   const exec_instr *x = &g->p->instr[ins->in[0]];
-  int64_t mask = ins->attr.a[0];
+  int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
   int last = x->ndim - 1;
   int64_t W = x->shape[last];
   cpu_sb *b = g->body;
@@ -301,7 +301,7 @@ static void cpu_member_colsum(cpu_cg *g, int i) {
 static void cpu_member_arg(cpu_cg *g, int i) {
   const exec_instr *ins = &g->p->instr[i];
   const exec_instr *x = &g->p->instr[ins->in[0]];
-  int ax = (int)ins->attr.a[0];
+  int ax = (int)IR_ATTR(ins->attr, ARG, axis);
   bool fl = dtype_is_float(x->dtype), mn = ins->op == IR_ARGMIN;
   const char *T = fl ? cpu_ctype(x->dtype) : "int64_t";
   g->nmemo = 0;
@@ -412,7 +412,8 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
     cpu_sb_puts(&body, "  for (int64_t r = lo; r < hi; r++) {\n");
     if (standalone_reduce) { /* unravel r over the kept dims of the operand */
       const exec_instr *x = &p->instr[f->in[0]];
-      int64_t st = 1, mask = cpu_is_arg(f->op) ? (int64_t)1 << f->attr.a[0] : f->attr.a[0];
+      int64_t st = 1, mask = cpu_is_arg(f->op) ? (int64_t)1 << IR_ATTR(f->attr, ARG, axis)
+                                               : IR_ATTR(f->attr, REDUCE, mask);
       for (int d = x->ndim - 1; d >= 0; d--) {
         if (mask >> d & 1) continue;
         cpu_sb_printf(&body, "    const int64_t i%d = r / %" PRId64 " %% %" PRId64 ";\n", d, st,

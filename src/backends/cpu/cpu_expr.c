@@ -413,7 +413,7 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
     case IR_CONSTANT: v = cpu_literal(g, ins->dtype, ins->attr.f); break;
     case IR_IOTA: {
       cpu_pos_coords(g, &pos);
-      const char *c = pos.c[ins->attr.a[0]];
+      const char *c = pos.c[IR_ATTR(ins->attr, AXIS, axis)];
       v = dtype_is_float(ins->dtype) ? cpu_fmt(&g->ar, "(%s)%s", cpu_ctype(ins->dtype), c)
                                      : cpu_narrow(g, ins->dtype, c);
       v = cpu_def(g, ins->dtype, v);
@@ -459,14 +459,14 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
       break;
     case IR_TRANSPOSE:
       cpu_pos_coords(g, &pos);
-      for (int d = 0; d < ins->ndim; d++) q.c[ins->attr.a[d]] = pos.c[d];
+      for (int d = 0; d < ins->ndim; d++) q.c[IR_ATTR_AT(ins->attr, TRANSPOSE, perm, d)] = pos.c[d];
       q.has_c = 1;
       v = cpu_value(g, in[0], q);
       break;
     case IR_SLICE:
       cpu_pos_coords(g, &pos);
       for (int d = 0; d < ins->ndim; d++) {
-        int64_t s0 = ins->attr.a[d], st = ins->attr.a[16 + d];
+        int64_t s0 = IR_ATTR_AT(ins->attr, SLICE, start, d), st = IR_ATTR_AT(ins->attr, SLICE, stride, d);
         if (x->shape[d] == 1) q.c[d] = "0";
         else if (s0 == 0 && st == 1) q.c[d] = pos.c[d];
         else q.c[d] = cpu_fmt(&g->ar, "(%" PRId64 " + %s * %" PRId64 ")", s0, pos.c[d], st);
@@ -480,7 +480,8 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
       cpu_pos_coords(g, &pos);
       cpu_sb cond = {0};
       for (int d = 0; d < ins->ndim; d++) {
-        int64_t lo = ins->attr.a[d], hi = ins->attr.a[8 + d], step = ins->attr.a[16 + d] + 1;
+        int64_t lo = IR_ATTR_AT(ins->attr, PAD, lo, d), hi = IR_ATTR_AT(ins->attr, PAD, hi, d);
+        int64_t step = IR_ATTR_AT(ins->attr, PAD, interior, d) + 1;
         if (lo == 0 && hi == 0 && step == 1) { q.c[d] = pos.c[d]; continue; }
         const char *r = cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[d], lo);
         if (step > 1) { /* interior padding: only every step-th position holds an element */
@@ -502,7 +503,7 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
        * (im2col's 9 slices computed for every element cost 9x). Values computed inside a
        * branch are scoped to it: the memo is rolled back after each branch, and row-scratch
        * caching is off inside branches (a store there would be conditional). */
-      int ax = (int)ins->attr.a[0];
+      int ax = (int)IR_ATTR(ins->attr, AXIS, axis);
       cpu_pos_coords(g, &pos);
       int nparts = 0;
       for (int k = 0; k < ins->nin; k++) nparts += g->p->instr[in[k]].shape[ax] != 0;

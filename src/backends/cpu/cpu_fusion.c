@@ -38,8 +38,9 @@ static bool cpu_computes(ir_op op) {
 static bool cpu_last2_transpose(const exec_instr *ins) {
   if (ins->op != IR_TRANSPOSE || ins->ndim < 2) return false;
   for (int d = 0; d < ins->ndim - 2; d++)
-    if (ins->attr.a[d] != d) return false;
-  return ins->attr.a[ins->ndim - 2] == ins->ndim - 1 && ins->attr.a[ins->ndim - 1] == ins->ndim - 2;
+    if (IR_ATTR_AT(ins->attr, TRANSPOSE, perm, d) != d) return false;
+  return IR_ATTR_AT(ins->attr, TRANSPOSE, perm, ins->ndim - 2) == ins->ndim - 1 &&
+         IR_ATTR_AT(ins->attr, TRANSPOSE, perm, ins->ndim - 1) == ins->ndim - 2;
 }
 
 int cpu_gemm_operand(const exec_program *p, const cpu_plan *pl, int s, int *trans) {

@@ -160,7 +160,7 @@ static int interp_broadcast(const exec_instr *ins, const ref_arg *in, void *out)
 static int interp_transpose(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t st[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS];
   interp_src_strides(&in[0], st);
-  for (int d = 0; d < ins->ndim; d++) sst[d] = st[ins->attr.a[d]]; /* out dim d = in dim perm[d] */
+  for (int d = 0; d < ins->ndim; d++) sst[d] = st[IR_ATTR_AT(ins->attr, TRANSPOSE, perm, d)];
   interp_gather_strided(ins, in[0].data, 0, sst, out);
   return 0;
 }
@@ -169,8 +169,8 @@ static int interp_slice(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t st[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS], base = 0;
   interp_src_strides(&in[0], st);
   for (int d = 0; d < ins->ndim; d++) {
-    sst[d] = st[d] * ins->attr.a[16 + d];
-    base += ins->attr.a[d] * st[d];
+    sst[d] = st[d] * IR_ATTR_AT(ins->attr, SLICE, stride, d);
+    base += IR_ATTR_AT(ins->attr, SLICE, start, d) * st[d];
   }
   interp_gather_strided(ins, in[0].data, base, sst, out);
   return 0;

@@ -14,7 +14,7 @@ int ref_constant(const exec_instr *ins, const ref_arg *in, void *out) {
 
 int ref_iota(const exec_instr *ins, const ref_arg *in, void *out) {
   (void)in;
-  int axis = (int)ins->attr.a[0];
+  int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
   int64_t c[GRAFT_MAX_DIMS];
   for (int64_t i = 0; i < ins->numel; i++) {
     ref_unravel(i, ins->ndim, ins->shape, c);
