@@ -716,6 +716,7 @@ int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nke
   cpu_sb_free(&kern);
   cpu_sb_free(&entry);
   cpu_arena_free(&g->ar);
+  cpu_memo_free(g);
   free(g->reads);
   free(g->member);
   free(g->rc_state);

@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *cpu_ctype(graft_dtype dt) {
@@ -390,11 +391,78 @@ static bool cpu_pos_is_row(cpu_cg *g, const cpu_pos *pos) {
   return true;
 }
 
+/* ---- the memo: a value per (instruction, position) of the current loop body ----
+ * Rolling back (nmemo set lower: a new loop body, a concat branch) leaves stale slots in the
+ * index; a slot counts only when it points below nmemo at an entry with the same key, and
+ * lookups probe past stale ones (slots are emptied only by a rebuild). */
+static uint64_t cpu_memo_hash(const char *s) { /* FNV-1a */
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return h;
+}
+
+static const char *cpu_memo_find(const cpu_cg *g, const char *key, uint64_t h) {
+  if (!g->memo_nslots) return NULL;
+  size_t mask = g->memo_nslots - 1;
+  for (size_t s = h & mask; g->memo_slot[s]; s = (s + 1) & mask) {
+    int k = g->memo_slot[s] - 1;
+    if (k < g->nmemo && g->memo[k].hash == h && !strcmp(g->memo[k].key, key)) return g->memo[k].val;
+  }
+  return NULL;
+}
+
+static void cpu_memo_index(cpu_cg *g, int k) {
+  size_t mask = g->memo_nslots - 1, s = g->memo[k].hash & mask;
+  while (g->memo_slot[s]) s = (s + 1) & mask;
+  g->memo_slot[s] = k + 1;
+  g->memo_used++;
+}
+
+/* The index at most half full: rebuilt over the live entries (stale slots dropped), larger
+ * when they need it. */
+static int cpu_memo_reindex(cpu_cg *g) {
+  size_t n = 256;
+  while (n < 4 * ((size_t)g->nmemo + 1)) n *= 2;
+  int32_t *slot = calloc(n, sizeof *slot);
+  if (!slot) return -1;
+  free(g->memo_slot);
+  g->memo_slot = slot;
+  g->memo_nslots = n;
+  g->memo_used = 0;
+  for (int k = 0; k < g->nmemo; k++) cpu_memo_index(g, k);
+  return 0;
+}
+
+static void cpu_memo_put(cpu_cg *g, const char *key, uint64_t h, const char *val) {
+  if (g->nmemo == g->memo_cap) {
+    int cap = g->memo_cap ? 2 * g->memo_cap : 256;
+    cpu_memo *m = realloc(g->memo, sizeof *m * (size_t)cap);
+    if (!m) goto oom;
+    g->memo = m;
+    g->memo_cap = cap;
+  }
+  if (2 * (g->memo_used + 1) > g->memo_nslots && cpu_memo_reindex(g)) goto oom;
+  g->memo[g->nmemo] = (cpu_memo){key, val, h};
+  cpu_memo_index(g, g->nmemo++);
+  return;
+oom: /* the compile fails and names why; the graph stays on the first tier */
+  if (!g->failed) snprintf(g->fail_what, sizeof g->fail_what, ": out of memory memoizing values");
+  g->failed = 1;
+}
+
+void cpu_memo_free(cpu_cg *g) {
+  free(g->memo);
+  free(g->memo_slot);
+  g->memo = NULL;
+  g->memo_slot = NULL;
+}
+
 const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
   const exec_instr *ins = &g->p->instr[i];
   const char *key = cpu_fmt(&g->ar, "%d@%s", i, cpu_pos_key(g, &pos));
-  for (int k = g->nmemo - 1; k >= 0; k--)
-    if (!strcmp(g->memo[k].key, key)) return g->memo[k].val;
+  uint64_t key_hash = cpu_memo_hash(key);
+  const char *memo_hit = cpu_memo_find(g, key, key_hash);
+  if (memo_hit) return memo_hit;
   const char *v = NULL;
   bool row = g->rc_state && g->pl->role[i] == CPU_INLINE && i != g->self && cpu_pos_is_row(g, &pos);
   if (row && g->rc_state[i] == 2) {
@@ -566,6 +634,6 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
       g->rc_state[i] = 3;
     }
   }
-  if (g->nmemo < CPU_MAX_MEMO) g->memo[g->nmemo++] = (cpu_memo){key, v};
+  cpu_memo_put(g, key, key_hash, v);
   return v;
 }
