@@ -24,6 +24,7 @@ typedef struct {
   cpu_arena ar;
   cpu_sb *body;         /* statements of the current loop body */
   int ntmp;
+  size_t *step_end;     /* per entry step: where its text ends (releases go there) */
   /* The values of the current loop body by (instruction, position), without a cap (cpu_expr.c,
    * cpu_memo_*): memo[0..nmemo) in insertion order; rolling back is setting nmemo lower.
    * memo_slot indexes it by key hash (open addressing; a slot holds index + 1, 0 is empty). */
