@@ -360,7 +360,9 @@ static void cpu_kernel_head(cpu_cg *g, cpu_sb *out, int kid, const unsigned char
  * kernel, whose innermost loop is a real dim). */
 enum { CPU_GEN_OK = 0, CPU_GEN_NOT_ROW_LOCAL = 1, CPU_GEN_NEEDS_COORDS = 2 };
 
-/* Generates the kernel of group G into out; returns a CPU_GEN_* code. */
+/* Generates the kernel of group G into out; returns a CPU_GEN_* code. One function (~95 lines):
+ * the loop nest's header, members' bodies and stores, and the row-scratch and streaming
+ * declarations share the same per-kernel locals; split, each piece would take most of them. */
 static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   const exec_program *p = g->p;
   int n = p->ninstr;
