@@ -9,10 +9,23 @@ WARN    := -Wall -Wextra -Werror=implicit-function-declaration
 # -fvisibility=hidden: libgraft.so exports only what include/graft.h declares (its declarations
 # are in a visibility push(default) block); tests link the static archives and still see internals.
 BASE    := -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc/core -fPIC -pthread -fvisibility=hidden
-LIBS    := -lm -lpthread -ldl
+LIBS     = -lm -lpthread -ldl $(LIBS_MPI)
 
 SRC     := $(sort $(wildcard src/core/*.c src/graph/*.c src/passes/*.c src/backends/ref/*.c \
-             src/backends/cpu/*.c src/backends/*.c src/api/*.c))
+             src/backends/cpu/*.c src/backends/*.c src/api/*.c src/dist/*.c))
+
+# Open MPI (collectives, src/dist): pkg-config ompi, else mpicc's flags. Only src/dist compiles
+# against mpi.h; without Open MPI graft builds and graft_dist_available() is false. MPI=0 forces
+# a build without it.
+ifneq ($(MPI),0)
+MPI_CFLAGS := $(shell pkg-config --cflags ompi 2>/dev/null || mpicc -showme:compile 2>/dev/null)
+MPI_LIBS   := $(shell pkg-config --libs ompi 2>/dev/null || mpicc -showme:link 2>/dev/null)
+endif
+ifneq ($(strip $(MPI_LIBS)),)
+MPI_DEFS   := -DGRAFT_HAVE_MPI $(MPI_CFLAGS)
+LIBS_MPI   := $(MPI_LIBS)
+endif
+MPIRUN  := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe
 HDR     := $(wildcard include/*.h src/*/*.h src/backends/*/*.h src/core/ops.def tests/*.h)
 TESTS   := $(sort $(wildcard tests/test_*.c))
 
@@ -22,7 +35,7 @@ SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-fram
 TSAN    := -fsanitize=thread -DGRAFT_DEBUG
 
 .PHONY: all lib torch demo demo-c test bench fuzz fuzz-asan install deps clean check-asan check-compiled \
-        check-valgrind check-tsan check-torch check-abi check-layers check-install install-lib \
+        check-valgrind check-tsan check-torch check-abi check-layers check-install install-lib check-dist demo-ddp \
         install-python uninstall print-pythondir
 
 all: lib
@@ -43,6 +56,9 @@ build/asan/%.o: %.c $(HDR)
 build/tsan/%.o: %.c $(HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) -O1 -g $(TSAN) -c $< -o $@
+
+# Only the dist module sees mpi.h.
+build/src/dist/%.o build/asan/src/dist/%.o build/tsan/src/dist/%.o: BASE += $(MPI_DEFS)
 
 OBJ      := $(SRC:%.c=build/%.o)
 ASAN_OBJ := $(SRC:%.c=build/asan/%.o)
@@ -72,14 +88,14 @@ build/examples/%: examples/%.c build/libgraft.a
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $< build/libgraft.a -o $@ $(LIBS)
 
-build/tsan/tests/test_threads: tests/test_threads.c build/tsan/libgraft.a
+build/tsan/tests/%: tests/%.c build/tsan/libgraft.a
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) -O1 -g $(TSAN) $< build/tsan/libgraft.a -o $@ $(LIBS)
 
 # Every test on the reference backend alone (deterministic), then the op and composite tests
 # again with each graph compiled to native code before it runs (GRAFT_COMPILE=sync); each pass
 # runs the composite and gradient suites on cpu:0 and again on cpu:1.
-COMPILED_TESTS := test_composite test_grad test_passes test_ops_elementwise test_ops_shape test_ops_nn
+COMPILED_TESTS := test_async test_composite test_grad test_passes test_ops_elementwise test_ops_shape test_ops_nn test_dist
 
 # The device-parametrized suites (inputs on cpu:GRAFT_TEST_DEVICE) run again on cpu:1.
 DEVICE_TESTS := test_composite test_grad
@@ -124,8 +140,14 @@ check-valgrind: build/examples/mlp
 check-layers: build/asan/libgraft.a
 	sh tests/check_layers.sh build/asan/src
 
-check-tsan: build/tsan/tests/test_threads
+# Collectives across 2 processes under mpirun: parity, mismatch, stall and kill (tests/check_dist.sh).
+check-dist: build/asan/tests/test_dist
+	$(if $(LIBS_MPI),sh tests/check_dist.sh build/asan/tests/test_dist,@echo "check-dist: graft built without Open MPI (MPI=0): skipped")
+
+check-tsan: build/tsan/tests/test_threads build/tsan/tests/test_async
 	TSAN_OPTIONS=halt_on_error=1 ./build/tsan/tests/test_threads
+	TSAN_OPTIONS=halt_on_error=1 ./build/tsan/tests/test_async
+	TSAN_OPTIONS=halt_on_error=1 GRAFT_COMPILE=sync ./build/tsan/tests/test_async
 
 # The PyTorch device: torch/build/_graft_C.so, imported as `graft` with PYTHONPATH=torch.
 torch: lib
@@ -139,22 +161,31 @@ check-abi: build/libgraft.so
 	sh tests/check_exports.sh build/libgraft.so include/graft.h
 
 test: deps
-	@$(MAKE) --no-print-directory check-abi check-layers check-asan check-compiled check-tsan check-valgrind \
-	  check-torch check-install
+	@$(MAKE) --no-print-directory check-abi check-layers check-asan check-compiled check-dist check-tsan \
+	  check-valgrind check-torch check-install
 	@echo "all test suites passed"
 
 # The main job: a CNN trained on scikit-learn's bundled digits on graft's PyTorch device.
 demo: deps torch
 	PYTHONPATH=torch /usr/bin/python3 examples/digits_cnn.py
 
+# The digits CNN trained data-parallel on 2 processes (examples/ddp_digits.py). Open MPI
+# refuses to run as root unless told: the variables are set here, not left to the user.
+demo-ddp: deps torch
+	$(MPIRUN) -np 2 /usr/bin/python3 examples/ddp_digits.py
+
 # The C example a C user starts from.
 demo-c: deps build/examples/mlp
 	./build/examples/mlp
 
-bench: deps build/bench/bench_core build/bench/bench_compiler torch
+bench: deps build/bench/bench_core build/bench/bench_compiler torch $(if $(LIBS_MPI),build/bench/bench_dist)
 	./build/bench/bench_core
 	./build/bench/bench_compiler
 	PYTHONPATH=torch /usr/bin/python3 bench/torch_bench.py
+	$(if $(LIBS_MPI),sh bench/dist_bench.sh build/bench/bench_dist,@echo "bench: no Open MPI: collective benchmarks skipped")
+
+# The collective benchmarks call MPI directly (a bare MPI_Allreduce to compare with).
+build/bench/bench_dist: BASE += $(MPI_DEFS)
 
 build/bench/%: bench/%.c build/libgraft.a
 	@mkdir -p $(dir $@)
@@ -177,7 +208,7 @@ install-lib: lib
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 build/libgraft.a build/libgraft.so $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 include/graft.h $(DESTDIR)$(PREFIX)/include/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' graft.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/graft.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' -e 's|@MPI_LIBS@|$(LIBS_MPI)|' graft.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/graft.pc
 
 # graft/__init__.py loads _graft_C.so from its own folder first.
 install-python: torch

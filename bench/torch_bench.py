@@ -216,6 +216,134 @@ def bench_encoder(gflops, quick):
     bench_line("torch_encoder_fwd", g_ms, e_ms, flops, gflops)
 
 
+class LSTMLM(nn.Module):
+    """Embedding + nn.LSTM + linear head: the issue's recurrent language model."""
+
+    def __init__(self, vocab=64, d=64, hidden=128):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.rnn = nn.LSTM(d, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, x):
+        return self.head(self.rnn(self.emb(x))[0])
+
+
+class GPTBlock(nn.Module):
+    """A GPT-style pre-norm block with a causal mask, embedding and head."""
+
+    def __init__(self, vocab=256, d=256, heads=4, seq=64):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(seq, d) * 0.02)
+        self.block = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True,
+                                                norm_first=True, activation="gelu")
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, x):
+        s = x.shape[1]
+        mask = torch.triu(torch.full((s, s), float("-inf"), device=x.device), 1)
+        return self.head(self.norm(self.block(self.emb(x) + self.pos[:s], src_mask=mask)))
+
+
+def _seq_ce(logits, y):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def _model_case(name):
+    """(model, X, Y, loss, optimizer maker, flops) for the issue's real-model lines."""
+    torch.manual_seed(0)
+    sgd = lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)
+    if name in ("resnet18", "mobilenet_v2"):
+        import torchvision.models as tvm
+        model = getattr(tvm, name)(num_classes=10)
+        X, Y = torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,))
+        return model, X, Y, F.cross_entropy, sgd, conv_flops(model, X)
+    if name == "lstm_lm":
+        model, B, S = LSTMLM(), 4, 32
+        tok = torch.randint(0, 64, (B, S + 1))
+        X, Y = tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+        fwd = 2 * B * S * (4 * 128 * (64 + 128) + 128 * 64)
+        return model, X, Y, _seq_ce, sgd, 3 * fwd
+    if name == "gpt_block":
+        model, B, S, d = GPTBlock(), 4, 64, 256
+        tok = torch.randint(0, 256, (B, S + 1))
+        X, Y = tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+        T = B * S
+        fwd = 2 * T * d * (3 * d + d + 8 * d + 256) + 2 * 2 * B * S * S * d
+        return model, X, Y, _seq_ce, lambda p: torch.optim.AdamW(p, lr=1e-3), 3 * fwd
+    raise ValueError(name)
+
+
+def conv_flops(model, X):
+    """FLOPs of one training step's convolutions and linear layers (forward x 3), by hooks."""
+    total = [0]
+
+    def hook(mod, inp, out):
+        if isinstance(mod, nn.Conv2d):
+            k = mod.kernel_size[0] * mod.kernel_size[1] * mod.in_channels // mod.groups
+            total[0] += 2 * out.numel() * k
+        elif isinstance(mod, nn.Linear):
+            total[0] += 2 * out.numel() * mod.in_features
+    hs = [m.register_forward_hook(hook) for m in model.modules()]
+    with torch.no_grad():
+        model.eval()(X)
+    model.train()
+    for h in hs:
+        h.remove()
+    return 3 * total[0]
+
+
+MODELS = ("resnet18", "mobilenet_v2", "lstm_lm", "gpt_block")
+
+
+def bench_model(name, gflops, quick):
+    model, X, Y, loss, opt, flops = _model_case(name)
+    run_train(f"torch_{name}_train_step", model, X, Y, loss, opt, flops, gflops, 3,
+              5 if quick else 15)
+
+
+def first_steps(name, mode, steps=30):
+    """One fresh process: build the model, move it, and run `steps` training steps; seconds from
+    the first move to the last step's loss read. mode = graft (cold disk cache) or eager."""
+    import subprocess
+    env = dict(os.environ, GRAFT_DISK_CACHE="0")
+    code = (f"import sys; sys.argv=['x']; import torch_bench as b; "
+            f"print(b._first_steps_child({name!r}, {mode!r}, {steps}))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.abspath(__file__)), timeout=600)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _first_steps_child(name, mode, steps):
+    model, X, Y, loss_fn, opt_fn, _ = _model_case(name)
+    if mode == "eager":
+        torch.set_num_threads(2)
+    t0 = time.perf_counter()
+    dev = DEV if mode == "graft" else torch.device("cpu")
+    model, X, Y = model.to(dev), X.to(dev), Y.to(dev)
+    opt = opt_fn(model.parameters())
+    for _ in range(steps):
+        opt.zero_grad()
+        l = loss_fn(model(X), Y)
+        l.backward()
+        opt.step()
+        if mode == "graft":
+            graft.step()
+    l.item()
+    return time.perf_counter() - t0
+
+
+def bench_first_steps(name):
+    e = first_steps(name, "eager")
+    g = first_steps(name, "graft")
+    print(f"BENCH torch_{name}_first_30_steps graft_s={g:.3f} eager_s={e:.3f} speedup={e / g:.3f}",
+          flush=True)
+
+
 def bench_trace(quick):
     x = torch.ones(16, device=DEV)
     graft.step()
@@ -239,9 +367,12 @@ def bench_trace(quick):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
-    ap.add_argument("--only", default="", help="comma-separated subset: mlp,encoder,cnn,trace")
+    ap.add_argument("--only", default="", help="comma-separated subset: mlp,encoder,cnn,trace, "
+                    "a model (resnet18,mobilenet_v2,lstm_lm,gpt_block) or first_<model>")
     args = ap.parse_args()
-    only = set(args.only.split(",")) if args.only else {"mlp", "encoder", "cnn", "trace"}
+    everything = {"mlp", "encoder", "cnn", "trace", *MODELS, "first_resnet18",
+                  "first_mobilenet_v2"}
+    only = set(args.only.split(",")) if args.only else everything
     gflops = sgemm_gflops()
     print(f"# sgemm rate (roofline reference): {gflops:.1f} GFLOP/s; torch {torch.__version__}; "
           f"GRAFT_COMPILE={os.environ.get('GRAFT_COMPILE', 'async')}", flush=True)
@@ -254,6 +385,12 @@ def main():
         bench_cnn(gflops, args.quick)
     if "encoder" in only:
         bench_encoder(gflops, args.quick)
+    for name in MODELS:
+        if name in only:
+            bench_model(name, gflops, args.quick)
+    for name in ("resnet18", "mobilenet_v2"):
+        if "first_" + name in only:
+            bench_first_steps(name)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ typedef enum {
   GRAFT_ERR_OOM,       /* allocation failed or memory limit reached */
   GRAFT_ERR_ARG,       /* any other invalid argument */
   GRAFT_ERR_COMPILE,   /* a backend failed to compile a graph */
-  GRAFT_ERR_INTERNAL
+  GRAFT_ERR_INTERNAL,
+  GRAFT_ERR_DIST       /* a collective failed: a rank failed, timed out or disagreed, or no MPI */
 } graft_status;
 
 /* ---- errors ---- */
@@ -152,6 +153,9 @@ bool graft_is_pending(const graft_tensor *t);
 graft_status graft_step(void);
 /** Materializes the given tensors (one graph per device). */
 graft_status graft_sync(graft_tensor *const *ts, int n);
+/** Waits until every queued step has run; returns the first asynchronous failure that no sync
+ *  has reported yet (once), else GRAFT_OK. Syncs return once their graph is queued. */
+graft_status graft_wait(void);
 /** Syncs t and copies its data to dst, which must hold exactly numel*dtype_size bytes. */
 graft_status graft_to_host(graft_tensor *t, void *dst, size_t bytes);
 /** Syncs a one-element tensor and returns its value as a double. */
@@ -345,7 +349,13 @@ void graft_empty_cache(void);
   X(double, sync_overhead_ms, "sync overhead ms", "sync time outside compile and execute: capture, hash, lookup, bind") \
   X(uint64_t, cache_collisions, "hash collisions", "lookups whose hash matched a cached graph of another structure (the graph was then found or compiled on its own, never run as that one)") \
   X(uint64_t, checked_executions, "checked executions", "GRAFT_CHECK: executions also run on the reference kernels") \
-  X(uint64_t, check_mismatches, "check mismatches", "GRAFT_CHECK: outputs that differed from the reference kernels")
+  X(uint64_t, check_mismatches, "check mismatches", "GRAFT_CHECK: outputs that differed from the reference kernels") \
+  X(uint64_t, async_steps, "async steps", "graphs queued for asynchronous execution (GRAFT_ASYNC)") \
+  X(uint64_t, async_waits, "async waits", "reads that waited for a queued graph to finish")      \
+  X(double, async_wait_ms, "async wait ms", "time those reads waited")                            \
+  X(uint64_t, collectives, "collectives", "collectives graphs ran: one per dtype per graft_dist_* call, each one MPI call in a job of more than one process") \
+  X(uint64_t, collective_bytes, "collective bytes", "bytes those collectives moved from this rank") \
+  X(double, collective_ms, "collective ms", "time in them, waiting for the other ranks included")
 
 #define GRAFT_METRICS_MEMBER_(type, name, label, meaning) type name;
 typedef struct {
@@ -364,6 +374,32 @@ char *graft_metrics_report(void);
 void graft_wait_compiles(void);
 /** Why the last graph was compiled ("" before any compile); valid until the next compile. */
 const char *graft_last_compile_reason(void);
+
+/* ---- data-parallel collectives (Open MPI; src/dist) ----
+ * Collectives are graph nodes: a training step with its all_reduce is one cached graph, run
+ * at the next sync. Every rank must trace the same collectives in the same order; a rank
+ * whose shapes or dtypes differ gets GRAFT_ERR_DIST naming both, and a rank that fails or
+ * stalls makes the others fail with GRAFT_ERR_DIST within GRAFT_DIST_TIMEOUT seconds (30). */
+typedef enum { GRAFT_REDUCE_SUM, GRAFT_REDUCE_MEAN, GRAFT_REDUCE_MAX, GRAFT_REDUCE_MIN } graft_reduce_op;
+/** True when graft was built with Open MPI (else only a world of one process exists). */
+bool graft_dist_available(void);
+/** Joins the job mpirun started (or, not under a launcher, a world of one); idempotent. */
+graft_status graft_dist_init(void);
+/** This process's rank in [0, world size); 0 before graft_dist_init. */
+int graft_dist_rank(void);
+/** Processes in the job; 1 before graft_dist_init. */
+int graft_dist_world_size(void);
+/** Leaves the job (MPI_Finalize); after a failed collective it aborts the job instead. */
+graft_status graft_dist_finalize(void);
+/** Ends the whole job now (MPI_Abort), so no rank waits for this one: for fatal errors. */
+void graft_dist_abort(int exit_code);
+/** out[i] = in[i] reduced over all ranks (sum, mean, max, min); one MPI call per dtype. */
+graft_status graft_dist_all_reduce(graft_tensor *const *in, int n, graft_reduce_op op,
+                                   graft_tensor **out);
+/** out[i] = rank root's in[i] on every rank (shapes and dtypes must agree). */
+graft_status graft_dist_broadcast(graft_tensor *const *in, int n, int root, graft_tensor **out);
+/** out[i] = every rank's in[i] stacked: shape [world size, ...in[i]'s shape]. */
+graft_status graft_dist_all_gather(graft_tensor *const *in, int n, graft_tensor **out);
 
 #ifdef __cplusplus
 }

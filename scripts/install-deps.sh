@@ -3,8 +3,9 @@
 set -e
 # C toolchain and checkers; OpenBLAS for matmul; Debian's PyTorch, pytest and scikit-learn
 # (its bundled digits data set) for the PyTorch device, its tests and the demo; torchvision for
-# the whole-model parity tests (tests/torch/test_model_parity.py).
-PKGS="gcc g++ make valgrind pkg-config libopenblas-dev python3 python3-torch python3-torchvision python3-pytest python3-numpy python3-sklearn"
+# the whole-model parity tests (tests/torch/test_model_parity.py); Open MPI for the collectives
+# of data-parallel training (src/dist, graft.distributed).
+PKGS="gcc g++ make valgrind pkg-config libopenblas-dev python3 python3-torch python3-torchvision python3-pytest python3-numpy python3-sklearn libopenmpi-dev openmpi-bin"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -29,6 +29,7 @@ layer_of() { # path relative to the repository -> layer name, or "" outside src/
     src/graph/*) echo graph ;;
     src/backends/*) echo backends ;;
     src/api/*) echo api ;;
+    src/dist/*) echo dist ;;
     *) echo "" ;;
   esac
 }
@@ -40,6 +41,7 @@ may_use() { # layer target -> 0 when allowed
     passes:core) return 0 ;;
     graph:core|graph:passes) return 0 ;;
     backends:core|backends:passes) return 0 ;;
+    dist:core) return 0 ;;
     api:*) return 0 ;;
   esac
   return 1

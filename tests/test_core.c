@@ -557,7 +557,10 @@ TEST(devices_are_separate) {
   graft_release(s1);
 }
 
+/* Synchronous execution (GRAFT_ASYNC=0): a failed sync leaves its tensors pending. The
+ * asynchronous behaviour is in test_async.c. */
 TEST(failed_sync_leaves_tensors_pending) {
+  setenv("GRAFT_ASYNC", "0", 1);
   float v[3] = {1, 2, 3};
   int64_t idx[2] = {0, 5};
   graft_tensor *a = vec(v, 3);
@@ -575,6 +578,7 @@ TEST(failed_sync_leaves_tensors_pending) {
   graft_release(ok);
   graft_release(i);
   graft_release(a);
+  unsetenv("GRAFT_ASYNC");
 }
 
 /* Handles kept past graft_shutdown read as released, also once graft is used again. */

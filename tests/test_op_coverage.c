@@ -149,6 +149,11 @@ static ir_node *example(ir_op op, graft_dtype dt) {
     at.a[0] = op == IR_ARGMAX || op == IR_ARGMIN ? 1 : 2; /* axis 1; reduce_*: mask of axis 1 */
     return node(op, 1, &x, &at, dt, 0, NULL);
   }
+  case IR_K_COLLECTIVE: { /* a world of one (no graft_dist_init): each is the identity */
+    ir_node *in[2] = {leaf(dt, 2, S2, 0), leaf(dt, 1, (int64_t[]){2}, 0)};
+    IR_ATTR(at, COLLECTIVE, arg) = op == IR_ALL_REDUCE ? 2 : op == IR_ALL_GATHER ? 1 : 0; /* max */
+    return node(op, 2, in, &at, dt, 0, NULL);
+  }
   case IR_K_LEAF:
     if (op == IR_CONSTANT) { at.f = 1.5; return node(op, 0, NULL, &at, dt, 2, S2); }
     if (op == IR_IOTA) { at.a[0] = 1; return node(op, 0, NULL, &at, dt, 2, S2); }

@@ -213,7 +213,8 @@ graft_tensor *graft_to_device(graft_tensor *t, int device) {
   tensor_lock();
   graft_tensor *r = NULL;
   tensor_slot *s = tensor_check(t, fn);
-  if (s && !check_device(fn, device) && exec_sync_locked(&s, 1) == GRAFT_OK) {
+  if (s && !check_device(fn, device) && exec_sync_locked(&s, 1) == GRAFT_OK &&
+      async_wait_buffer(s->node->data, fn) == GRAFT_OK) {
     ir_node *n = s->node;
     exec_buffer *b = buffer_new(n->data->bytes, device, 0, fn);
     if (b) {
@@ -300,6 +301,7 @@ graft_status api_step_locked(void) {
 graft_status graft_step(void) {
   tensor_lock();
   graft_status st = api_step_locked();
+  if (st == GRAFT_OK) st = async_take_failure("graft_step"); /* an earlier queued step's */
   tensor_unlock();
   return st;
 }
@@ -322,15 +324,18 @@ graft_status graft_sync(graft_tensor *const *ts, int n) {
   tensor_lock();
   tensor_slot **s = decode_list(ts, n, "graft_sync");
   graft_status st = s ? exec_sync_locked(s, n) : graft_last_status();
+  if (st == GRAFT_OK) st = async_take_failure("graft_sync"); /* an earlier queued step's */
   free(s);
   tensor_unlock();
   return st;
 }
 
-/* Syncs t (lock held) and returns its data leaf, or NULL with the error set. */
+/* Syncs t (lock held) and returns its data leaf, its data computed; or NULL with the error
+ * set. */
 static ir_node *sync_one(graft_tensor *t, const char *fn) {
   tensor_slot *s = tensor_check(t, fn);
-  if (!s || exec_sync_locked(&s, 1) != GRAFT_OK) return NULL;
+  if (!s || exec_sync_locked(&s, 1) != GRAFT_OK || async_wait_buffer(s->node->data, fn))
+    return NULL;
   return s->node;
 }
 
@@ -387,6 +392,7 @@ void graft_set_memory_limit(size_t bytes) { buffer_set_limit(bytes); }
 void graft_empty_cache(void) { buffer_pool_trim(); }
 
 void graft_shutdown(void) {
+  async_shutdown(); /* runs what is queued: the executables must outlive it */
   tier_shutdown();
   tensor_lock();
   tensor_free_all();

@@ -5,6 +5,7 @@
 #include "error.h"
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,6 +130,8 @@ exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what) {
   }
   b->refcnt = 1;
   b->donated = 0;
+  b->state = BUFFER_READY;
+  b->failure = NULL;
   b->device = device;
   b->bytes = bytes;
   b->ptr = p;
@@ -139,8 +142,70 @@ void buffer_retain(exec_buffer *b) {
   if (b) __atomic_add_fetch(&b->refcnt, 1, __ATOMIC_RELAXED);
 }
 
+int buffer_refs(const exec_buffer *b) { return __atomic_load_n(&b->refcnt, __ATOMIC_ACQUIRE); }
+
+buffer_state buffer_get_state(const exec_buffer *b) {
+  return (buffer_state)__atomic_load_n(&b->state, __ATOMIC_ACQUIRE);
+}
+
+exec_buffer *buffer_new_pending(size_t bytes, int device, const char *what) {
+  exec_buffer *b = buffer_new(0, device, 0, what);
+  if (!b) return NULL;
+  atomic_fetch_add(&buf_in_use, bytes);
+  size_t now = atomic_load(&buf_in_use), peak = atomic_load(&buf_peak);
+  while (now > peak && !atomic_compare_exchange_weak(&buf_peak, &peak, now)) {
+  }
+  b->bytes = bytes;
+  b->state = BUFFER_PENDING;
+  return b;
+}
+
+int buffer_fill(exec_buffer *b, exec_buffer *src) {
+  void *p = NULL;
+  if (buffer_refs(src) == 1) { /* ours alone: the memory moves, and its accounting with it */
+    p = src->ptr;
+    src->ptr = NULL;
+    atomic_fetch_sub(&buf_in_use, src->bytes);
+    src->bytes = 0;
+  } else if (b->bytes) { /* shared (an output that aliases an input, or another output) */
+    size_t rounded = round_size(b->bytes);
+    if (rounded >= POOL_MIN_BYTES) p = pool_take(rounded);
+    if (!p) p = aligned_alloc(64, rounded);
+    if (!p) {
+      buffer_release(src);
+      err_set(GRAFT_ERR_OOM, "out of memory: copying a step's output needs %zu bytes", b->bytes);
+      return -1;
+    }
+    memcpy(p, src->ptr, b->bytes);
+  }
+  buffer_release(src);
+  b->ptr = p;
+  __atomic_store_n(&b->state, BUFFER_READY, __ATOMIC_RELEASE);
+  return 0;
+}
+
+buffer_failure *buffer_failure_new(int status, const char *msg) {
+  buffer_failure *f = malloc(sizeof *f);
+  if (!f) return NULL;
+  f->refcnt = 1;
+  f->status = status;
+  snprintf(f->msg, sizeof f->msg, "%s", msg);
+  return f;
+}
+
+void buffer_failure_release(buffer_failure *f) {
+  if (f && __atomic_sub_fetch(&f->refcnt, 1, __ATOMIC_ACQ_REL) == 0) free(f);
+}
+
+void buffer_fail(exec_buffer *b, buffer_failure *f) {
+  if (f) __atomic_add_fetch(&f->refcnt, 1, __ATOMIC_RELAXED);
+  b->failure = f;
+  __atomic_store_n(&b->state, BUFFER_FAILED, __ATOMIC_RELEASE);
+}
+
 void buffer_release(exec_buffer *b) {
   if (!b || __atomic_sub_fetch(&b->refcnt, 1, __ATOMIC_ACQ_REL) != 0) return;
+  buffer_failure_release(b->failure);
   atomic_fetch_sub(&buf_in_use, b->bytes);
   size_t rounded = round_size(b->bytes);
   if (POOL_FILL && b->ptr && rounded >= POOL_MIN_BYTES) memset(b->ptr, POOL_FILL_BYTE, rounded);

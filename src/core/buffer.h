@@ -5,6 +5,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A buffer is ready, or pending (a placeholder for an output of a step queued for asynchronous
+ * execution: its memory arrives when the step has run), or failed (that step failed; failure
+ * says why). State changes only from pending, by the thread that runs the step. */
+typedef enum { BUFFER_READY, BUFFER_PENDING, BUFFER_FAILED } buffer_state;
+
+/* Why a step failed: shared by its outputs, freed with the last of them. */
+typedef struct buffer_failure {
+  int refcnt;
+  int status; /* a graft_status */
+  char msg[1024];
+} buffer_failure;
+
 typedef struct exec_buffer {
   int refcnt;
   int device;
@@ -13,12 +25,27 @@ typedef struct exec_buffer {
   /* Set by the executor on a parameter it hands over with its reference (buffer donation): the
    * backend releases it at its last use, so an output allocated later can reuse the memory. */
   int donated;
+  int state; /* buffer_state; read with buffer_get_state (another thread may set it) */
+  buffer_failure *failure; /* BUFFER_FAILED only */
 } exec_buffer;
 
 /* Allocates bytes (zero-filled only if zero is set). NULL with GRAFT_ERR_OOM set on failure;
  * what names the allocation in the error message. */
 exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what);
 void buffer_retain(exec_buffer *b);
+/* References held now (an atomic read: another thread may release one). */
+int buffer_refs(const exec_buffer *b);
+/* A pending placeholder of bytes, accounted as in use from now on (no memory yet). */
+exec_buffer *buffer_new_pending(size_t bytes, int device, const char *what);
+buffer_state buffer_get_state(const exec_buffer *b);
+/* Gives pending b the contents of src (same size; takes the caller's reference to src: its
+ * memory moves when that is the only reference, else it is copied) and makes b ready. Returns
+ * -1 with the error set when a copy cannot get memory (b is then left pending). */
+int buffer_fill(exec_buffer *b, exec_buffer *src);
+/* Makes pending b failed, for the reason f (b takes a reference to f). */
+void buffer_fail(exec_buffer *b, buffer_failure *f);
+buffer_failure *buffer_failure_new(int status, const char *msg);
+void buffer_failure_release(buffer_failure *f);
 void buffer_release(exec_buffer *b);
 size_t buffer_bytes_in_use(void);
 size_t buffer_bytes_peak(void);

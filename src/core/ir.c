@@ -11,6 +11,8 @@
 static int64_t ir_pending; /* live nodes that are not data leaves */
 
 int64_t ir_pending_count(void) { return ir_pending; }
+static int64_t ir_collectives; /* live collective nodes (exec.c widens syncs while any) */
+int64_t ir_collective_count(void) { return ir_collectives; }
 
 int64_t ir_numel(int ndim, const int64_t *shape) {
   int64_t n = 1;
@@ -71,6 +73,7 @@ static void ir_finish(ir_node *n) {
   for (int i = 0; i < n->nin; i++) h = ir_mix(h, n->in[i]->hash);
   n->hash = h;
   if (n->op != IR_DATA) ir_pending++;
+  if (ir_ops[n->op].kind == IR_K_COLLECTIVE) ir_collectives++;
 }
 
 ir_node *ir_make_data(exec_buffer *buf, graft_dtype dt, int ndim, const int64_t *shape,
@@ -110,6 +113,7 @@ void ir_release(ir_node *n) {
       stack[top++] = m->in[i];
     }
     if (m->op != IR_DATA) ir_pending--;
+    if (ir_ops[m->op].kind == IR_K_COLLECTIVE) ir_collectives--;
     buffer_release(m->data);
     free(m);
   }
@@ -205,6 +209,36 @@ static int ir_window_dim(const ir_node *a, const ir_attrs *at, int i, int64_t *o
   return 0;
 }
 
+/* Collectives: operands of one dtype flattened into one [total] buffer (ALL_GATHER: one row
+ * per rank), so one MPI call moves them all. */
+static int ir_collective_shape(ir_node *n) {
+  const char *nm = ir_ops[n->op].name;
+  int64_t total = 0, r = IR_ATTR(n->attr, COLLECTIVE, arg);
+  for (int k = 0; k < n->nin; k++) {
+    if (n->in[k]->dtype != n->dtype)
+      return err_set(GRAFT_ERR_DTYPE, "%s: operands have different dtypes (%s vs %s): one "
+                     "collective per dtype", nm, graft_dtype_name(n->dtype),
+                     graft_dtype_name(n->in[k]->dtype)), -1;
+    if (__builtin_add_overflow(total, n->in[k]->numel, &total))
+      return err_set(GRAFT_ERR_SHAPE, "%s: %d operands overflow int64 elements", nm, n->nin), -1;
+  }
+  if (n->op == IR_ALL_REDUCE && (r < 0 || r > 3))
+    return err_set(GRAFT_ERR_ARG, "all_reduce: unknown reduction %" PRId64, r), -1;
+  if (n->op == IR_ALL_REDUCE && r <= 1 && n->dtype == GRAFT_BOOL)
+    return err_set(GRAFT_ERR_DTYPE, "all_reduce: %s of bool (use max or min)",
+                   r ? "mean" : "sum"), -1;
+  if (n->op == IR_ALL_REDUCE && r == 1 && !dtype_is_float(n->dtype))
+    return err_set(GRAFT_ERR_DTYPE, "all_reduce: mean of %s (needs a floating dtype)",
+                   graft_dtype_name(n->dtype)), -1;
+  if ((n->op == IR_RANK_BROADCAST && r < 0) || (n->op == IR_ALL_GATHER && r < 1))
+    return err_set(GRAFT_ERR_ARG, "%s: invalid %s %" PRId64, nm,
+                   n->op == IR_ALL_GATHER ? "world size" : "root rank", r), -1;
+  n->ndim = n->op == IR_ALL_GATHER ? 2 : 1;
+  n->shape[0] = n->op == IR_ALL_GATHER ? r : total;
+  n->shape[n->ndim - 1] = total;
+  return 0;
+}
+
 /* Shape inference for the ops whose shape follows from operands and attributes.
  * Fills n->dtype, n->ndim, n->shape; returns -1 with the error set. */
 static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *shape) {
@@ -262,6 +296,8 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
   n->ndim = a->ndim;
   memcpy(n->shape, a->shape, sizeof n->shape);
   switch (ir_ops[n->op].kind) {
+  case IR_K_COLLECTIVE:
+    return ir_collective_shape(n);
   case IR_K_UNARY:
     if (n->op == IR_CONVERT) {
       if (!dtype_valid(out_dtype))
@@ -514,6 +550,13 @@ void ir_attr_fmt(ir_op op, const ir_attrs *attr, int nd, char *buf, size_t size)
   case IR_IOTA: case IR_CONCAT: case IR_GATHER: case IR_SCATTER_ADD:
     PUT("axis=%" PRId64, IR_ATTR(*at, AXIS, axis)); break;
   case IR_RNG: PUT("dist=%s", IR_ATTR(*at, RNG, dist) ? "normal" : "uniform"); break;
+  case IR_ALL_REDUCE: {
+    int64_t r = IR_ATTR(*at, COLLECTIVE, arg);
+    PUT("op=%s", r == 0 ? "sum" : r == 1 ? "mean" : r == 2 ? "max" : "min");
+    break;
+  }
+  case IR_RANK_BROADCAST: PUT("root=%" PRId64, IR_ATTR(*at, COLLECTIVE, arg)); break;
+  case IR_ALL_GATHER: PUT("world=%" PRId64, IR_ATTR(*at, COLLECTIVE, arg)); break;
   case IR_TRANSPOSE: LIST(TRANSPOSE, perm, nd); break;
   case IR_SLICE: LIST(SLICE, start, nd); LIST(SLICE, limit, nd); LIST(SLICE, stride, nd); break;
   case IR_PAD:

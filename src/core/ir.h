@@ -15,7 +15,8 @@ typedef enum {
 
 typedef enum {
   IR_K_LEAF, IR_K_UNARY, IR_K_BINARY, IR_K_COMPARE, IR_K_SELECT,
-  IR_K_MOVEMENT, IR_K_REDUCE, IR_K_CONTRACT, IR_K_SPECIAL
+  IR_K_MOVEMENT, IR_K_REDUCE, IR_K_CONTRACT, IR_K_SPECIAL,
+  IR_K_COLLECTIVE /* runs across processes (ops.def): a side effect passes keep in place */
 } ir_kind;
 
 /* Dtype classes an op accepts. */
@@ -122,6 +123,8 @@ void ir_retain(ir_node *n);
 void ir_release(ir_node *n);
 /* Pending (non-leaf-data) nodes alive now. */
 int64_t ir_pending_count(void);
+/* Collective nodes alive now (pending: a collective never becomes data itself). */
+int64_t ir_collective_count(void);
 /* Writes "[2,3]" into buf. */
 const char *ir_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 /* Writes one line describing the node's attributes (empty when none). */

@@ -27,11 +27,4 @@ const char *graft_last_compile_reason(void) {
   return metrics_nreasons ? metrics_reasons[(metrics_nreasons - 1) % METRICS_NREASONS] : "";
 }
 
-void graft_metrics_reset(void) {
-  tensor_lock();
-  memset(&metrics, 0, sizeof metrics);
-  buffer_reset_peak();
-  metrics_nreasons = 0;
-  tensor_unlock();
-}
 

@@ -38,6 +38,7 @@ static bool exec_range(const exec_program *p, exec_buffer **bufs, int slot, int6
   case IR_DATA:
     for (int k = 0; k < p->nparams && !ok; k++)
       if (p->param_slot[k] == slot) {
+        if (buffer_get_state(bufs[k]) != BUFFER_READY) return false; /* a queued step's output */
         *lo = *hi = dtype_load_i(bufs[k]->ptr, ins->dtype, 0);
         for (int64_t e = 1; e < ins->numel; e++) {
           int64_t v = dtype_load_i(bufs[k]->ptr, ins->dtype, e);
@@ -106,11 +107,18 @@ static bool exec_index_in_range(const exec_program *p, exec_buffer **bufs, int i
          (p->instr[ins->in[1]].numel == 0 || (lo >= 0 && hi < size));
 }
 
+/* Only the leaf holds b (and, while b is pending, the queued step that fills it: that step runs
+ * before any later one, so b is then the later step's alone). */
+static bool exec_sole_owner(const exec_buffer *b) {
+  int queued = buffer_get_state(b) == BUFFER_PENDING;
+  return buffer_refs(b) == 1 + queued;
+}
+
 static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *const *roots, int n) {
   bool any = false;
   if (buffer_get_limit()) return;
   for (int k = 0; k < cap.nparams && !any; k++)
-    any = cap.params[k]->data->refcnt == 1 && cap.params[k]->data->bytes >= 4096;
+    any = exec_sole_owner(cap.params[k]->data) && cap.params[k]->data->bytes >= 4096;
   if (!any) return;
   for (int i = 0; i < p->ninstr; i++)
     if ((p->instr[i].op == IR_GATHER || p->instr[i].op == IR_SCATTER_ADD) &&
@@ -130,12 +138,81 @@ static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *cons
     if (cap.nodes[i]->op != IR_DATA && cap.nodes[i]->refcnt != edges[i]) return; /* held outside */
   for (int k = 0; k < cap.nparams; k++) {
     ir_node *leaf = cap.params[k];
-    if (leaf->refcnt != edges[leaf->slot] || leaf->data->refcnt != 1 || leaf->data->bytes < 4096)
+    if (leaf->refcnt != edges[leaf->slot] || !exec_sole_owner(leaf->data) || leaf->data->bytes < 4096)
       continue;
     bufs[k]->donated = 1; /* the leaf's reference moves to the backend */
     leaf->data = NULL;
     metrics.m.donated_buffers++;
   }
+}
+
+/* The synced tensors read output k as numbered by capture_lower: by first appearance of the
+ * root's pre-pass slot (passes may renumber slots but keep that order). */
+static void exec_out_index(int *out_index, int n) {
+  for (int s = 0; s < cap.n; s++) out_index[s] = -1;
+  for (int r = 0, k = 0; r < n; r++)
+    if (out_index[cap.out_slot[r]] < 0) out_index[cap.out_slot[r]] = k++;
+}
+
+/* Points each synced tensor at a data leaf over its output's buffer. */
+static graft_status exec_bind_roots(tensor_slot *const *ts, int n, exec_buffer *const *outs,
+                                    const int *out_index) {
+  graft_status st = GRAFT_OK;
+  for (int r = 0; r < n; r++) {
+    ir_node *old = ts[r]->node;
+    exec_buffer *b = outs[out_index[cap.out_slot[r]]];
+    ir_node *leaf = ir_make_data(b, old->dtype, old->ndim, old->shape, old->device);
+    if (!leaf) {
+      st = GRAFT_ERR_OOM;
+      continue; /* this tensor stays pending: still correct, just not materialized */
+    }
+    tensor_set_node(ts[r], leaf);
+  }
+  return st;
+}
+
+/* Queues e's program for the executor thread (async.c): the synced tensors become leaves over
+ * its pending outputs at once. */
+static graft_status exec_queue(cache_entry *e, bool fast, exec_buffer **bufs, tensor_slot *const *ts,
+                               ir_node **roots, int n, int *out_index) {
+  const exec_program *p = e->prog;
+  async_job *j = async_job_new(p, fast ? e->fast : e->be, fast ? e->fast_exe : e->exe, fast, p->hash);
+  if (!j) return graft_last_status();
+  if (async_job_make_outputs(j)) { /* before anything is donated: nothing is lost */
+    graft_status st = graft_last_status();
+    async_job_discard(j);
+    return st;
+  }
+  exec_donate(p, bufs, roots, n);
+  async_job_take_inputs(j, bufs);
+  exec_buffer **outs = bufs + p->nparams;
+  for (int k = 0; k < p->noutputs; k++) outs[k] = async_job_output(j, k);
+  exec_out_index(out_index, n);
+  /* The leaves take their references before the job runs and drops its own. */
+  graft_status st = exec_bind_roots(ts, n, outs, out_index);
+  if (async_job_submit(j)) {
+    st = graft_last_status();
+    async_job_discard(j);
+    return st;
+  }
+  metrics.m.async_steps++;
+  return st;
+}
+
+/* Inputs a failed queued step should have computed (after a drain): the sync fails. */
+static graft_status exec_failed_input(exec_buffer *const *bufs, int nparams) {
+  for (int k = 0; k < nparams; k++)
+    if (buffer_get_state(bufs[k]) == BUFFER_FAILED)
+      return async_wait_buffer(bufs[k], "graft_sync");
+  return GRAFT_OK;
+}
+
+/* Collectives make MPI calls, which graft serializes under its global lock (dist.c asks for
+ * MPI_THREAD_SERIALIZED): a graph with one runs in the syncing thread. */
+static bool exec_has_collective(const exec_program *p) {
+  for (int i = 0; i < p->ninstr; i++)
+    if (ir_ops[p->instr[i].op].kind == IR_K_COLLECTIVE) return true;
+  return false;
 }
 
 /* One graph per device: roots holds the pending nodes of one device. */
@@ -203,15 +280,28 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
   check_mode cm = check_get_mode();
   bool fast = e->tier == TIER_READY;
   bool checking = cm && (fast || e->be != graph_backend(BACKEND_REFERENCE));
+  /* Checking reads the inputs here, a memory limit makes running out of memory an expected,
+   * recoverable error, and collectives call MPI: all run in this thread, after what is queued. */
+  if (async_enabled() && !checking && !buffer_get_limit() && !exec_has_collective(p)) {
+    graft_status st = exec_queue(e, fast, bufs, ts, roots, n, out_index);
+    free(bufs);
+    free(out_index);
+    metrics.m.syncs++;
+    metrics.m.sync_overhead_ms += metrics_now_ms() - t0 - tc;
+    return st;
+  }
+  async_drain();
+  graft_status bad_in = exec_failed_input(bufs, p->nparams);
+  if (bad_in != GRAFT_OK) {
+    free(bufs);
+    free(out_index);
+    return bad_in;
+  }
   exec_buffer **ref = checking ? check_reference(p, bufs) : NULL;
   if (cm != CHECK_STRICT) exec_donate(p, bufs, roots, n);
   exec_buffer **outs = bufs + p->nparams;
   for (int k = 0; k < p->noutputs; k++) outs[k] = NULL;
-  /* Root r reads output k, numbered as capture_lower numbered them: by first appearance of
-   * the root's pre-pass slot. Passes may renumber slots but keep that order. */
-  for (int s = 0; s < cap.n; s++) out_index[s] = -1;
-  for (int r = 0, k = 0; r < n; r++)
-    if (out_index[cap.out_slot[r]] < 0) out_index[cap.out_slot[r]] = k++;
+  exec_out_index(out_index, n);
   double x0 = metrics_now_ms();
   int rc = fast ? e->fast->execute(e->fast_exe, p, bufs, outs) : e->be->execute(e->exe, p, bufs, outs);
   if (fast) metrics.m.compiled_executions++;
@@ -241,17 +331,7 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
     metrics.m.executions++;
     metrics.m.last_graph_nodes = (uint64_t)p->ninstr;
     if ((uint64_t)p->ninstr > metrics.m.max_graph_nodes) metrics.m.max_graph_nodes = (uint64_t)p->ninstr;
-    for (int r = 0; r < n; r++) {
-      tensor_slot *t = ts[r];
-      ir_node *old = t->node;
-      exec_buffer *b = outs[out_index[cap.out_slot[r]]];
-      ir_node *leaf = ir_make_data(b, old->dtype, old->ndim, old->shape, old->device);
-      if (!leaf) {
-        st = GRAFT_ERR_OOM;
-        continue; /* this tensor stays pending: still correct, just not materialized */
-      }
-      tensor_set_node(t, leaf);
-    }
+    st = exec_bind_roots(ts, n, outs, out_index);
     for (int k = 0; k < p->noutputs; k++) buffer_release(outs[k]);
   }
   free(bufs);
@@ -261,7 +341,46 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
   return st;
 }
 
+static graft_status exec_sync_some(tensor_slot *const *ts, int n);
+
+typedef struct {
+  tensor_slot **ts;
+  int n, cap;
+  bool oom;
+} exec_pending;
+
+static void exec_collect(tensor_slot *t, void *ctx) {
+  exec_pending *l = ctx;
+  if (t->node->op == IR_DATA || l->oom) return;
+  if (l->n == l->cap) {
+    int c = l->cap ? l->cap * 2 : 64;
+    tensor_slot **p = realloc(l->ts, sizeof *p * (size_t)c);
+    if (!p) {
+      l->oom = true;
+      return;
+    }
+    l->ts = p;
+    l->cap = c;
+  }
+  l->ts[l->n++] = t;
+}
+
+/* A collective must run once per step, at the same point on every rank. Syncing only some of
+ * its outputs (a read of one) would leave the others pending on the same collective node, to
+ * run it again in a later graph; and a rank that read and a rank that did not would disagree.
+ * So while a collective is pending, every sync runs everything pending: a step. */
 graft_status exec_sync_locked(tensor_slot *const *ts, int n) {
+  if (!ir_collective_count()) return exec_sync_some(ts, n);
+  exec_pending l = {0};
+  tensor_foreach_live(exec_collect, &l);
+  graft_status st = GRAFT_ERR_OOM;
+  if (l.oom) err_set(GRAFT_ERR_OOM, "graft_sync: out of memory listing live tensors");
+  else st = exec_sync_some(l.ts, l.n);
+  free(l.ts);
+  return st;
+}
+
+static graft_status exec_sync_some(tensor_slot *const *ts, int n) {
   tensor_slot **sel = malloc(sizeof *sel * ((size_t)n + 1));
   ir_node **roots = malloc(sizeof *roots * ((size_t)n + 1));
   if (!sel || !roots) {

@@ -83,7 +83,8 @@ void check_unchecked(const exec_program *p, const char *backend_name, int backen
 int check_compare(cache_entry *e, bool fast, exec_buffer *const *outs, exec_buffer **ref,
                   char *msg, size_t n);
 
-/* Materializes the given tensors (lock held). Returns GRAFT_OK or an error status. */
+/* Materializes the given tensors (lock held); while a collective is pending, every pending
+ * tensor (a step). Returns GRAFT_OK or an error status. */
 graft_status exec_sync_locked(tensor_slot *const *ts, int n);
 /* A new graph (lock held): compiled at once with GRAFT_COMPILE=sync or when the first tier would
  * be slower than the compiler; else marked TIER_ONCE, to compile on a background thread if it
@@ -103,6 +104,31 @@ const backend *graph_backend(backend_role role);
 const backend *tier_first_backend(void);
 /* Stops the compile thread (lock NOT held: the thread takes it to publish results). */
 void tier_shutdown(void);
+/* Asynchronous execution (async.c): a job runs one graph on the executor thread. */
+typedef struct async_job async_job;
+/* GRAFT_ASYNC (read per sync): on unless "0". */
+bool async_enabled(void);
+/* A job for p on be's executable (lock held); NULL with the error set. */
+async_job *async_job_new(const exec_program *p, const backend *be, void *exe, bool fast,
+                         uint64_t hash);
+/* Makes the pending output placeholders; -1 with the error set (discard the job). */
+int async_job_make_outputs(async_job *j);
+/* Takes the inputs: a reference to each, except a donated one, whose reference it is given. */
+void async_job_take_inputs(async_job *j, exec_buffer *const *inputs);
+/* Output k's placeholder (the job keeps its reference until it has run). */
+exec_buffer *async_job_output(const async_job *j, int k);
+/* Queues a job with its outputs and inputs; -1 with the error set (discard it). */
+int async_job_submit(async_job *j);
+void async_job_discard(async_job *j);
+/* Waits until every queued job has run (lock may be held: the executor never takes it). */
+void async_drain(void);
+/* Waits until b is not pending; the error of the step that failed to compute it, as fn's. */
+graft_status async_wait_buffer(const exec_buffer *b, const char *fn);
+/* The first failure of a queued step that no sync has reported yet, as fn's error (reported
+ * once), or GRAFT_OK. */
+graft_status async_take_failure(const char *fn);
+/* Runs what is queued and stops the executor thread (graft_shutdown). */
+void async_shutdown(void);
 /* Frees the executor's scratch (graft_shutdown). */
 void exec_shutdown(void);
 #endif

@@ -29,6 +29,7 @@ static void report_backend_stats(backend_stats *bs) {
 void graft_metrics_get(graft_metrics *m) {
   if (!m) return;
   tensor_lock();
+  async_drain(); /* the executor thread's counters describe finished steps */
   *m = metrics.m;
   m->live_tensors = (uint64_t)tensor_live_count();
   m->pending_nodes = (uint64_t)ir_pending_count();
@@ -41,6 +42,15 @@ void graft_metrics_get(graft_metrics *m) {
   m->native_disk_refused = bs.disk_refused;
   m->fallback_ops = 0;
   for (int i = 0; i < IR_OP_COUNT; i++) m->fallback_ops += bs.fallbacks[i];
+  tensor_unlock();
+}
+
+void graft_metrics_reset(void) {
+  tensor_lock();
+  async_drain(); /* the executor thread writes the execution counters */
+  memset(&metrics, 0, sizeof metrics);
+  buffer_reset_peak();
+  metrics_nreasons = 0;
   tensor_unlock();
 }
 

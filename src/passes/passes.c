@@ -190,6 +190,9 @@ int passes_run(exec_program *p, passes_stats *st) {
       s.simplified++;
       continue;
     }
+    /* A collective talks to the other ranks: merging two would change what every rank
+     * sends and waits for, so it is never folded or merged (and nothing moves past it). */
+    if (ir_ops[ins->op].kind == IR_K_COLLECTIVE) continue;
     if (fold(p, ins)) s.folded++;
     uint64_t key = instr_key(ins);
     keys[i] = key;

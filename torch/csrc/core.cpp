@@ -611,6 +611,11 @@ static void py_wait_compiles() {
   graft_wait_compiles();
 }
 
+static void py_wait() {
+  // Not under the bridge lock: the executor thread never needs it.
+  chk_status(graft_wait(), "wait");
+}
+
 static std::string py_last_compile_reason() { return graft_last_compile_reason(); }
 
 static void py_manual_seed(int64_t s) {
@@ -634,4 +639,5 @@ TORCH_LIBRARY(graft, m) {
   m.def("manual_seed(int seed) -> ()", &py_manual_seed);
   m.def("is_pending(Tensor t) -> bool", &py_is_pending);
   m.def("wait_compiles() -> ()", &py_wait_compiles);
+  m.def("wait() -> ()", &py_wait);
 }

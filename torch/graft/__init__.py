@@ -113,6 +113,12 @@ def wait_compiles():
     _ops.wait_compiles()
 
 
+def wait():
+    """Blocks until every queued step has run (graft.step() returns once its graph is queued;
+    reads wait on their own). Raises the first failure of a queued step not yet reported."""
+    _ops.wait()
+
+
 def _hook_torch_manual_seed():
     """torch.manual_seed(s) seeds graft's generator too (device dropout/rand become reproducible)."""
     import torch.random as _tr
@@ -200,4 +206,4 @@ def is_pending(t):
 
 
 __all__ = ["device", "step", "sync", "metrics", "fallbacks", "reset_metrics", "metrics_report",
-           "set_dump_dir", "manual_seed", "save", "wait_compiles", "is_pending", "last_compile_reason", "is_graft"]
+           "set_dump_dir", "manual_seed", "save", "wait_compiles", "wait", "is_pending", "last_compile_reason", "is_graft"]

@@ -1,5 +1,8 @@
 /* A persistent thread pool: the caller plus (nthreads-1) workers split [0,total) of one kernel
- * into contiguous chunks (a few per thread, taken in turn with an atomic counter). Idle workers
+ * into contiguous chunks (a few per thread, taken in turn with an atomic ticket). A region ends
+ * when its chunks are done, whoever ran them: the caller never waits for a worker that has not
+ * woken up (with graphs executing on their own thread while the front-end traces, a worker
+ * often has no core; waiting for it made each small kernel cost a time slice). Idle workers
  * spin for a few microseconds (the gap between a graph's kernels), then block on a condition
  * variable; OpenBLAS's own threads, which run only between our parallel regions, do not fight
  * a sleeping worker.
@@ -19,12 +22,13 @@ static struct {
   pthread_mutex_t busy; /* one parallel region at a time; others run inline */
   pthread_t th[CPU_POOL_MAX];
   int nthreads, started, stop;
-  uint64_t gen;
-  int pending;
+  uint64_t gen; /* the current region's number (its low 32 bits tag the ticket) */
+  int remaining; /* chunks of the current region not yet done */
   cpu_kernel_fn fn;
   void **S;
   int64_t total;
-  int nchunks, next; /* chunks of the current region; the next one to take */
+  int nchunks;
+  uint64_t ticket; /* region << 32 | next chunk: a stale worker's claim fails */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
           PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0};
 
@@ -36,15 +40,31 @@ static void cpu_chunk(int c, int nc, int64_t total, int64_t *lo, int64_t *hi) {
   *hi = c == nc - 1 ? total : total * (c + 1) / nc / al * al;
 }
 
-/* Runs chunks of the current region until none is left. A region is cut in a few chunks
- * per thread, taken in turn: a thread slowed down (this machine is shared) takes fewer. */
-static void cpu_take_chunks(cpu_kernel_fn fn, void **S, int64_t total, int nc) {
+/* Claims the next chunk of region; false when its chunks are all taken or it is over. */
+static bool cpu_claim(uint32_t region, int nc, int *c) {
+  uint64_t t = __atomic_load_n(&pool.ticket, __ATOMIC_ACQUIRE);
   for (;;) {
-    int c = __atomic_fetch_add(&pool.next, 1, __ATOMIC_RELAXED);
-    if (c >= nc) return;
+    if ((uint32_t)(t >> 32) != region || (int)(uint32_t)t >= nc) return false;
+    if (__atomic_compare_exchange_n(&pool.ticket, &t, t + 1, true, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+      *c = (int)(uint32_t)t;
+      return true;
+    }
+  }
+}
+
+/* Runs chunks of region until none is left. A region is cut in a few chunks per thread,
+ * taken in turn: a thread slowed down (this machine is shared) takes fewer. */
+static void cpu_take_chunks(uint32_t region, cpu_kernel_fn fn, void **S, int64_t total, int nc) {
+  int c;
+  while (cpu_claim(region, nc, &c)) {
     int64_t lo, hi;
     cpu_chunk(c, nc, total, &lo, &hi);
     if (hi > lo) fn(S, lo, hi);
+    if (__atomic_sub_fetch(&pool.remaining, 1, __ATOMIC_ACQ_REL) == 0) {
+      pthread_mutex_lock(&pool.mu); /* the caller may be asleep waiting for this chunk */
+      pthread_cond_signal(&pool.done);
+      pthread_mutex_unlock(&pool.mu);
+    }
   }
 }
 
@@ -84,9 +104,8 @@ static void *cpu_worker(void *arg) {
     int64_t total = pool.total;
     int nc = pool.nchunks;
     pthread_mutex_unlock(&pool.mu);
-    cpu_take_chunks(fn, S, total, nc);
+    cpu_take_chunks((uint32_t)seen, fn, S, total, nc);
     pthread_mutex_lock(&pool.mu);
-    if (__atomic_sub_fetch(&pool.pending, 1, __ATOMIC_RELEASE) == 0) pthread_cond_signal(&pool.done);
   }
   pthread_mutex_unlock(&pool.mu);
   return NULL;
@@ -151,17 +170,18 @@ void cpu_parallel_run(cpu_kernel_fn fn, void **S, int64_t total) {
   int nc = total < (int64_t)nt * CPU_CHUNKS_PER_THREAD ? (int)(total < nt ? total : nt)
                                                         : nt * CPU_CHUNKS_PER_THREAD;
   pool.nchunks = nc;
-  pool.next = 0;
-  __atomic_store_n(&pool.pending, nt - 1, __ATOMIC_RELAXED);
-  __atomic_store_n(&pool.gen, pool.gen + 1, __ATOMIC_RELEASE); /* read unlocked by spinners */
+  uint64_t region = pool.gen + 1;
+  __atomic_store_n(&pool.remaining, nc, __ATOMIC_RELAXED);
+  __atomic_store_n(&pool.ticket, (uint64_t)(uint32_t)region << 32, __ATOMIC_RELEASE);
+  __atomic_store_n(&pool.gen, region, __ATOMIC_RELEASE); /* read unlocked by spinners */
   pthread_cond_broadcast(&pool.go);
   pthread_mutex_unlock(&pool.mu);
-  cpu_take_chunks(fn, S, total, nc);
+  cpu_take_chunks((uint32_t)region, fn, S, total, nc);
   /* spin while the workers finish their last chunks */
-  for (int i = 0; i < CPU_SPIN_ITERS && __atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE) > 0; i++)
+  for (int i = 0; i < CPU_SPIN_ITERS && __atomic_load_n(&pool.remaining, __ATOMIC_ACQUIRE) > 0; i++)
     CPU_PAUSE();
   pthread_mutex_lock(&pool.mu);
-  while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.mu);
+  while (__atomic_load_n(&pool.remaining, __ATOMIC_ACQUIRE) > 0) pthread_cond_wait(&pool.done, &pool.mu);
   pthread_mutex_unlock(&pool.mu);
   pthread_mutex_unlock(&pool.busy);
 }

@@ -1,0 +1,297 @@
+/* Asynchronous execution. A sync queues its graph and returns: the synced tensors become data
+ * leaves over pending placeholder buffers, which one executor thread fills by running the
+ * queued graphs in order, so the front-end traces step n+1 while step n runs (PyTorch/XLA does
+ * the same). A read (graft_to_host, graft_item, graft_to_device) waits for the buffer it reads.
+ * A step that fails makes its outputs failed buffers: reading one gives the step's error, a
+ * later step that takes one as input fails without running, and the first failure not yet
+ * reported is returned by the next sync or graft_wait. Nothing is half-written: an output
+ * buffer becomes ready only after its step succeeded.
+ * The executor thread never takes the global lock: it touches only the queued jobs, their
+ * buffers (reference-counted, with atomic states), the backends' executables (immutable once
+ * published) and the execution counters (read by the tracing thread only after a drain).
+ * GRAFT_ASYNC=0 runs every graph in the syncing thread instead. */
+#include "graph.h"
+#include "../core/error.h"
+#include "../core/metrics.h"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct async_job {
+  struct async_job *next;
+  uint64_t seq, hash;
+  const backend *be;
+  void *exe;
+  bool fast; /* native code (counted as a compiled execution) */
+  const exec_program *p;
+  exec_buffer **bufs;     /* nparams inputs (the job's references), then the backend's outputs */
+  unsigned char *donated; /* per input: its reference goes to the backend */
+  exec_buffer **ph;       /* noutputs placeholders (the job's references) */
+};
+
+static pthread_mutex_t a_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t a_work = PTHREAD_COND_INITIALIZER; /* a job was queued, or stop */
+static pthread_cond_t a_done = PTHREAD_COND_INITIALIZER; /* a job finished */
+static async_job *a_head, *a_tail;
+static int a_busy, a_stop, a_started;
+static pthread_t a_thread;
+static uint64_t a_seq;                 /* jobs queued (the step number in messages) */
+static buffer_failure *a_unreported;   /* the first failure no sync has reported yet */
+
+bool async_enabled(void) {
+  const char *e = getenv("GRAFT_ASYNC");
+  return !(e && !strcmp(e, "0"));
+}
+
+static void job_free(async_job *j) {
+  free(j->bufs);
+  free(j->donated);
+  free(j->ph);
+  free(j);
+}
+
+/* The reason the job cannot run: an input that a failed step should have computed. */
+static buffer_failure *job_failed_input(const async_job *j) {
+  for (int k = 0; k < j->p->nparams; k++)
+    if (buffer_get_state(j->bufs[k]) == BUFFER_FAILED) {
+      char msg[1024];
+      const buffer_failure *f = j->bufs[k]->failure;
+      snprintf(msg, sizeof msg, "step %llu (graph %016llx) did not run: its input %d comes from "
+               "a step that failed: %.900s", (unsigned long long)j->seq, (unsigned long long)j->hash,
+               k, f ? f->msg : "(no reason kept)");
+      return buffer_failure_new(f ? f->status : GRAFT_ERR_INTERNAL, msg);
+    }
+  return NULL;
+}
+
+/* Runs the job's graph (executor thread); returns the failure, or NULL on success with the
+ * backend's outputs in bufs[nparams..]. */
+static buffer_failure *job_execute(async_job *j) {
+  const exec_program *p = j->p;
+  exec_buffer **outs = j->bufs + p->nparams;
+  graft_clear_error();
+  double x0 = metrics_now_ms();
+  int rc = j->be->execute(j->exe, p, j->bufs, outs);
+  metrics.m.execute_ms += metrics_now_ms() - x0;
+  for (int k = 0; k < p->nparams; k++)
+    if (!j->donated[k]) buffer_release(j->bufs[k]); /* the backend released the donated ones */
+  if (!rc) {
+    metrics.m.executions++;
+    if (j->fast) metrics.m.compiled_executions++;
+    metrics.m.last_graph_nodes = (uint64_t)p->ninstr;
+    if ((uint64_t)p->ninstr > metrics.m.max_graph_nodes) metrics.m.max_graph_nodes = (uint64_t)p->ninstr;
+    return NULL;
+  }
+  char msg[1024];
+  snprintf(msg, sizeof msg, "step %llu (graph %016llx, run asynchronously) failed: %.900s",
+           (unsigned long long)j->seq, (unsigned long long)j->hash,
+           err_pending() ? graft_last_error() : "the backend failed");
+  graft_status st = graft_last_status() ? graft_last_status() : GRAFT_ERR_INTERNAL;
+  buffer_failure *f = buffer_failure_new(st, msg);
+  return f ? f : buffer_failure_new(GRAFT_ERR_OOM, "a step failed (out of memory for its reason)");
+}
+
+static void job_run(async_job *j) {
+  const exec_program *p = j->p;
+  exec_buffer **outs = j->bufs + p->nparams;
+  for (int k = 0; k < p->noutputs; k++) outs[k] = NULL;
+  buffer_failure *f = job_failed_input(j);
+  if (f) { /* never ran: the inputs are still the job's, donated or not */
+    for (int k = 0; k < p->nparams; k++) buffer_release(j->bufs[k]);
+  } else {
+    f = job_execute(j);
+  }
+  for (int k = 0; k < p->noutputs && !f; k++) {
+    if (buffer_fill(j->ph[k], outs[k]) == 0) {
+      outs[k] = NULL;
+      continue;
+    }
+    outs[k] = NULL; /* buffer_fill took it */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "step %llu (graph %016llx) failed: %.900s", (unsigned long long)j->seq,
+             (unsigned long long)j->hash, graft_last_error());
+    f = buffer_failure_new(GRAFT_ERR_OOM, msg);
+  }
+  for (int k = 0; k < p->noutputs; k++) {
+    buffer_release(outs[k]);
+    if (f && buffer_get_state(j->ph[k]) == BUFFER_PENDING) buffer_fail(j->ph[k], f);
+    buffer_release(j->ph[k]);
+  }
+  if (!f) return;
+  pthread_mutex_lock(&a_mu);
+  if (!a_unreported) {
+    a_unreported = f;
+    f = NULL;
+  }
+  pthread_mutex_unlock(&a_mu);
+  buffer_failure_release(f);
+}
+
+static void *async_worker(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&a_mu);
+  for (;;) {
+    while (!a_head && !a_stop) pthread_cond_wait(&a_work, &a_mu);
+    if (!a_head) break; /* stopping, and everything queued has run */
+    async_job *j = a_head;
+    a_head = j->next;
+    if (!a_head) a_tail = NULL;
+    a_busy = 1;
+    pthread_mutex_unlock(&a_mu);
+    job_run(j);
+    job_free(j);
+    pthread_mutex_lock(&a_mu);
+    a_busy = 0;
+    pthread_cond_broadcast(&a_done);
+  }
+  pthread_mutex_unlock(&a_mu);
+  return NULL;
+}
+
+/* fork: the child has no executor thread. Queued steps run before the fork (so the child sees
+ * their results) and the child starts its own thread when it queues a step. */
+static void async_prefork(void) {
+  pthread_mutex_lock(&a_mu);
+  while (a_head || a_busy) pthread_cond_wait(&a_done, &a_mu);
+}
+static void async_postfork_parent(void) { pthread_mutex_unlock(&a_mu); }
+static void async_postfork_child(void) { /* the parent's waiters do not exist here */
+  a_started = a_busy = a_stop = 0;
+  pthread_cond_init(&a_work, NULL);
+  pthread_cond_init(&a_done, NULL);
+  pthread_mutex_unlock(&a_mu);
+}
+static pthread_once_t a_atfork_once = PTHREAD_ONCE_INIT;
+static void async_register_atfork(void) {
+  pthread_atfork(async_prefork, async_postfork_parent, async_postfork_child);
+}
+
+/* Queues j (lock held); -1 with the error set when the executor thread cannot start. */
+static int async_push(async_job *j) {
+  pthread_once(&a_atfork_once, async_register_atfork);
+  pthread_mutex_lock(&a_mu);
+  if (!a_started) {
+    a_stop = 0;
+    if (pthread_create(&a_thread, NULL, async_worker, NULL)) {
+      pthread_mutex_unlock(&a_mu);
+      err_set(GRAFT_ERR_INTERNAL, "graft_sync: cannot start the executor thread");
+      return -1;
+    }
+    a_started = 1;
+  }
+  j->seq = ++a_seq;
+  j->next = NULL;
+  if (a_tail) a_tail->next = j;
+  else a_head = j;
+  a_tail = j;
+  pthread_cond_signal(&a_work);
+  pthread_mutex_unlock(&a_mu);
+  return 0;
+}
+
+async_job *async_job_new(const exec_program *p, const backend *be, void *exe, bool fast,
+                         uint64_t hash) {
+  async_job *j = calloc(1, sizeof *j);
+  if (j) {
+    j->bufs = calloc((size_t)p->nparams + (size_t)p->noutputs + 1, sizeof *j->bufs);
+    j->donated = calloc((size_t)p->nparams + 1, 1);
+    j->ph = calloc((size_t)p->noutputs + 1, sizeof *j->ph);
+  }
+  if (!j || !j->bufs || !j->donated || !j->ph) {
+    if (j) job_free(j);
+    return err_set(GRAFT_ERR_OOM, "graft_sync: out of memory queuing a graph");
+  }
+  j->p = p, j->be = be, j->exe = exe, j->fast = fast, j->hash = hash;
+  return j;
+}
+
+int async_job_make_outputs(async_job *j) {
+  const exec_program *p = j->p;
+  for (int k = 0; k < p->noutputs; k++) {
+    const exec_instr *o = &p->instr[p->output_slot[k]];
+    size_t bytes = (size_t)o->numel * graft_dtype_size(o->dtype);
+    if (!(j->ph[k] = buffer_new_pending(bytes, p->device, "graft_sync"))) return -1;
+  }
+  return 0;
+}
+
+void async_job_take_inputs(async_job *j, exec_buffer *const *inputs) {
+  for (int k = 0; k < j->p->nparams; k++) {
+    j->bufs[k] = inputs[k];
+    j->donated[k] = (unsigned char)inputs[k]->donated;
+    if (!inputs[k]->donated) buffer_retain(inputs[k]); /* a donated one comes with its reference */
+  }
+}
+
+exec_buffer *async_job_output(const async_job *j, int k) { return j->ph[k]; }
+
+int async_job_submit(async_job *j) {
+  if (async_push(j) == 0) return 0;
+  /* Never to run: whoever holds an output reads this error instead of waiting forever. */
+  buffer_failure *f = buffer_failure_new(graft_last_status(), graft_last_error());
+  for (int k = 0; k < j->p->noutputs; k++) buffer_fail(j->ph[k], f);
+  buffer_failure_release(f);
+  return -1;
+}
+
+void async_job_discard(async_job *j) {
+  for (int k = 0; k < j->p->noutputs; k++) buffer_release(j->ph[k]);
+  for (int k = 0; k < j->p->nparams; k++) buffer_release(j->bufs[k]); /* donated or retained */
+  job_free(j);
+}
+
+void async_drain(void) {
+  pthread_mutex_lock(&a_mu);
+  while (a_head || a_busy) pthread_cond_wait(&a_done, &a_mu);
+  pthread_mutex_unlock(&a_mu);
+}
+
+graft_status async_wait_buffer(const exec_buffer *b, const char *fn) {
+  if (buffer_get_state(b) == BUFFER_PENDING) {
+    double t0 = metrics_now_ms();
+    pthread_mutex_lock(&a_mu);
+    while (buffer_get_state(b) == BUFFER_PENDING) pthread_cond_wait(&a_done, &a_mu);
+    pthread_mutex_unlock(&a_mu);
+    metrics.m.async_waits++;
+    metrics.m.async_wait_ms += metrics_now_ms() - t0;
+  }
+  if (buffer_get_state(b) == BUFFER_READY) return GRAFT_OK;
+  const buffer_failure *f = b->failure;
+  graft_status st = f ? (graft_status)f->status : GRAFT_ERR_INTERNAL;
+  err_set(st, "%s: this tensor's value was lost: %s", fn, f ? f->msg : "its step failed");
+  return st;
+}
+
+graft_status async_take_failure(const char *fn) {
+  pthread_mutex_lock(&a_mu);
+  buffer_failure *f = a_unreported;
+  a_unreported = NULL;
+  pthread_mutex_unlock(&a_mu);
+  if (!f) return GRAFT_OK;
+  graft_status st = (graft_status)f->status;
+  err_set(st, "%s: %s (the tensors that step computed cannot be read)", fn,
+          f->msg);
+  buffer_failure_release(f);
+  return st;
+}
+
+void async_shutdown(void) {
+  pthread_mutex_lock(&a_mu);
+  if (!a_started) {
+    pthread_mutex_unlock(&a_mu);
+  } else {
+    a_stop = 1;
+    pthread_cond_broadcast(&a_work);
+    pthread_mutex_unlock(&a_mu);
+    pthread_join(a_thread, NULL); /* it runs what is queued first */
+    a_started = 0;
+  }
+  buffer_failure_release(a_unreported);
+  a_unreported = NULL;
+}
+
+graft_status graft_wait(void) {
+  async_drain();
+  return async_take_failure("graft_wait");
+}
