@@ -180,6 +180,7 @@ graft_tensor *graft_sign(graft_tensor *a);       /**< -1, 0 or 1 */
 graft_tensor *graft_reciprocal(graft_tensor *a); /**< 1/a (float dtypes) */
 graft_tensor *graft_log1p(graft_tensor *a);      /**< log(1+a) (float dtypes) */
 graft_tensor *graft_expm1(graft_tensor *a);      /**< e^a-1 (float dtypes) */
+graft_tensor *graft_atan(graft_tensor *a);       /**< arctangent, in (-pi/2, pi/2) (float dtypes) */
 graft_tensor *graft_logical_not(graft_tensor *a);/**< !a (bool) or ~a (integers) */
 
 graft_tensor *graft_add(graft_tensor *a, graft_tensor *b);     /**< a+b */
@@ -314,45 +315,53 @@ void graft_set_memory_limit(size_t bytes);
 void graft_empty_cache(void);
 
 /* ---- metrics ---- */
+/** The metrics, one row per field: X(type, name, label, meaning). graft_metrics below, the text
+ *  report (graft_metrics_report) and the PyTorch bridge's graft.metrics() dict are generated from
+ *  this list, in this order (the struct's layout is the ABI: new fields go at the end). */
+#define GRAFT_METRICS_FIELDS(X)                                                                   \
+  X(uint64_t, graphs_compiled, "graphs compiled", "cache misses that built an executable")        \
+  X(uint64_t, cache_hits, "cache hits", "syncs served by the in-memory cache")                    \
+  X(uint64_t, executions, "executions", "graphs executed")                                        \
+  X(uint64_t, auto_syncs, "auto syncs", "syncs forced by the pending-node limit")                 \
+  X(uint64_t, nodes_traced, "nodes traced", "IR nodes recorded")                                  \
+  X(uint64_t, last_graph_nodes, "last graph nodes", "size of the last executed graph")            \
+  X(uint64_t, max_graph_nodes, "max graph nodes", "largest executed graph")                       \
+  X(uint64_t, live_tensors, "live tensors", "tensor handles alive now")                           \
+  X(uint64_t, pending_nodes, "pending nodes", "IR nodes not yet materialized")                    \
+  X(uint64_t, bytes_in_use, "bytes in use", "device data bytes now")                              \
+  X(uint64_t, bytes_peak, "bytes peak", "high-water mark of bytes_in_use")                        \
+  X(uint64_t, bytes_pooled, "bytes pooled", "released blocks kept for reuse (graft_empty_cache frees them)") \
+  X(uint64_t, donated_buffers, "donated buffers", "inputs only a graph referenced, whose memory outputs reused") \
+  X(uint64_t, transfers_to_device, "transfers to device", "uploads to device data")             \
+  X(uint64_t, bytes_to_device, "bytes to device", "bytes uploaded")                               \
+  X(uint64_t, transfers_to_host, "transfers to host", "reads of device data")                   \
+  X(uint64_t, bytes_to_host, "bytes to host", "bytes read")                                       \
+  X(double, compile_ms, "graph build ms", "total time building executables (capture miss, lowering, passes)") \
+  X(double, execute_ms, "execute ms", "total time running graphs")                                \
+  X(uint64_t, native_compiles, "native compiles", "graphs compiled to native code (background or sync)") \
+  X(uint64_t, native_compile_failures, "native compile failures", "compiles that failed: those graphs stay on the first tier") \
+  X(double, native_compile_ms, "native compile ms", "time in the native compiler (mostly off the critical path)") \
+  X(uint64_t, compiled_executions, "compiled executions", "executions that ran native code (the rest: first tier)") \
+  X(uint64_t, native_disk_hits, "disk cache hits", "native executables loaded from the disk cache, not compiled") \
+  X(uint64_t, native_disk_refused, "disk cache refused", "compiles that could not use the disk cache folder (warned once)") \
+  X(uint64_t, fallback_ops, "reference fallbacks", "instructions of compiled graphs run on the reference kernels") \
+  X(uint64_t, syncs, "syncs", "syncs that had pending work")                                      \
+  X(double, sync_overhead_ms, "sync overhead ms", "sync time outside compile and execute: capture, hash, lookup, bind") \
+  X(uint64_t, cache_collisions, "hash collisions", "lookups whose hash matched a cached graph of another structure (the graph was then found or compiled on its own, never run as that one)") \
+  X(uint64_t, checked_executions, "checked executions", "GRAFT_CHECK: executions also run on the reference kernels") \
+  X(uint64_t, check_mismatches, "check mismatches", "GRAFT_CHECK: outputs that differed from the reference kernels") \
+  X(uint64_t, async_steps, "async steps", "graphs queued for asynchronous execution (GRAFT_ASYNC)") \
+  X(uint64_t, async_waits, "async waits", "reads that waited for a queued graph to finish")      \
+  X(double, async_wait_ms, "async wait ms", "time those reads waited")                            \
+  X(uint64_t, collectives, "collectives", "collectives graphs ran: one per dtype per graft_dist_* call, each one MPI call in a job of more than one process") \
+  X(uint64_t, collective_bytes, "collective bytes", "bytes those collectives moved from this rank") \
+  X(double, collective_ms, "collective ms", "time in them, waiting for the other ranks included")
+
+#define GRAFT_METRICS_MEMBER_(type, name, label, meaning) type name;
 typedef struct {
-  uint64_t graphs_compiled;  /* cache misses that built an executable */
-  uint64_t cache_hits;       /* syncs served by the in-memory cache */
-  uint64_t executions;       /* graphs executed */
-  uint64_t auto_syncs;       /* syncs forced by the pending-node limit */
-  uint64_t nodes_traced;     /* IR nodes recorded */
-  uint64_t last_graph_nodes; /* size of the last executed graph */
-  uint64_t max_graph_nodes;  /* largest executed graph */
-  uint64_t live_tensors;     /* tensor handles alive now */
-  uint64_t pending_nodes;    /* IR nodes not yet materialized */
-  uint64_t bytes_in_use;     /* device data bytes now */
-  uint64_t bytes_peak;       /* high-water mark of bytes_in_use */
-  uint64_t bytes_pooled;     /* released blocks kept for reuse (graft_empty_cache frees them) */
-  uint64_t donated_buffers;  /* inputs only a graph referenced, whose memory outputs reused */
-  uint64_t transfers_to_device, bytes_to_device;
-  uint64_t transfers_to_host, bytes_to_host;
-  double compile_ms;         /* total time building executables */
-  double execute_ms;         /* total time running graphs */
-  uint64_t native_compiles;  /* graphs compiled to native code (background or sync) */
-  uint64_t native_compile_failures; /* compiles that failed: those graphs stay on the first tier */
-  double native_compile_ms;  /* time in the native compiler (mostly off the critical path) */
-  uint64_t compiled_executions; /* executions that ran native code (the rest: first tier) */
-  uint64_t native_disk_hits; /* native executables loaded from the disk cache, not compiled */
-  uint64_t native_disk_refused; /* compiles that could not use the disk cache folder (warned once) */
-  uint64_t fallback_ops;     /* instructions of compiled graphs run on the reference kernels */
-  uint64_t syncs;            /* syncs that had pending work */
-  double sync_overhead_ms;   /* sync time outside compile and execute: capture, hash, lookup, bind */
-  uint64_t cache_collisions; /* lookups whose hash matched a cached graph of another structure
-                                (the graph was then found or compiled on its own, never run as that one) */
-  uint64_t checked_executions; /* GRAFT_CHECK: executions also run on the reference kernels */
-  uint64_t check_mismatches; /* GRAFT_CHECK: outputs that differed from the reference kernels */
-  uint64_t async_steps;      /* graphs queued for asynchronous execution (GRAFT_ASYNC) */
-  uint64_t async_waits;      /* reads that waited for a queued graph to finish */
-  double async_wait_ms;      /* time those reads waited */
-  uint64_t collectives;      /* collectives graphs ran: one per dtype per graft_dist_* call, each one
-                                MPI call in a job of more than one process */
-  uint64_t collective_bytes; /* bytes those collectives moved from this rank */
-  double collective_ms;      /* time in them, waiting for the other ranks included */
+  GRAFT_METRICS_FIELDS(GRAFT_METRICS_MEMBER_)
 } graft_metrics;
+#undef GRAFT_METRICS_MEMBER_
 
 /** Fills m with the current counters. */
 void graft_metrics_get(graft_metrics *m);

@@ -74,6 +74,20 @@ static inline void check_compile_failures(void) {
   }
 }
 
+/* The metrics now (tests compare counters before and after). */
+static inline graft_metrics M(void) {
+  graft_metrics m;
+  graft_metrics_get(&m);
+  return m;
+}
+
+/* n floats of a deterministic pattern in [-scale, scale] (malloc'ed; the caller frees). */
+static inline float *ramp(int64_t n, float scale) {
+  float *v = malloc(sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) v[i] = scale * (float)((i * 37) % 101 - 50) / 50.0f;
+  return v;
+}
+
 #define CHECK_DONE()                                                                        \
   (check_compile_failures(), printf("%d passed, %d failed\n", check_passed, check_failed),  \
    check_failed ? 1 : 0)

@@ -8,12 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static graft_metrics M(void) {
-  graft_metrics m;
-  graft_metrics_get(&m);
-  return m;
-}
-
 static graft_tensor *mat(const float *v, int64_t r, int64_t c) {
   int64_t s[2] = {r, c};
   return graft_from_host(v, GRAFT_F32, 2, s, 0);

@@ -14,18 +14,6 @@
 
 static char tmp_dir[512]; /* this test's files: the compiler wrapper, a disk cache, stderr */
 
-static graft_metrics M(void) {
-  graft_metrics m;
-  graft_metrics_get(&m);
-  return m;
-}
-
-static float *ramp(int64_t n, float scale) {
-  float *v = malloc(sizeof(float) * (size_t)n);
-  for (int64_t i = 0; i < n; i++) v[i] = scale * (float)((i * 37) % 101 - 50) / 50.0f;
-  return v;
-}
-
 /* stderr into a file while a sync runs; the text comes back (and is echoed to the log). */
 static int saved_fd = -1;
 static void capture_begin(void) {

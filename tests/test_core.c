@@ -11,12 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static graft_metrics M(void) {
-  graft_metrics m;
-  graft_metrics_get(&m);
-  return m;
-}
-
 static graft_tensor *vec(const float *v, int64_t n) {
   return graft_from_host(v, GRAFT_F32, 1, &n, 0);
 }

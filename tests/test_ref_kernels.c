@@ -48,9 +48,8 @@ static int n_pass, n_fail;
   } while (0)
 
 static const char *op_names[IR_OP_COUNT] = {
-#define X(e, name, arity, kind, dts) [IR_##e] = name,
+#define X(e, name, ...) [IR_##e] = name,
 #include "ops.def"
-#undef X
 };
 
 static const graft_dtype FLOATS[] = {GRAFT_F32, GRAFT_F64, GRAFT_F16, GRAFT_BF16};

@@ -11,18 +11,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static graft_metrics M(void) {
-  graft_metrics m;
-  graft_metrics_get(&m);
-  return m;
-}
-
-static float *ramp(int64_t n, float scale) {
-  float *v = malloc(sizeof(float) * (size_t)n);
-  for (int64_t i = 0; i < n; i++) v[i] = scale * (float)((i * 37) % 101 - 50) / 50.0f;
-  return v;
-}
-
 /* exp(x) * 2 + k over 1000 elements, synced; returns element 7. */
 static float small_graph(graft_tensor *x, double k) {
   graft_scope_begin();

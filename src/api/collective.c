@@ -12,11 +12,11 @@ static ir_node *coll_piece(ir_node *flat, const ir_node *like, int64_t off) {
   ir_attrs at = {0};
   int nd = flat->ndim, last = nd - 1;
   for (int d = 0; d < nd; d++) {
-    at.a[8 + d] = flat->shape[d];
-    at.a[16 + d] = 1;
+    IR_ATTR_AT(at, SLICE, limit, d) = flat->shape[d];
+    IR_ATTR_AT(at, SLICE, stride, d) = 1;
   }
-  at.a[last] = off;
-  at.a[8 + last] = off + like->numel;
+  IR_ATTR_AT(at, SLICE, start, last) = off;
+  IR_ATTR_AT(at, SLICE, limit, last) = off + like->numel;
   ir_node *s = ir_make(IR_SLICE, 1, &flat, &at, flat->dtype, 0, NULL);
   if (!s) return NULL;
   int64_t shape[GRAFT_MAX_DIMS + 1];
@@ -40,7 +40,7 @@ static int coll_group(ir_op op, int64_t arg, ir_node **in, const int *idx, int m
   ir_node **ops = calloc((size_t)m, sizeof *ops);
   if (!ops) return err_set(GRAFT_ERR_OOM, "out of memory"), -1;
   for (int j = 0; j < m; j++) ops[j] = in[idx[j]];
-  ir_attrs at = {.a = {arg}};
+  ir_attrs at = {.a[IR_ATTR_COLLECTIVE_arg] = arg};
   ir_node *flat = ir_make(op, m, ops, &at, in[idx[0]]->dtype, 0, NULL);
   free(ops);
   if (!flat) return -1;

@@ -145,7 +145,7 @@ static graft_tensor *iota_on(const char *fn, graft_dtype dt, int ndim, const int
     return err_set(GRAFT_ERR_SHAPE, "%s: ndim %d out of range [1, %d]", fn, ndim, GRAFT_MAX_DIMS);
   int ax = api_axis(fn, axis, ndim);
   if (ax < 0) return NULL;
-  ir_attrs at = {.a = {ax}};
+  ir_attrs at = {.a[IR_ATTR_AXIS_axis] = ax};
   tensor_lock();
   graft_tensor *t = api_node(ir_make_on(IR_IOTA, 0, NULL, &at, dt, ndim, shape, device));
   tensor_unlock();
@@ -184,7 +184,7 @@ static graft_tensor *rand_draw(const char *fn, int dist, graft_dtype dt, int ndi
   graft_tensor *t = NULL;
   if (seed) {
     *(int64_t *)seed->data->ptr = (int64_t)z;
-    ir_attrs at = {.a = {dist}};
+    ir_attrs at = {.a[IR_ATTR_RNG_dist] = dist};
     t = api_node(ir_make(IR_RNG, 1, &seed, &at, dt, ndim, shape));
     ir_release(seed);
   }

@@ -85,49 +85,19 @@ static graft_tensor *with_scalar(ir_op op, graft_tensor *a, double s, const char
   return err_named(t, mark, fn);
 }
 
-#define UNARY(fname, OP) \
-  graft_tensor *graft_##fname(graft_tensor *a) { return unary(IR_##OP, a, "graft_" #fname); }
-UNARY(neg, NEG)
-UNARY(abs, ABS)
-UNARY(exp, EXP)
-UNARY(log, LOG)
-UNARY(sqrt, SQRT)
-UNARY(rsqrt, RSQRT)
-UNARY(tanh, TANH)
-UNARY(erf, ERF)
-UNARY(sigmoid, SIGMOID)
-UNARY(sin, SIN)
-UNARY(cos, COS)
-UNARY(floor, FLOOR)
-UNARY(ceil, CEIL)
-UNARY(round, ROUND)
-UNARY(sign, SIGN)
-UNARY(reciprocal, RECIPROCAL)
-UNARY(log1p, LOG1P)
-UNARY(expm1, EXPM1)
-UNARY(logical_not, NOT)
-
-#define BINARY(fname, OP)                                    \
-  graft_tensor *graft_##fname(graft_tensor *a, graft_tensor *b) { \
-    return binary(IR_##OP, a, b, "graft_" #fname);           \
+/* graft_<fn> for every row of ops.def whose api column is UNARY, UNARY_FLOAT or BINARY
+ * (compare rows included: they are binary in the C API). */
+#define API_GEN_UNARY(fn, e)                                                                    \
+  graft_tensor *graft_##fn(graft_tensor *a) { return unary(IR_##e, a, "graft_" #fn); }
+#define API_GEN_UNARY_FLOAT API_GEN_UNARY
+#define API_GEN_BINARY(fn, e)                                                                   \
+  graft_tensor *graft_##fn(graft_tensor *a, graft_tensor *b) {                                  \
+    return binary(IR_##e, a, b, "graft_" #fn);                                                  \
   }
-BINARY(add, ADD)
-BINARY(sub, SUB)
-BINARY(mul, MUL)
-BINARY(div, DIV)
-BINARY(pow, POW)
-BINARY(maximum, MAX)
-BINARY(minimum, MIN)
-BINARY(rem, REM)
-BINARY(logical_and, AND)
-BINARY(logical_or, OR)
-BINARY(logical_xor, XOR)
-BINARY(eq, EQ)
-BINARY(ne, NE)
-BINARY(lt, LT)
-BINARY(le, LE)
-BINARY(gt, GT)
-BINARY(ge, GE)
+#define API_GEN_OWN(fn, e)
+#define API_GEN_NONE(fn, e)
+#define X(e, nm, ar, k, dts, api, fn, ...) API_GEN_##api(fn, e)
+#include "ops.def"
 
 graft_tensor *graft_add_scalar(graft_tensor *a, double s) { return with_scalar(IR_ADD, a, s, __func__); }
 graft_tensor *graft_mul_scalar(graft_tensor *a, double s) { return with_scalar(IR_MUL, a, s, __func__); }
@@ -225,7 +195,8 @@ graft_tensor *graft_transpose(graft_tensor *a, const int *perm) {
     err_set(GRAFT_ERR_NULL, "%s: perm is NULL", fn);
   } else if (n) {
     ir_attrs at = {0};
-    for (int i = 0; i < n->ndim; i++) at.a[i] = perm[i] < 0 ? perm[i] + n->ndim : perm[i];
+    for (int i = 0; i < n->ndim; i++)
+      IR_ATTR_AT(at, TRANSPOSE, perm, i) = perm[i] < 0 ? perm[i] + n->ndim : perm[i];
     t = api_node(ir_make(IR_TRANSPOSE, 1, &n, &at, n->dtype, 0, NULL));
   }
   tensor_unlock();
@@ -241,9 +212,9 @@ graft_tensor *graft_t(graft_tensor *a) {
     err_set(GRAFT_ERR_SHAPE, "graft_t: needs at least 2 dims, got %d", n->ndim);
   } else if (n) {
     ir_attrs at = {0};
-    for (int i = 0; i < n->ndim; i++) at.a[i] = i;
-    at.a[n->ndim - 2] = n->ndim - 1;
-    at.a[n->ndim - 1] = n->ndim - 2;
+    for (int i = 0; i < n->ndim; i++) IR_ATTR_AT(at, TRANSPOSE, perm, i) = i;
+    IR_ATTR_AT(at, TRANSPOSE, perm, n->ndim - 2) = n->ndim - 1;
+    IR_ATTR_AT(at, TRANSPOSE, perm, n->ndim - 1) = n->ndim - 2;
     t = api_node(ir_make(IR_TRANSPOSE, 1, &n, &at, n->dtype, 0, NULL));
   }
   tensor_unlock();
@@ -262,9 +233,9 @@ graft_tensor *graft_slice(graft_tensor *a, const int64_t *start, const int64_t *
   } else if (n) {
     ir_attrs at = {0};
     for (int i = 0; i < n->ndim; i++) {
-      at.a[i] = start[i];
-      at.a[8 + i] = limit[i];
-      at.a[16 + i] = stride ? stride[i] : 1;
+      IR_ATTR_AT(at, SLICE, start, i) = start[i];
+      IR_ATTR_AT(at, SLICE, limit, i) = limit[i];
+      IR_ATTR_AT(at, SLICE, stride, i) = stride ? stride[i] : 1;
     }
     t = api_node(ir_make(IR_SLICE, 1, &n, &at, n->dtype, 0, NULL));
   }
@@ -284,7 +255,7 @@ graft_tensor *graft_concat(graft_tensor *const *ts, int n, int axis) {
   for (int i = 0; i < n && ok; i++) ok = (in[i] = api_in(ts[i], fn)) != NULL;
   int ax = ok ? api_axis(fn, axis, in[0]->ndim) : -1;
   if (ax >= 0) {
-    ir_attrs at = {.a = {ax}};
+    ir_attrs at = {.a[IR_ATTR_AXIS_axis] = ax};
     t = api_node(ir_make(IR_CONCAT, n, in, &at, in[0]->dtype, 0, NULL));
   }
   tensor_unlock();
@@ -309,9 +280,9 @@ graft_tensor *graft_pad_ex(graft_tensor *a, const int64_t *lo, const int64_t *hi
   } else if (n) {
     ir_attrs at = {.f = value};
     for (int i = 0; i < n->ndim; i++) {
-      at.a[i] = lo[i];
-      at.a[8 + i] = hi[i];
-      at.a[16 + i] = interior ? interior[i] : 0;
+      IR_ATTR_AT(at, PAD, lo, i) = lo[i];
+      IR_ATTR_AT(at, PAD, hi, i) = hi[i];
+      IR_ATTR_AT(at, PAD, interior, i) = interior ? interior[i] : 0;
     }
     t = api_node(ir_make(IR_PAD, 1, &n, &at, n->dtype, 0, NULL));
   }
@@ -343,7 +314,7 @@ static graft_tensor *reduce(ir_op op, graft_tensor *a, const int *axes, int naxe
         mask |= INT64_C(1) << ax;
       }
     }
-    ir_attrs at = {.a = {mask, keepdim}};
+    ir_attrs at = {.a[IR_ATTR_REDUCE_mask] = mask, .a[IR_ATTR_REDUCE_keepdim] = keepdim};
     if (ok) t = api_node(ir_make(op, 1, &n, &at, n->dtype, 0, NULL));
   }
   tensor_unlock();
@@ -369,7 +340,7 @@ static graft_tensor *arg_extreme(ir_op op, graft_tensor *a, int axis, bool keepd
   tensor_lock();
   ir_node *n = api_in(a, fn);
   int ax = n ? api_axis(fn, axis, n->ndim) : -1;
-  ir_attrs at = {.a = {ax, keepdim}};
+  ir_attrs at = {.a[IR_ATTR_ARG_axis] = ax, .a[IR_ATTR_ARG_keepdim] = keepdim};
   graft_tensor *t = ax >= 0 ? api_node(ir_make(op, 1, &n, &at, GRAFT_I64, 0, NULL)) : NULL;
   tensor_unlock();
   return err_named(t, mark, fn);

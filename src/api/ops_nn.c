@@ -82,13 +82,13 @@ graft_tensor *graft_conv2d_ex(graft_tensor *x, graft_tensor *w, const int *strid
   if (in[1]) {
     ir_attrs at = {0};
     for (int d = 0; d < 2; d++) {
-      at.a[d] = stride ? stride[d] : 1;
-      at.a[2 + d] = pad_lo ? pad_lo[d] : 0;
-      at.a[4 + d] = pad_hi ? pad_hi[d] : 0;
-      at.a[6 + d] = dilation ? dilation[d] : 1;
-      at.a[8 + d] = lhs_dilation ? lhs_dilation[d] : 1;
+      IR_ATTR_AT(at, CONV2D, stride, d) = stride ? stride[d] : 1;
+      IR_ATTR_AT(at, CONV2D, pad_lo, d) = pad_lo ? pad_lo[d] : 0;
+      IR_ATTR_AT(at, CONV2D, pad_hi, d) = pad_hi ? pad_hi[d] : 0;
+      IR_ATTR_AT(at, CONV2D, dilation, d) = dilation ? dilation[d] : 1;
+      IR_ATTR_AT(at, CONV2D, lhs_dilation, d) = lhs_dilation ? lhs_dilation[d] : 1;
     }
-    at.a[10] = groups;
+    IR_ATTR(at, CONV2D, groups) = groups;
     t = api_node(ir_make(IR_CONV2D, 2, in, &at, in[0]->dtype, 0, NULL));
   }
   tensor_unlock();
@@ -109,7 +109,7 @@ graft_tensor *graft_gather(graft_tensor *a, int axis, graft_tensor *index) {
   ir_node *in[2] = {api_in(a, fn), NULL};
   in[1] = in[0] ? api_in(index, fn) : NULL;
   int ax = in[1] ? api_axis(fn, axis, in[0]->ndim) : -1;
-  ir_attrs at = {.a = {ax}};
+  ir_attrs at = {.a[IR_ATTR_AXIS_axis] = ax};
   graft_tensor *t = ax >= 0 ? api_node(ir_make(IR_GATHER, 2, in, &at, in[0]->dtype, 0, NULL)) : NULL;
   tensor_unlock();
   return err_named(t, mark, fn);
@@ -123,7 +123,7 @@ graft_tensor *graft_scatter_add(graft_tensor *a, int axis, graft_tensor *index, 
   in[1] = in[0] ? api_in(index, fn) : NULL;
   in[2] = in[1] ? api_in(src, fn) : NULL;
   int ax = in[2] ? api_axis(fn, axis, in[0]->ndim) : -1;
-  ir_attrs at = {.a = {ax}};
+  ir_attrs at = {.a[IR_ATTR_AXIS_axis] = ax};
   graft_tensor *t =
       ax >= 0 ? api_node(ir_make(IR_SCATTER_ADD, 3, in, &at, in[0]->dtype, 0, NULL)) : NULL;
   tensor_unlock();
@@ -136,12 +136,13 @@ static ir_node *pool_node(const char *fn, int kind, ir_node *n, const int *kerne
   if (n->ndim < 2)
     return err_set(GRAFT_ERR_SHAPE, "%s: needs at least 2 dims ([N,C,H,W]), got %d", fn, n->ndim);
   if (!kernel) return err_set(GRAFT_ERR_NULL, "%s: kernel is NULL", fn);
-  ir_attrs at = {.a = {kind}};
+  ir_attrs at = {.a[IR_ATTR_WINDOW_kind] = kind};
   for (int i = 0; i < n->ndim; i++) {
     int d = i - (n->ndim - 2);
-    at.a[8 + i] = d >= 0 ? kernel[d] : 1;
-    at.a[16 + i] = d >= 0 ? (stride ? stride[d] : kernel[d]) : 1;
-    at.a[24 + i] = at.a[32 + i] = d >= 0 && padding ? padding[d] : 0;
+    IR_ATTR_AT(at, WINDOW, window, i) = d >= 0 ? kernel[d] : 1;
+    IR_ATTR_AT(at, WINDOW, stride, i) = d >= 0 ? (stride ? stride[d] : kernel[d]) : 1;
+    IR_ATTR_AT(at, WINDOW, pad_lo, i) = IR_ATTR_AT(at, WINDOW, pad_hi, i) =
+        d >= 0 && padding ? padding[d] : 0;
   }
   return ir_make(IR_REDUCE_WINDOW, 1, &n, &at, n->dtype, 0, NULL);
 }

@@ -9,7 +9,7 @@
 #include "ir.h"
 
 typedef struct {
-  /* Runs collective op (IR_ALL_REDUCE/RANK_BROADCAST/ALL_GATHER, attr a[0] = arg) in place on buf:
+  /* Runs collective op (IR_ALL_REDUCE/RANK_BROADCAST/ALL_GATHER, attr COLLECTIVE.arg) in place on buf:
    * count elements of dt (ALL_GATHER: world rows of count, this rank's row filled). sig is a
    * hash of the operands' shapes, checked across ranks first. 0, or -1 with the error set. */
   int (*run)(ir_op op, int64_t arg, graft_dtype dt, void *buf, int64_t count, uint64_t sig);

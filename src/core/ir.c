@@ -156,8 +156,9 @@ static int ir_check_shape_arg(const char *nm, int ndim, const int64_t *shape) {
  * signed overflow. */
 
 /* Dim i of pad(a): lo + d + hi + (d-1)*interior. */
-static int ir_pad_dim(const ir_node *a, const int64_t *at, int i, int64_t *out) {
-  int64_t d = a->shape[i], lo = at[i], hi = at[8 + i], in = at[16 + i], fill;
+static int ir_pad_dim(const ir_node *a, const ir_attrs *at, int i, int64_t *out) {
+  int64_t d = a->shape[i], lo = IR_ATTR_AT(*at, PAD, lo, i), hi = IR_ATTR_AT(*at, PAD, hi, i);
+  int64_t in = IR_ATTR_AT(*at, PAD, interior, i), fill;
   if (lo < 0 || hi < 0 || in < 0)
     return err_set(GRAFT_ERR_SHAPE, "pad: negative padding on dim %d of %s (lo %" PRId64
                    " hi %" PRId64 " interior %" PRId64 ")", i, SHP(a->ndim, a->shape), lo, hi,
@@ -172,9 +173,11 @@ static int ir_pad_dim(const ir_node *a, const int64_t *at, int i, int64_t *out) 
 
 /* Spatial dim d of conv2d(a, w): (x' + lo + hi - dil*(k-1) - 1) / stride + 1, where x' is
  * the input after lhs dilation. */
-static int ir_conv_dim(const ir_node *a, const ir_node *w, const int64_t *at, int d,
+static int ir_conv_dim(const ir_node *a, const ir_node *w, const ir_attrs *at, int d,
                        int64_t *out) {
-  int64_t st = at[d], lo = at[2 + d], hi = at[4 + d], dil = at[6 + d], ld = at[8 + d];
+  int64_t st = IR_ATTR_AT(*at, CONV2D, stride, d), lo = IR_ATTR_AT(*at, CONV2D, pad_lo, d);
+  int64_t hi = IR_ATTR_AT(*at, CONV2D, pad_hi, d), dil = IR_ATTR_AT(*at, CONV2D, dilation, d);
+  int64_t ld = IR_ATTR_AT(*at, CONV2D, lhs_dilation, d);
   int64_t x = a->shape[2 + d], k = w->shape[2 + d], in, kext, span;
   if (st < 1 || dil < 1 || ld < 1 || lo < 0 || hi < 0)
     return err_set(GRAFT_ERR_ARG, "conv2d: stride, dilation must be >= 1, padding >= 0"), -1;
@@ -194,8 +197,9 @@ static int ir_conv_dim(const ir_node *a, const ir_node *w, const int64_t *at, in
 }
 
 /* Dim i of reduce_window(a): (d + lo + hi - window) / stride + 1. */
-static int ir_window_dim(const ir_node *a, const int64_t *at, int i, int64_t *out) {
-  int64_t w = at[8 + i], st = at[16 + i], lo = at[24 + i], hi = at[32 + i], padded;
+static int ir_window_dim(const ir_node *a, const ir_attrs *at, int i, int64_t *out) {
+  int64_t w = IR_ATTR_AT(*at, WINDOW, window, i), st = IR_ATTR_AT(*at, WINDOW, stride, i);
+  int64_t lo = IR_ATTR_AT(*at, WINDOW, pad_lo, i), hi = IR_ATTR_AT(*at, WINDOW, pad_hi, i), padded;
   if (w < 1 || st < 1 || lo < 0 || hi < 0 || __builtin_add_overflow(a->shape[i], lo, &padded) ||
       __builtin_add_overflow(padded, hi, &padded) || padded < w)
     return err_set(GRAFT_ERR_SHAPE, "reduce_window: window %" PRId64 " stride %" PRId64
@@ -209,7 +213,7 @@ static int ir_window_dim(const ir_node *a, const int64_t *at, int i, int64_t *ou
  * per rank), so one MPI call moves them all. */
 static int ir_collective_shape(ir_node *n) {
   const char *nm = ir_ops[n->op].name;
-  int64_t total = 0, r = n->attr.a[0];
+  int64_t total = 0, r = IR_ATTR(n->attr, COLLECTIVE, arg);
   for (int k = 0; k < n->nin; k++) {
     if (n->in[k]->dtype != n->dtype)
       return err_set(GRAFT_ERR_DTYPE, "%s: operands have different dtypes (%s vs %s): one "
@@ -240,7 +244,7 @@ static int ir_collective_shape(ir_node *n) {
 static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *shape) {
   const char *nm = ir_ops[n->op].name;
   ir_node *a = n->nin ? n->in[0] : NULL;
-  const int64_t *at = n->attr.a;
+  const ir_attrs *at = &n->attr;
   switch (n->op) {
   case IR_DATA:
     return err_set(GRAFT_ERR_INTERNAL, "data leaves are made by ir_make_data"), -1;
@@ -253,8 +257,9 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
       return err_set(GRAFT_ERR_DTYPE, "%s: invalid dtype %d", nm, (int)n->dtype), -1;
     if (n->op == IR_CONSTANT) /* its dtype's value: i32 3.7 hashes, folds and prints as 3 */
       n->attr.f = dtype_round(n->dtype, n->attr.f);
-    if (n->op == IR_IOTA && (at[0] < 0 || at[0] >= (ndim ? ndim : 1) || ndim == 0))
-      return err_set(GRAFT_ERR_AXIS, "iota: axis %" PRId64 " out of range for %s", at[0],
+    if (n->op == IR_IOTA && (IR_ATTR(*at, AXIS, axis) < 0 ||
+                             IR_ATTR(*at, AXIS, axis) >= (ndim ? ndim : 1) || ndim == 0))
+      return err_set(GRAFT_ERR_AXIS, "iota: axis %" PRId64 " out of range for %s", IR_ATTR(*at, AXIS, axis),
                      SHP(ndim, shape)), -1;
     if (n->op == IR_IOTA && !ir_dtype_ok(IR_D_NUM, n->dtype))
       return err_set(GRAFT_ERR_DTYPE, "iota: needs a numeric dtype, got %s",
@@ -265,8 +270,8 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
       if (!dtype_is_float(n->dtype))
         return err_set(GRAFT_ERR_DTYPE, "rng: needs a floating dtype, got %s",
                        graft_dtype_name(n->dtype)), -1;
-      if (at[0] != 0 && at[0] != 1)
-        return err_set(GRAFT_ERR_ARG, "rng: unknown distribution %" PRId64, at[0]), -1;
+      if (IR_ATTR(*at, RNG, dist) != 0 && IR_ATTR(*at, RNG, dist) != 1)
+        return err_set(GRAFT_ERR_ARG, "rng: unknown distribution %" PRId64, IR_ATTR(*at, RNG, dist)), -1;
     }
     if (n->op == IR_BROADCAST) {
       if (a->ndim > ndim)
@@ -328,17 +333,19 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
   case IR_TRANSPOSE: {
     int seen = 0;
     for (int i = 0; i < a->ndim; i++) {
-      if (at[i] < 0 || at[i] >= a->ndim || (seen >> at[i] & 1))
+      int64_t p = IR_ATTR_AT(*at, TRANSPOSE, perm, i);
+      if (p < 0 || p >= a->ndim || (seen >> p & 1))
         return err_set(GRAFT_ERR_AXIS, "transpose: invalid permutation for %s",
                        SHP(a->ndim, a->shape)), -1;
-      seen |= 1 << at[i];
-      n->shape[i] = a->shape[at[i]];
+      seen |= 1 << p;
+      n->shape[i] = a->shape[p];
     }
     return 0;
   }
   case IR_SLICE:
     for (int i = 0; i < a->ndim; i++) {
-      int64_t s = at[i], l = at[8 + i], st = at[16 + i];
+      int64_t s = IR_ATTR_AT(*at, SLICE, start, i), l = IR_ATTR_AT(*at, SLICE, limit, i);
+      int64_t st = IR_ATTR_AT(*at, SLICE, stride, i);
       if (st < 1 || s < 0 || l < s || l > a->shape[i])
         return err_set(GRAFT_ERR_SHAPE, "slice: dim %d of %s: start %" PRId64 " limit %" PRId64
                        " stride %" PRId64 " invalid", i, SHP(a->ndim, a->shape), s, l, st), -1;
@@ -346,7 +353,7 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
     }
     return 0;
   case IR_CONCAT: {
-    int64_t ax = at[0];
+    int64_t ax = IR_ATTR(*at, AXIS, axis);
     if (ax < 0 || ax >= a->ndim)
       return err_set(GRAFT_ERR_AXIS, "concat: axis %" PRId64 " out of range for %s", ax,
                      SHP(a->ndim, a->shape)), -1;
@@ -375,27 +382,29 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
       if (ir_pad_dim(a, at, i, &n->shape[i])) return -1;
     return 0;
   case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD: {
-    if (at[0] < 0 || at[0] >= (INT64_C(1) << a->ndim))
+    int64_t mask = IR_ATTR(*at, REDUCE, mask);
+    if (mask < 0 || mask >= (INT64_C(1) << a->ndim))
       return err_set(GRAFT_ERR_AXIS, "%s: axes mask out of range for %s", nm,
                      SHP(a->ndim, a->shape)), -1;
     int k = 0;
     for (int i = 0; i < a->ndim; i++) {
-      if (!(at[0] >> i & 1)) n->shape[k++] = a->shape[i];
-      else if (at[1]) n->shape[k++] = 1;
+      if (!(mask >> i & 1)) n->shape[k++] = a->shape[i];
+      else if (IR_ATTR(*at, REDUCE, keepdim)) n->shape[k++] = 1;
     }
     n->ndim = k;
     return 0;
   }
   case IR_ARGMAX: case IR_ARGMIN: {
-    if (at[0] < 0 || at[0] >= a->ndim)
-      return err_set(GRAFT_ERR_AXIS, "%s: axis %" PRId64 " out of range for %s", nm, at[0],
+    int64_t ax = IR_ATTR(*at, ARG, axis);
+    if (ax < 0 || ax >= a->ndim)
+      return err_set(GRAFT_ERR_AXIS, "%s: axis %" PRId64 " out of range for %s", nm, ax,
                      SHP(a->ndim, a->shape)), -1;
-    if (a->shape[at[0]] == 0)
+    if (a->shape[ax] == 0)
       return err_set(GRAFT_ERR_SHAPE, "%s: empty axis in %s", nm, SHP(a->ndim, a->shape)), -1;
     int k = 0;
     for (int i = 0; i < a->ndim; i++) {
-      if (i != at[0]) n->shape[k++] = a->shape[i];
-      else if (at[1]) n->shape[k++] = 1;
+      if (i != ax) n->shape[k++] = a->shape[i];
+      else if (IR_ATTR(*at, ARG, keepdim)) n->shape[k++] = 1;
     }
     n->ndim = k;
     n->dtype = GRAFT_I64;
@@ -419,7 +428,7 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
     if (w->dtype != a->dtype)
       return err_set(GRAFT_ERR_DTYPE, "conv2d: dtypes differ (%s vs %s)",
                      graft_dtype_name(a->dtype), graft_dtype_name(w->dtype)), -1;
-    int64_t g = at[10];
+    int64_t g = IR_ATTR(*at, CONV2D, groups);
     if (a->ndim != 4 || w->ndim != 4 || g < 1 || a->shape[1] % g || w->shape[0] % g ||
         w->shape[1] * g != a->shape[1])
       return err_set(GRAFT_ERR_SHAPE, "conv2d: input %s and weight %s do not match (groups %"
@@ -431,7 +440,7 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
   }
   case IR_GATHER: case IR_SCATTER_ADD: {
     ir_node *ix = n->in[1];
-    int64_t ax = at[0];
+    int64_t ax = IR_ATTR(*at, AXIS, axis);
     if (ix->dtype != GRAFT_I32 && ix->dtype != GRAFT_I64)
       return err_set(GRAFT_ERR_DTYPE, "%s: index must be i32 or i64, got %s", nm,
                      graft_dtype_name(ix->dtype)), -1;
@@ -458,8 +467,9 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
     return 0;
   }
   case IR_REDUCE_WINDOW:
-    if (at[0] != 0 && at[0] != 1)
-      return err_set(GRAFT_ERR_ARG, "reduce_window: unknown kind %" PRId64, at[0]), -1;
+    if (IR_ATTR(*at, WINDOW, kind) != 0 && IR_ATTR(*at, WINDOW, kind) != 1)
+      return err_set(GRAFT_ERR_ARG, "reduce_window: unknown kind %" PRId64,
+                     IR_ATTR(*at, WINDOW, kind)), -1;
     for (int i = 0; i < a->ndim; i++)
       if (ir_window_dim(a, at, i, &n->shape[i])) return -1;
     return 0;
@@ -523,35 +533,46 @@ void ir_attr_str(const ir_node *n, char *buf, size_t size) {
 }
 
 void ir_attr_fmt(ir_op op, const ir_attrs *attr, int nd, char *buf, size_t size) {
-  const int64_t *a = attr->a;
+  const ir_attrs *at = attr;
   size_t k = 0;
   buf[0] = 0;
 #define PUT(...) (k += (size_t)snprintf(buf + k, k < size ? size - k : 0, __VA_ARGS__))
-#define LIST(label, off, cnt)                                                   \
-  do {                                                                          \
-    PUT("%s=[", label);                                                         \
-    for (int i_ = 0; i_ < (cnt); i_++) PUT("%s%" PRId64, i_ ? "," : "", a[(off) + i_]); \
-    PUT("] ");                                                                  \
+/* "field=[...]" for cnt entries of a per-dim or {h, w} field, by name */
+#define LIST(layout, field, cnt)                                                                \
+  do {                                                                                          \
+    PUT("%s=[", #field);                                                                        \
+    for (int i_ = 0; i_ < (cnt); i_++)                                                          \
+      PUT("%s%" PRId64, i_ ? "," : "", IR_ATTR_AT(*at, layout, field, i_));                     \
+    PUT("] ");                                                                                  \
   } while (0)
   switch (op) {
   case IR_CONSTANT: PUT("value=%.9g", attr->f); break;
-  case IR_IOTA: case IR_CONCAT: case IR_GATHER: case IR_SCATTER_ADD: PUT("axis=%" PRId64, a[0]); break;
-  case IR_RNG: PUT("dist=%s", a[0] ? "normal" : "uniform"); break;
-  case IR_ALL_REDUCE: PUT("op=%s", a[0] == 0 ? "sum" : a[0] == 1 ? "mean" : a[0] == 2 ? "max" : "min"); break;
-  case IR_RANK_BROADCAST: PUT("root=%" PRId64, a[0]); break;
-  case IR_ALL_GATHER: PUT("world=%" PRId64, a[0]); break;
-  case IR_TRANSPOSE: LIST("perm", 0, nd); break;
-  case IR_SLICE: LIST("start", 0, nd); LIST("limit", 8, nd); LIST("stride", 16, nd); break;
-  case IR_PAD: LIST("lo", 0, nd); LIST("hi", 8, nd); LIST("interior", 16, nd); PUT("value=%.9g", attr->f); break;
+  case IR_IOTA: case IR_CONCAT: case IR_GATHER: case IR_SCATTER_ADD:
+    PUT("axis=%" PRId64, IR_ATTR(*at, AXIS, axis)); break;
+  case IR_RNG: PUT("dist=%s", IR_ATTR(*at, RNG, dist) ? "normal" : "uniform"); break;
+  case IR_ALL_REDUCE: {
+    int64_t r = IR_ATTR(*at, COLLECTIVE, arg);
+    PUT("op=%s", r == 0 ? "sum" : r == 1 ? "mean" : r == 2 ? "max" : "min");
+    break;
+  }
+  case IR_RANK_BROADCAST: PUT("root=%" PRId64, IR_ATTR(*at, COLLECTIVE, arg)); break;
+  case IR_ALL_GATHER: PUT("world=%" PRId64, IR_ATTR(*at, COLLECTIVE, arg)); break;
+  case IR_TRANSPOSE: LIST(TRANSPOSE, perm, nd); break;
+  case IR_SLICE: LIST(SLICE, start, nd); LIST(SLICE, limit, nd); LIST(SLICE, stride, nd); break;
+  case IR_PAD:
+    LIST(PAD, lo, nd); LIST(PAD, hi, nd); LIST(PAD, interior, nd); PUT("value=%.9g", attr->f); break;
   case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD:
-    PUT("axes_mask=0x%" PRIx64 " keepdim=%" PRId64, a[0], a[1]); break;
-  case IR_ARGMAX: case IR_ARGMIN: PUT("axis=%" PRId64 " keepdim=%" PRId64, a[0], a[1]); break;
+    PUT("axes_mask=0x%" PRIx64 " keepdim=%" PRId64, IR_ATTR(*at, REDUCE, mask),
+        IR_ATTR(*at, REDUCE, keepdim)); break;
+  case IR_ARGMAX: case IR_ARGMIN:
+    PUT("axis=%" PRId64 " keepdim=%" PRId64, IR_ATTR(*at, ARG, axis), IR_ATTR(*at, ARG, keepdim)); break;
   case IR_CONV2D:
-    LIST("stride", 0, 2); LIST("pad_lo", 2, 2); LIST("pad_hi", 4, 2); LIST("dilation", 6, 2);
-    LIST("lhs_dilation", 8, 2); PUT("groups=%" PRId64, a[10]); break;
+    LIST(CONV2D, stride, 2); LIST(CONV2D, pad_lo, 2); LIST(CONV2D, pad_hi, 2);
+    LIST(CONV2D, dilation, 2); LIST(CONV2D, lhs_dilation, 2);
+    PUT("groups=%" PRId64, IR_ATTR(*at, CONV2D, groups)); break;
   case IR_REDUCE_WINDOW:
-    PUT("kind=%s ", a[0] ? "sum" : "max"); LIST("window", 8, nd); LIST("stride", 16, nd);
-    LIST("pad_lo", 24, nd); LIST("pad_hi", 32, nd); break;
+    PUT("kind=%s ", IR_ATTR(*at, WINDOW, kind) ? "sum" : "max"); LIST(WINDOW, window, nd);
+    LIST(WINDOW, stride, nd); LIST(WINDOW, pad_lo, nd); LIST(WINDOW, pad_hi, nd); break;
   default: break;
   }
 #undef PUT

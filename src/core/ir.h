@@ -8,9 +8,8 @@
 #include <stdint.h>
 
 typedef enum {
-#define X(e, name, arity, kind, dts) IR_##e,
+#define X(e, ...) IR_##e,
 #include "ops.def"
-#undef X
   IR_OP_COUNT
 } ir_op;
 
@@ -27,20 +26,55 @@ enum {
   IR_D_ANY = IR_D_FLOAT | IR_D_INT | IR_D_BOOL
 };
 
+/* The op table's columns (ops.def explains each). */
+typedef enum {
+  OPS_API_NONE, OPS_API_OWN, OPS_API_UNARY, OPS_API_UNARY_FLOAT, OPS_API_BINARY
+} ops_api_form;
+/* Per-element cost of an inlined value, in units of an add (the cpu backend's decisions). */
+enum { OPS_COST_MOVE = 0, OPS_COST_CHEAP = 1, OPS_COST_DIV = 4, OPS_COST_TRANS = 16 };
+typedef enum {
+  OPS_CPU_NONE, OPS_CPU_EXPR, OPS_CPU_WIDE, OPS_CPU_MOVE, OPS_CPU_REDUCE, OPS_CPU_GEMM,
+  OPS_CPU_HOST, OPS_CPU_REF
+} ops_cpu_path;
+typedef enum {
+  OPS_INTERP_NONE, OPS_INTERP_LOOP, OPS_INTERP_COPY, OPS_INTERP_HOST, OPS_INTERP_REF
+} ops_interp_path;
+/* Which float math line (M1 / M2) an op has. */
+enum { OPS_MATH_NONE = 0, OPS_MATH_UNARY = 1, OPS_MATH_BINARY = 2 };
+
 typedef struct {
   const char *name;
   int arity;
   ir_kind kind;
   int dtypes;
+  ops_api_form api;
+  const char *api_fn;  /* "graft_<fn>" for the generated forms; the main function otherwise */
+  int cost;
+  const char *ref;     /* the reference kernel's name ("ref_unary"), NULL for data leaves */
+  ops_cpu_path cpu;
+  ops_interp_path interp;
+  const char *grad;    /* where the gradient rule lives */
 } ir_opinfo;
 
 extern const ir_opinfo ir_ops[IR_OP_COUNT];
+/* OPS_MATH_* per op: whether ops.def gives it a float math line (M1 or M2). */
+extern const unsigned char ir_op_math[IR_OP_COUNT];
 
 #define IR_MAX_ATTRS 40
 typedef struct {
-  int64_t a[IR_MAX_ATTRS]; /* meaning per op: see ops.def */
+  int64_t a[IR_MAX_ATTRS]; /* the layouts: ops.def's ATTR lines; read them by name (below) */
   double f;
 } ir_attrs;
+
+/* Field offsets from ops.def's ATTR lines (IR_ATTR_<LAYOUT>_<field>) and accessors by name:
+ * IR_ATTR(n->attr, CONV2D, groups) is a one-entry field, IR_ATTR_AT(ins->attr, SLICE, limit, d)
+ * entry d of a per-dim field. Both are lvalues. */
+enum {
+#define ATTR(layout, field, off, count) IR_ATTR_##layout##_##field = off,
+#include "ops.def"
+};
+#define IR_ATTR(attrs, layout, field) ((attrs).a[IR_ATTR_##layout##_##field])
+#define IR_ATTR_AT(attrs, layout, field, i) ((attrs).a[IR_ATTR_##layout##_##field + (i)])
 
 struct exec_buffer;
 

@@ -55,7 +55,7 @@ static bool exec_range(const exec_program *p, exec_buffer **bufs, int slot, int6
     }
     break;
   case IR_IOTA:
-    *hi = ins->shape[ins->attr.a[0]] - 1;
+    *hi = ins->shape[IR_ATTR(ins->attr, AXIS, axis)] - 1;
     ok = true;
     break;
   case IR_RESHAPE: case IR_BROADCAST: case IR_TRANSPOSE: case IR_SLICE: case IR_CONVERT:
@@ -102,7 +102,7 @@ static bool exec_range(const exec_program *p, exec_buffer **bufs, int slot, int6
 /* True when gather/scatter instruction i cannot fail at run time. */
 static bool exec_index_in_range(const exec_program *p, exec_buffer **bufs, int i) {
   const exec_instr *ins = &p->instr[i];
-  int64_t size = p->instr[ins->in[0]].shape[ins->attr.a[0]], lo, hi;
+  int64_t size = p->instr[ins->in[0]].shape[IR_ATTR(ins->attr, AXIS, axis)], lo, hi;
   return exec_range(p, bufs, ins->in[1], &lo, &hi, 0) &&
          (p->instr[ins->in[1]].numel == 0 || (lo >= 0 && hi < size));
 }

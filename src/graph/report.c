@@ -54,6 +54,14 @@ void graft_metrics_reset(void) {
   tensor_unlock();
 }
 
+/* A report line: the field's label and value (times in ms with 3 decimals). */
+static int report_uint64_t(char *s, size_t n, const char *label, uint64_t v) {
+  return snprintf(s, n, "  %-24s %llu\n", label, (unsigned long long)v);
+}
+static int report_double(char *s, size_t n, const char *label, double v) {
+  return snprintf(s, n, "  %-24s %.3f\n", label, v);
+}
+
 char *graft_metrics_report(void) {
   graft_metrics m;
   graft_metrics_get(&m);
@@ -61,52 +69,11 @@ char *graft_metrics_report(void) {
   char *s = malloc(cap);
   if (!s) return NULL;
   tensor_lock();
-  int k = snprintf(s, cap,
-      "graft metrics\n"
-      "  graphs compiled      %llu\n"
-      "  cache hits           %llu (%llu hash collisions)\n"
-      "  executions           %llu\n"
-      "  auto syncs           %llu\n"
-      "  nodes traced         %llu\n"
-      "  last / max graph     %llu / %llu nodes\n"
-      "  live tensors         %llu\n"
-      "  pending nodes        %llu\n"
-      "  bytes in use / peak  %llu / %llu (%llu pooled for reuse, %llu inputs donated)\n"
-      "  to device            %llu transfers, %llu bytes\n"
-      "  to host              %llu transfers, %llu bytes\n"
-      "  native compiles      %llu (%llu failed), %.1f ms in the compiler\n"
-      "  compiled executions  %llu\n"
-      "  disk cache hits      %llu (%llu compiles could not use the cache folder)\n"
-      "  graph build time     %.3f ms (capture miss, lowering, passes)\n"
-      "  execute time         %.3f ms\n"
-      "  sync overhead        %.3f ms over %llu syncs\n",
-      (unsigned long long)m.graphs_compiled, (unsigned long long)m.cache_hits,
-      (unsigned long long)m.cache_collisions,
-      (unsigned long long)m.executions, (unsigned long long)m.auto_syncs,
-      (unsigned long long)m.nodes_traced, (unsigned long long)m.last_graph_nodes,
-      (unsigned long long)m.max_graph_nodes, (unsigned long long)m.live_tensors,
-      (unsigned long long)m.pending_nodes, (unsigned long long)m.bytes_in_use,
-      (unsigned long long)m.bytes_peak, (unsigned long long)m.bytes_pooled,
-      (unsigned long long)m.donated_buffers, (unsigned long long)m.transfers_to_device,
-      (unsigned long long)m.bytes_to_device, (unsigned long long)m.transfers_to_host,
-      (unsigned long long)m.bytes_to_host, (unsigned long long)m.native_compiles,
-      (unsigned long long)m.native_compile_failures, m.native_compile_ms,
-      (unsigned long long)m.compiled_executions, (unsigned long long)m.native_disk_hits,
-      (unsigned long long)m.native_disk_refused,
-      m.compile_ms, m.execute_ms, m.sync_overhead_ms,
-      (unsigned long long)m.syncs);
-  if (m.async_steps)
-    k += snprintf(s + k, cap - (size_t)k, "  asynchronous steps   %llu (reads waited %llu times, "
-                  "%.3f ms)\n", (unsigned long long)m.async_steps,
-                  (unsigned long long)m.async_waits, m.async_wait_ms);
-  if (m.checked_executions || m.check_mismatches)
-    k += snprintf(s + k, cap - (size_t)k, "  checked executions   %llu (GRAFT_CHECK), %llu outputs "
-                  "differed from the reference kernels\n", (unsigned long long)m.checked_executions,
-                  (unsigned long long)m.check_mismatches);
-  if (m.collectives)
-    k += snprintf(s + k, cap - (size_t)k, "  collectives          %llu (%llu bytes, %.1f ms with "
-                  "waiting for other ranks)\n", (unsigned long long)m.collectives,
-                  (unsigned long long)m.collective_bytes, m.collective_ms);
+  int k = snprintf(s, cap, "graft metrics\n");
+  /* one line per field of GRAFT_METRICS_FIELDS (include/graft.h), in its order */
+#define REPORT_FIELD(type, name, label, meaning) k += report_##type(s + k, cap - (size_t)k, label, m.name);
+  GRAFT_METRICS_FIELDS(REPORT_FIELD)
+#undef REPORT_FIELD
   backend_stats bs;
   report_backend_stats(&bs);
   if (m.fallback_ops) {

@@ -29,15 +29,17 @@ static int simplify(const exec_program *p, const exec_instr *ins) {
     return a->dtype == ins->dtype ? ins->in[0] : -1;
   case IR_TRANSPOSE:
     for (int i = 0; i < ins->ndim; i++)
-      if (ins->attr.a[i] != i) return -1;
+      if (IR_ATTR_AT(ins->attr, TRANSPOSE, perm, i) != i) return -1;
     return ins->in[0];
   case IR_SLICE:
     for (int i = 0; i < ins->ndim; i++)
-      if (ins->attr.a[16 + i] != 1 || ins->shape[i] != a->shape[i]) return -1;
+      if (IR_ATTR_AT(ins->attr, SLICE, stride, i) != 1 || ins->shape[i] != a->shape[i]) return -1;
     return ins->in[0];
   case IR_PAD:
     for (int i = 0; i < ins->ndim; i++)
-      if (ins->attr.a[i] || ins->attr.a[8 + i] || ins->attr.a[16 + i]) return -1;
+      if (IR_ATTR_AT(ins->attr, PAD, lo, i) || IR_ATTR_AT(ins->attr, PAD, hi, i) ||
+          IR_ATTR_AT(ins->attr, PAD, interior, i))
+        return -1;
     return ins->in[0];
   case IR_MUL:
     if (const_value(b, &v) && v == 1) return ins->in[0];

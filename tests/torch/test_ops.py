@@ -61,6 +61,8 @@ CASES = [
     ("reciprocal", torch.reciprocal, lambda: (pos(3, 4),), True),
     ("log1p", torch.log1p, lambda: (pos(3, 4),), True),
     ("expm1", torch.expm1, lambda: (r(3, 4),), True),
+    ("atan", torch.atan, lambda: (r(3, 4) * 3,), True),
+    ("atan_int", torch.atan, lambda: (idx(5, 3, 4),), False),
     ("exp_int", torch.exp, lambda: (idx(3, 3, 4),), False),
     ("relu", torch.relu, lambda: (r(3, 4),), True),
     ("gelu", F.gelu, lambda: (r(3, 4),), True),

@@ -583,30 +583,12 @@ static std::string py_metrics_json() {
   graft_metrics m;
   graft_metrics_get(&m);
   std::ostringstream os;
-  os << "{\"graphs_compiled\":" << m.graphs_compiled << ",\"cache_hits\":" << m.cache_hits
-     << ",\"cache_collisions\":" << m.cache_collisions
-     << ",\"executions\":" << m.executions << ",\"auto_syncs\":" << m.auto_syncs
-     << ",\"nodes_traced\":" << m.nodes_traced << ",\"last_graph_nodes\":" << m.last_graph_nodes
-     << ",\"max_graph_nodes\":" << m.max_graph_nodes << ",\"live_tensors\":" << m.live_tensors
-     << ",\"pending_nodes\":" << m.pending_nodes << ",\"bytes_in_use\":" << m.bytes_in_use
-     << ",\"bytes_peak\":" << m.bytes_peak << ",\"bytes_pooled\":" << m.bytes_pooled
-     << ",\"donated_buffers\":" << m.donated_buffers
-     << ",\"transfers_to_device\":" << m.transfers_to_device
-     << ",\"bytes_to_device\":" << m.bytes_to_device << ",\"transfers_to_host\":" << m.transfers_to_host
-     << ",\"bytes_to_host\":" << m.bytes_to_host << ",\"compile_ms\":" << m.compile_ms
-     << ",\"execute_ms\":" << m.execute_ms << ",\"native_compiles\":" << m.native_compiles
-     << ",\"native_compile_failures\":" << m.native_compile_failures
-     << ",\"native_compile_ms\":" << m.native_compile_ms
-     << ",\"compiled_executions\":" << m.compiled_executions
-     << ",\"native_disk_hits\":" << m.native_disk_hits
-     << ",\"native_disk_refused\":" << m.native_disk_refused << ",\"fallback_ops\":" << m.fallback_ops
-     << ",\"syncs\":" << m.syncs << ",\"checked_executions\":" << m.checked_executions
-     << ",\"check_mismatches\":" << m.check_mismatches
-     << ",\"async_steps\":" << m.async_steps << ",\"async_waits\":" << m.async_waits
-     << ",\"async_wait_ms\":" << m.async_wait_ms
-     << ",\"collectives\":" << m.collectives << ",\"collective_bytes\":" << m.collective_bytes
-     << ",\"collective_ms\":" << m.collective_ms
-     << ",\"sync_overhead_ms\":" << m.sync_overhead_ms << ",\"fallbacks\":" << fallback_json() << "}";
+  os << "{";
+  // every field of GRAFT_METRICS_FIELDS (include/graft.h), then the bridge's fallbacks per aten op
+#define JSON_FIELD(type, name, label, meaning) os << "\"" #name "\":" << m.name << ",";
+  GRAFT_METRICS_FIELDS(JSON_FIELD)
+#undef JSON_FIELD
+  os << "\"fallbacks\":" << fallback_json() << "}";
   return os.str();
 }
 

@@ -501,24 +501,6 @@ void add_elementwise_lowerings(LoweringTable &t) {
       {"aten::clamp_max.Tensor", &clamp_max},
       {"aten::clamp_min", &clamp_min},
       {"aten::clamp_max", &clamp_max},
-      {"aten::neg", &unop<graft_neg, false>},
-      {"aten::abs", &unop<graft_abs, false>},
-      {"aten::sign", &unop<graft_sign, false>},
-      {"aten::exp", &unop<graft_exp>},
-      {"aten::log", &unop<graft_log>},
-      {"aten::sqrt", &unop<graft_sqrt>},
-      {"aten::rsqrt", &unop<graft_rsqrt>},
-      {"aten::tanh", &unop<graft_tanh>},
-      {"aten::erf", &unop<graft_erf>},
-      {"aten::sigmoid", &unop<graft_sigmoid>},
-      {"aten::sin", &unop<graft_sin>},
-      {"aten::cos", &unop<graft_cos>},
-      {"aten::floor", &unop<graft_floor, false>},
-      {"aten::ceil", &unop<graft_ceil, false>},
-      {"aten::round", &unop<graft_round, false>},
-      {"aten::reciprocal", &unop<graft_reciprocal>},
-      {"aten::log1p", &unop<graft_log1p>},
-      {"aten::expm1", &unop<graft_expm1>},
       {"aten::relu", &unop<g_relu, false>},
       {"aten::gelu", &gelu},
       {"aten::gelu_backward", &gelu_backward},
@@ -546,6 +528,18 @@ void add_elementwise_lowerings(LoweringTable &t) {
       {"aten::native_dropout", &native_dropout},
       {"aten::native_dropout_backward", &native_dropout_backward},
       {"aten::sgn", &unop<graft_sign, false>},
+  });
+  // aten::<fn> for every UNARY / UNARY_FLOAT row of ops.def, one-to-one (UNARY_FLOAT promotes
+  // integer inputs to float first, as PyTorch does). A lowering above wins (logical_not's):
+  // insert does not overwrite.
+  t.insert({
+#define OPS_LOWER_UNARY(fn) {"aten::" #fn, &unop<graft_##fn, false>},
+#define OPS_LOWER_UNARY_FLOAT(fn) {"aten::" #fn, &unop<graft_##fn, true>},
+#define OPS_LOWER_BINARY(fn)
+#define OPS_LOWER_OWN(fn)
+#define OPS_LOWER_NONE(fn)
+#define X(e, nm, ar, k, dts, api, fn, ...) OPS_LOWER_##api(fn)
+#include "../../src/core/ops.def"
   });
 }
 

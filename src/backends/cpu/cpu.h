@@ -5,11 +5,16 @@
 #ifndef GRAFT_CPU_H
 #define GRAFT_CPU_H
 #include "backend.h"
+#include "../ref/ref.h"
 
 extern const backend cpu_backend;
 /* The first tier: interprets a program with the reference kernels, except the instructions
  * that have host kernels (BLAS contractions, convolution, pooling, gather, scatter_add). */
 extern const backend cpu_interp_backend;
+
+/* The path the first tier takes for ins with operands in (only their dtypes and shapes are
+ * read): what ops.def's interp column declares; tests/test_op_coverage.c checks the two agree. */
+ops_interp_path cpu_interp_route(const exec_instr *ins, const ref_arg *in);
 
 typedef struct {
   uint64_t compiles;      /* compiler invocations that succeeded */

@@ -7,6 +7,7 @@
  * after their last use. Outputs past CPU_NT_MIN_BYTES leave through streaming stores. */
 #include "cpu_codegen.h"
 #include "cpu_math.h"
+#include "opmath.h"
 #include "dtype.h"
 #include <inttypes.h>
 #include <stdio.h>
@@ -20,7 +21,14 @@
 #define CPU_NT_BLOCK 2048               /* elements per streamed block of a flat kernel */
 #define CPU_ROW_SCRATCH_BYTES (64 << 10) /* per-row scratch (stack) of one kernel, at most */
 
-static _Thread_local size_t *cpu_step_end;
+
+/* ops.def's float math lines as functions of the generated source (gm_op_<ENUM>); CPU_WIDE ops
+ * call them (cpu_expr.c), so their compiled code computes what the reference kernel does. */
+static const char cpu_op_math_src[] =
+#define M1(e, expr) "static inline double gm_op_" #e "(double v) { return " #expr "; }\n"
+#define M2(e, expr) "static inline double gm_op_" #e "(double a, double b) { return " #expr "; }\n"
+#include "ops.def"
+    "";
 
 static const char cpu_prelude[] =
     "#include <stdint.h>\n#include <math.h>\n"
@@ -78,7 +86,7 @@ typedef struct {
 
 static bool cpu_is_trailing_reduce(const exec_program *p, int i, int *a) {
   const exec_instr *x = &p->instr[p->instr[i].in[0]];
-  int64_t mask = p->instr[i].attr.a[0];
+  int64_t mask = IR_ATTR(p->instr[i].attr, REDUCE, mask);
   int nr = 0;
   for (int d = 0; d < x->ndim; d++) nr += (int)(mask >> d & 1);
   *a = x->ndim - nr;
@@ -164,7 +172,7 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a) {
 static void cpu_member_reduce(cpu_cg *g, int i) {
   const exec_instr *ins = &g->p->instr[i];
   const exec_instr *x = &g->p->instr[ins->in[0]];
-  int64_t mask = ins->attr.a[0];
+  int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
   graft_dtype dt = ins->dtype;
   bool fl = dt == GRAFT_F32 || dt == GRAFT_F64;
   bool mx = ins->op == IR_REDUCE_MAX, mn = ins->op == IR_REDUCE_MIN;
@@ -244,7 +252,7 @@ enum { CPU_COLSUM_BLOCK = 512 };
 static bool cpu_is_colsum(const exec_program *p, int i) {
   const exec_instr *ins = &p->instr[i];
   const exec_instr *x = &p->instr[ins->in[0]];
-  int64_t mask = ins->attr.a[0];
+  int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
   return ins->op == IR_REDUCE_SUM && (ins->dtype == GRAFT_F32 || ins->dtype == GRAFT_F64) &&
          x->ndim >= 2 && !(mask >> (x->ndim - 1) & 1) && mask != 0 && x->shape[x->ndim - 1] > 1;
 }
@@ -252,7 +260,7 @@ static bool cpu_is_colsum(const exec_program *p, int i) {
 static void cpu_member_colsum(cpu_cg *g, int i) {
   const exec_instr *ins = &g->p->instr[i];
   const exec_instr *x = &g->p->instr[ins->in[0]];
-  int64_t mask = ins->attr.a[0];
+  int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
   int last = x->ndim - 1;
   int64_t W = x->shape[last];
   cpu_sb *b = g->body;
@@ -292,7 +300,7 @@ static void cpu_member_colsum(cpu_cg *g, int i) {
 static void cpu_member_arg(cpu_cg *g, int i) {
   const exec_instr *ins = &g->p->instr[i];
   const exec_instr *x = &g->p->instr[ins->in[0]];
-  int ax = (int)ins->attr.a[0];
+  int ax = (int)IR_ATTR(ins->attr, ARG, axis);
   bool fl = dtype_is_float(x->dtype), mn = ins->op == IR_ARGMIN;
   const char *T = fl ? cpu_ctype(x->dtype) : "int64_t";
   g->nmemo = 0;
@@ -347,8 +355,14 @@ static void cpu_kernel_head(cpu_cg *g, cpu_sb *out, int kid, const unsigned char
                   cpu_ctype(g->p->instr[g->stream].dtype), g->stream, g->oshape ? len : CPU_NT_BLOCK);
 }
 
-/* Generates the kernel of group G into out; returns 0, or 1 when a member violated
- * row-locality (the caller shrinks the group), or 2 for a flat kernel that needed coords. */
+/* What generating a group's kernel found: done, a member read another member's output off its
+ * row (the caller shrinks the group), or a flat kernel needed coordinates (it becomes a row
+ * kernel, whose innermost loop is a real dim). */
+enum { CPU_GEN_OK = 0, CPU_GEN_NOT_ROW_LOCAL = 1, CPU_GEN_NEEDS_COORDS = 2 };
+
+/* Generates the kernel of group G into out; returns a CPU_GEN_* code. One function (~95 lines):
+ * the loop nest's header, members' bodies and stores, and the row-scratch and streaming
+ * declarations share the same per-kernel locals; split, each piece would take most of them. */
 static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   const exec_program *p = g->p;
   int n = p->ninstr;
@@ -391,7 +405,7 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
     } else {
       cpu_sb_printf(&body, "      p%d[L] = %s;\n  }\n", i, v);
     }
-    if (g->need_unravel && ins->ndim >= 2) rc = 2;
+    if (g->need_unravel && ins->ndim >= 2) rc = CPU_GEN_NEEDS_COORDS;
   } else {
     const exec_instr *f = &p->instr[G->inst[0]];
     bool standalone_reduce = G->nm == 1 && ir_ops[f->op].kind == IR_K_REDUCE;
@@ -403,7 +417,8 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
     cpu_sb_puts(&body, "  for (int64_t r = lo; r < hi; r++) {\n");
     if (standalone_reduce) { /* unravel r over the kept dims of the operand */
       const exec_instr *x = &p->instr[f->in[0]];
-      int64_t st = 1, mask = cpu_is_arg(f->op) ? (int64_t)1 << f->attr.a[0] : f->attr.a[0];
+      int64_t st = 1, mask = cpu_is_arg(f->op) ? (int64_t)1 << IR_ATTR(f->attr, ARG, axis)
+                                               : IR_ATTR(f->attr, REDUCE, mask);
       for (int d = x->ndim - 1; d >= 0; d--) {
         if (mask >> d & 1) continue;
         cpu_sb_printf(&body, "    const int64_t i%d = r / %" PRId64 " %% %" PRId64 ";\n", d, st,
@@ -431,7 +446,7 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
         if (g->rc_state[s] == 3) g->rc_state[s] = 2;
     }
     cpu_sb_puts(&body, "  }\n");
-    if (g->violation) rc = 1;
+    if (g->violation) rc = CPU_GEN_NOT_ROW_LOCAL;
   }
 done:
   if (g->stream >= 0) cpu_sb_puts(&body, "  gc_sfence();\n");
@@ -500,13 +515,7 @@ static void cpu_costs(const exec_program *p, const cpu_plan *pl, int *cost) {
   for (int i = 0; i < p->ninstr; i++) {
     const exec_instr *ins = &p->instr[i];
     if (pl->role[i] != CPU_INLINE) { cost[i] = 0; continue; }
-    int c;
-    switch (ins->op) {
-    case IR_EXP: case IR_LOG: case IR_TANH: case IR_ERF: case IR_SIGMOID: case IR_SIN:
-    case IR_COS: case IR_LOG1P: case IR_EXPM1: case IR_POW: case IR_REM: c = 16; break;
-    case IR_DIV: case IR_SQRT: case IR_RSQRT: case IR_RECIPROCAL: c = 4; break;
-    default: c = ir_ops[ins->op].kind == IR_K_MOVEMENT ? 0 : 1;
-    }
+    int c = ir_ops[ins->op].cost; /* ops.def's cost column */
     for (int k = 0; k < ins->nin; k++) c += cost[ins->in[k]];
     cost[i] = c > 1000 ? 1000 : c;
   }
@@ -514,18 +523,16 @@ static void cpu_costs(const exec_program *p, const cpu_plan *pl, int *cost) {
 
 /* Records where step `step` ends in the entry text; releases are inserted there once every
  * step's reads are known (cpu_finish_entry). */
-static void cpu_emit_releases(const exec_program *p, const cpu_plan *pl, const int *last_step,
-                              int step, cpu_sb *entry) {
-  (void)p; (void)pl; (void)last_step;
-  if (step < p->ninstr) cpu_step_end[step] = entry->n;
+static void cpu_emit_releases(cpu_cg *g, int step, const cpu_sb *entry) {
+  if (step < g->p->ninstr) g->step_end[step] = entry->n;
 }
 
-static void cpu_finish_entry(const exec_program *p, const cpu_plan *pl, const int *last_step,
-                             int nsteps, const cpu_sb *entry, cpu_sb *out) {
-  (void)pl;
+static void cpu_finish_entry(const cpu_cg *g, const int *last_step, int nsteps,
+                             const cpu_sb *entry, cpu_sb *out) {
+  const exec_program *p = g->p;
   size_t from = 0;
   for (int st = 0; st < nsteps; st++) {
-    size_t to = cpu_step_end[st];
+    size_t to = g->step_end[st];
     if (to < from) continue;
     if (entry->s) {
       char *chunk = strndup(entry->s + from, to - from);
@@ -560,163 +567,223 @@ static bool cpu_can_join(const exec_program *p, const cpu_plan *pl, int i, int a
   return !memcmp(ins->shape, oshape, sizeof(int64_t) * (size_t)a);
 }
 
-int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nkernels,
-                int *kernel_of) {
-  int n = p->ninstr;
-  cpu_cg *g = calloc(1, sizeof *g);
-  int *last_step = malloc(sizeof(int) * ((size_t)n + 1));
-  int *inst = malloc(sizeof(int) * ((size_t)n + 1));
-  cpu_step_end = calloc((size_t)n + 1, sizeof(size_t));
-  if (!g || !last_step || !inst || !cpu_step_end) {
-    free(cpu_step_end);
-    free(g);
-    free(last_step);
-    free(inst);
-    err_set(GRAFT_ERR_OOM, "cpu: out of memory generating code");
-    return -1;
-  }
-  g->p = p;
-  g->pl = pl;
-  g->reads = calloc((size_t)n + 1, 1);
-  g->member = calloc((size_t)n + 1, 1);
-  g->rc_state = calloc((size_t)n + 1, 1);
-  g->rc_count = calloc((size_t)n + 1, sizeof(int));
-  g->cost = calloc((size_t)n + 1, sizeof(int));
-  if (g->cost) cpu_costs(p, pl, g->cost);
-  cpu_sb kern = {0}, entry = {0};
+/* CBLAS's transpose flags, as the generated entry passes them to rt->gemm. */
+enum { CPU_CBLAS_NO_TRANS = 111, CPU_CBLAS_TRANS = 112 };
+
+static void cpu_gen_prelude(cpu_sb *out) {
   cpu_sb_puts(out, cpu_prelude);
   cpu_sb_puts(out, cpu_rt_src);
   cpu_sb_puts(out, "\n");
   cpu_sb_puts(out, cpu_math_src);
-  cpu_sb_puts(out, "\n\n");
-  cpu_sb_puts(&entry, "int cpu_entry(const cpu_rt *rt) {\n  void **S = rt->S;\n  (void)S;\n");
-  for (int i = 0; i < n; i++) last_step[i] = -1;
-  int kid = 0, step = 0;
-  bool ok = g->reads && g->member && g->rc_state && g->rc_count && g->cost;
-  for (int i = 0; i < n && ok; i++, step++) {
-    int role = pl->role[i];
-    const exec_instr *ins = &p->instr[i];
-    if (role == CPU_FALLBACK) {
-      cpu_sb_printf(&entry, "  if (rt->fallback(rt->ctx, %d)) return -1;\n", i);
-      for (int k = 0; k < ins->nin; k++) last_step[ins->in[k]] = step;
-      cpu_emit_releases(p, pl, last_step, step, &entry);
-      continue;
-    }
-    if (role == CPU_GEMM) {
-      const exec_instr *A = &p->instr[ins->in[0]];
-      int64_t M = A->shape[A->ndim - 2], K = A->shape[A->ndim - 1], N = ins->shape[ins->ndim - 1];
-      int64_t batch = (M != 0 && N != 0) ? ins->numel / (M * N) : 0;
-      const char *T = cpu_ctype(ins->dtype);
-      bool f = ins->dtype == GRAFT_F32;
-      int ta, tb, sa = cpu_gemm_operand(p, pl, ins->in[0], &ta), sb = cpu_gemm_operand(p, pl, ins->in[1], &tb);
-      cpu_sb_printf(&entry, "  if (rt->alloc(rt->ctx, %d)) return -1;\n  {\n", i);
-      cpu_sb_printf(&entry, "    const %s *A = (const %s *)S[%d], *B = (const %s *)S[%d];\n", T,
-                    T, sa, T, sb);
-      cpu_sb_printf(&entry, "    %s *C = (%s *)S[%d];\n    (void)A; (void)B; (void)C;\n", T, T, i);
-      if (K == 0)
-        cpu_sb_printf(&entry, "    for (int64_t q = 0; q < %" PRId64 "; q++) C[q] = 0;\n", ins->numel);
-      else if (batch)
-        cpu_sb_printf(&entry,
-                      "    rt->gemm(%d, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", A, %" PRId64
-                      ", %" PRId64 ", B, %" PRId64 ", %" PRId64 ", C, %" PRId64 ", %" PRId64
-                      ", %" PRId64 ");\n",
-                      !f, ta ? 112 : 111, tb ? 112 : 111, M, N, K, ta ? M : K, M * K, tb ? K : N,
-                      K * N, N, M * N, batch);
-      cpu_sb_puts(&entry, "  }\n");
-      last_step[sa] = last_step[sb] = step;
-      cpu_emit_releases(p, pl, last_step, step, &entry);
-      continue;
-    }
-    if (role != CPU_KERNEL && role != CPU_REDUCE) { step--; continue; }
-    /* Form a group: this step plus following kernel/reduce steps sharing its rows. */
-    cpu_group G = {.inst = inst, .nm = 0, .a = -1, .oshape = NULL};
-    int a = 0, ond = 0;
-    const int64_t *osh = NULL;
-    if (role == CPU_REDUCE && !cpu_is_arg(ins->op) && cpu_is_trailing_reduce(p, i, &a)) {
-      osh = p->instr[ins->in[0]].shape;
-      ond = p->instr[ins->in[0]].ndim;
-    } else if (role == CPU_KERNEL && ins->ndim >= 2) {
-      a = ins->ndim - 1;
-      osh = ins->shape;
-      ond = ins->ndim;
-    }
-    inst[G.nm++] = i;
-    int j = i + 1;
-    if (osh && a >= 1) {
-      for (; j < n; j++) {
-        int rj = pl->role[j];
-        if (rj == CPU_INLINE || rj == CPU_DEAD || rj == CPU_PARAM) continue;
-        if (!cpu_can_join(p, pl, j, a, osh)) break;
-        inst[G.nm++] = j;
-      }
-    }
-    int rc;
-    if (G.nm == 1 && role == CPU_KERNEL) {
-      G.a = -1; /* try flat */
-      rc = cpu_gen_group(g, &G, kid, &kern);
-      if (rc == 2) {
-        G.a = ins->ndim - 1;
-        G.oshape = ins->shape;
-        G.ond = ins->ndim;
-        rc = cpu_gen_group(g, &G, kid, &kern);
-      }
-    } else {
-      G.a = G.nm > 1 ? a : 0;
-      G.oshape = osh;
-      G.ond = ond;
-      if (G.nm == 1) G.a = role == CPU_REDUCE ? 0 : G.a;
-      while ((rc = cpu_gen_group(g, &G, kid, &kern)) == 1 && G.nm > 1) G.nm--;
-      if (G.nm == 1 && rc == 1) rc = cpu_gen_group(g, &G, kid, &kern);
-    }
-    if (rc) g->failed = 1;
-    /* units and work */
-    int64_t units, work = 0;
-    if (G.a < 0) units = ins->numel;
-    else if (G.nm == 1 && role == CPU_REDUCE) units = ins->numel;
-    else {
-      units = 1;
-      for (int d = 0; d < G.a; d++) units *= G.oshape[d];
-    }
-    for (int m = 0; m < G.nm; m++) {
-      /* elements times a rough per-element cost: a col2im sum of 9 padded slices over a
-       * small tensor is worth both threads; a copy of the same size is not */
-      int64_t c = 1;
-      const exec_instr *mi = &p->instr[G.inst[m]];
-      for (int k = 0; k < mi->nin && g->cost; k++) c += g->cost[mi->in[k]];
-      work += cpu_work(p, G.inst[m]) * c;
-      cpu_sb_printf(&entry, "  if (rt->alloc(rt->ctx, %d)) return -1;\n", G.inst[m]);
-      if (kernel_of) kernel_of[G.inst[m]] = kid;
-    }
-    if (work >= CPU_PAR_MIN_WORK && units >= 2)
-      cpu_sb_printf(&entry, "  rt->parallel(rt->ctx, k%d, S, %" PRId64 ");\n", kid, units);
-    else cpu_sb_printf(&entry, "  rt->serial(rt->ctx, k%d, S, %" PRId64 ");\n", kid, units);
-    for (int s = 0; s < n; s++)
-      if (g->reads[s]) last_step[s] = step;
-    kid++;
-    /* skip the members we consumed (and inline/dead nodes between them) */
-    i = G.inst[G.nm - 1];
-    cpu_emit_releases(p, pl, last_step, step, &entry);
+  cpu_sb_puts(out, "\n");
+  cpu_sb_puts(out, ops_math_src);
+  cpu_sb_puts(out, "\n");
+  cpu_sb_puts(out, cpu_op_math_src);
+  cpu_sb_puts(out, "\n");
+}
+
+/* A BLAS call for the GEMM instruction i (a zero fill when K == 0); marks what it reads. */
+static void cpu_gen_gemm_call(const cpu_cg *g, int i, int step, int *last_step, cpu_sb *entry) {
+  const exec_program *p = g->p;
+  const exec_instr *ins = &p->instr[i], *A = &p->instr[ins->in[0]];
+  int64_t M = A->shape[A->ndim - 2], K = A->shape[A->ndim - 1], N = ins->shape[ins->ndim - 1];
+  int64_t batch = (M != 0 && N != 0) ? ins->numel / (M * N) : 0;
+  const char *T = cpu_ctype(ins->dtype);
+  int ta, tb, sa = cpu_gemm_operand(p, g->pl, ins->in[0], &ta), sb = cpu_gemm_operand(p, g->pl, ins->in[1], &tb);
+  cpu_sb_printf(entry, "  if (rt->alloc(rt->ctx, %d)) return -1;\n  {\n", i);
+  cpu_sb_printf(entry, "    const %s *A = (const %s *)S[%d], *B = (const %s *)S[%d];\n", T, T, sa,
+                T, sb);
+  cpu_sb_printf(entry, "    %s *C = (%s *)S[%d];\n    (void)A; (void)B; (void)C;\n", T, T, i);
+  if (K == 0)
+    cpu_sb_printf(entry, "    for (int64_t q = 0; q < %" PRId64 "; q++) C[q] = 0;\n", ins->numel);
+  else if (batch)
+    cpu_sb_printf(entry,
+                  "    rt->gemm(%d, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", A, %" PRId64
+                  ", %" PRId64 ", B, %" PRId64 ", %" PRId64 ", C, %" PRId64 ", %" PRId64
+                  ", %" PRId64 ");\n",
+                  ins->dtype != GRAFT_F32, ta ? CPU_CBLAS_TRANS : CPU_CBLAS_NO_TRANS,
+                  tb ? CPU_CBLAS_TRANS : CPU_CBLAS_NO_TRANS, M, N, K, ta ? M : K, M * K,
+                  tb ? K : N, K * N, N, M * N, batch);
+  cpu_sb_puts(entry, "  }\n");
+  last_step[sa] = last_step[sb] = step;
+}
+
+/* The group starting at kernel/reduce step i: it plus the following kernel/reduce steps that
+ * share its rows (dims [0, *a) of *osh). */
+static void cpu_form_group(const cpu_cg *g, int i, int *inst, cpu_group *G, int *a,
+                           const int64_t **osh, int *ond) {
+  const exec_program *p = g->p;
+  const exec_instr *ins = &p->instr[i];
+  int role = g->pl->role[i];
+  *a = 0, *ond = 0, *osh = NULL;
+  *G = (cpu_group){.inst = inst, .nm = 0, .a = -1, .oshape = NULL};
+  if (role == CPU_REDUCE && !cpu_is_arg(ins->op) && cpu_is_trailing_reduce(p, i, a)) {
+    *osh = p->instr[ins->in[0]].shape;
+    *ond = p->instr[ins->in[0]].ndim;
+  } else if (role == CPU_KERNEL && ins->ndim >= 2) {
+    *a = ins->ndim - 1;
+    *osh = ins->shape;
+    *ond = ins->ndim;
   }
-  cpu_sb_puts(&entry, "  return 0;\n}\n");
-  cpu_sb_puts(out, kern.s ? kern.s : "");
-  cpu_finish_entry(p, pl, last_step, step, &entry, out);
-  free(cpu_step_end);
-  cpu_step_end = NULL;
-  int failed = g->failed || !ok || kern.oom || entry.oom || out->oom;
-  char fail_what[sizeof g->fail_what];
-  snprintf(fail_what, sizeof fail_what, "%s", g->failed ? g->fail_what : "");
-  cpu_sb_free(&kern);
-  cpu_sb_free(&entry);
+  inst[G->nm++] = i;
+  if (!*osh || *a < 1) return;
+  for (int j = i + 1; j < p->ninstr; j++) {
+    int rj = g->pl->role[j];
+    if (rj == CPU_INLINE || rj == CPU_DEAD || rj == CPU_PARAM) continue;
+    if (!cpu_can_join(p, g->pl, j, *a, *osh)) break;
+    inst[G->nm++] = j;
+  }
+}
+
+/* Generates group G's kernel: a lone kernel flat when it can be, else by rows; a row group
+ * shrinks until its members are row-local. Returns a CPU_GEN_* code (OK when done). */
+static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *osh, int ond,
+                                int kid, cpu_sb *kern) {
+  const exec_instr *ins = &g->p->instr[G->inst[0]];
+  int role = g->pl->role[G->inst[0]], rc;
+  if (G->nm == 1 && role == CPU_KERNEL) {
+    G->a = -1; /* try flat */
+    rc = cpu_gen_group(g, G, kid, kern);
+    if (rc == CPU_GEN_NEEDS_COORDS) {
+      G->a = ins->ndim - 1;
+      G->oshape = ins->shape;
+      G->ond = ins->ndim;
+      rc = cpu_gen_group(g, G, kid, kern);
+    }
+    return rc;
+  }
+  G->a = G->nm > 1 ? a : 0;
+  G->oshape = osh;
+  G->ond = ond;
+  if (G->nm == 1) G->a = role == CPU_REDUCE ? 0 : G->a;
+  while ((rc = cpu_gen_group(g, G, kid, kern)) == CPU_GEN_NOT_ROW_LOCAL && G->nm > 1) G->nm--;
+  if (G->nm == 1 && rc == CPU_GEN_NOT_ROW_LOCAL) rc = cpu_gen_group(g, G, kid, kern);
+  return rc;
+}
+
+/* The entry's call of kernel kid: allocates the members' outputs, then runs it over its units
+ * on the pool when its work (elements times a rough per-element cost: a col2im sum of 9 padded
+ * slices over a small tensor is worth both threads; a copy of the same size is not) is enough. */
+static void cpu_gen_launch(const cpu_cg *g, const cpu_group *G, int kid, int *kernel_of,
+                           cpu_sb *entry) {
+  const exec_program *p = g->p;
+  const exec_instr *ins = &p->instr[G->inst[0]];
+  int64_t units, work = 0;
+  if (G->a < 0) units = ins->numel;
+  else if (G->nm == 1 && g->pl->role[G->inst[0]] == CPU_REDUCE) units = ins->numel;
+  else {
+    units = 1;
+    for (int d = 0; d < G->a; d++) units *= G->oshape[d];
+  }
+  for (int m = 0; m < G->nm; m++) {
+    int64_t c = 1;
+    const exec_instr *mi = &p->instr[G->inst[m]];
+    for (int k = 0; k < mi->nin && g->cost; k++) c += g->cost[mi->in[k]];
+    work += cpu_work(p, G->inst[m]) * c;
+    cpu_sb_printf(entry, "  if (rt->alloc(rt->ctx, %d)) return -1;\n", G->inst[m]);
+    if (kernel_of) kernel_of[G->inst[m]] = kid;
+  }
+  if (work >= CPU_PAR_MIN_WORK && units >= 2)
+    cpu_sb_printf(entry, "  rt->parallel(rt->ctx, k%d, S, %" PRId64 ");\n", kid, units);
+  else cpu_sb_printf(entry, "  rt->serial(rt->ctx, k%d, S, %" PRId64 ");\n", kid, units);
+}
+
+static cpu_cg *cpu_cg_new(const exec_program *p, const cpu_plan *pl) {
+  size_t n = (size_t)p->ninstr + 1;
+  cpu_cg *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->p = p;
+  g->pl = pl;
+  g->step_end = calloc(n, sizeof(size_t));
+  g->reads = calloc(n, 1);
+  g->member = calloc(n, 1);
+  g->rc_state = calloc(n, 1);
+  g->rc_count = calloc(n, sizeof(int));
+  g->cost = calloc(n, sizeof(int));
+  if (g->cost) cpu_costs(p, pl, g->cost);
+  return g;
+}
+
+static void cpu_cg_free(cpu_cg *g) {
   cpu_arena_free(&g->ar);
+  cpu_memo_free(g);
+  free(g->step_end);
   free(g->reads);
   free(g->member);
   free(g->rc_state);
   free(g->rc_count);
   free(g->cost);
   free(g);
+}
+
+/* The entry's steps, one per instruction with work: reference fallbacks, GEMM calls and
+ * kernels (each a group of instructions sharing rows), with buffers released at last use.
+ * Returns the number of steps; generated kernels go to kern, *nk counts them. */
+static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, cpu_sb *kern,
+                         cpu_sb *entry, int *nk) {
+  const exec_program *p = g->p;
+  int n = p->ninstr, kid = 0, step = 0;
+  for (int i = 0; i < n; i++) last_step[i] = -1;
+  for (int i = 0; i < n; i++, step++) {
+    int role = g->pl->role[i];
+    const exec_instr *ins = &p->instr[i];
+    if (role == CPU_FALLBACK) {
+      cpu_sb_printf(entry, "  if (rt->fallback(rt->ctx, %d)) return -1;\n", i);
+      for (int k = 0; k < ins->nin; k++) last_step[ins->in[k]] = step;
+    } else if (role == CPU_GEMM) {
+      cpu_gen_gemm_call(g, i, step, last_step, entry);
+    } else if (role == CPU_KERNEL || role == CPU_REDUCE) {
+      cpu_group G;
+      int a, ond;
+      const int64_t *osh;
+      cpu_form_group(g, i, inst, &G, &a, &osh, &ond);
+      if (cpu_gen_group_fitted(g, &G, a, osh, ond, kid, kern) != CPU_GEN_OK) g->failed = 1;
+      cpu_gen_launch(g, &G, kid, kernel_of, entry);
+      for (int s = 0; s < n; s++)
+        if (g->reads[s]) last_step[s] = step;
+      kid++;
+      i = G.inst[G.nm - 1]; /* skip the members consumed (and inline/dead nodes between) */
+    } else {
+      step--; /* inlined, dead or a parameter: no step */
+      continue;
+    }
+    cpu_emit_releases(g, step, entry);
+  }
+  *nk = kid;
+  return step;
+}
+
+int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nkernels,
+                int *kernel_of) {
+  int n = p->ninstr;
+  cpu_cg *g = cpu_cg_new(p, pl);
+  int *last_step = malloc(sizeof(int) * ((size_t)n + 1));
+  int *inst = malloc(sizeof(int) * ((size_t)n + 1));
+  bool ok = g && last_step && inst && g->step_end && g->reads && g->member && g->rc_state &&
+            g->rc_count && g->cost;
+  if (!ok) {
+    if (g) cpu_cg_free(g);
+    free(last_step);
+    free(inst);
+    err_set(GRAFT_ERR_OOM, "cpu: out of memory generating code");
+    return -1;
+  }
+  cpu_sb kern = {0}, entry = {0};
+  cpu_gen_prelude(out);
+  cpu_sb_puts(&entry, "int cpu_entry(const cpu_rt *rt) {\n  void **S = rt->S;\n  (void)S;\n");
+  int nk = 0, nsteps = cpu_gen_steps(g, inst, last_step, kernel_of, &kern, &entry, &nk);
+  cpu_sb_puts(&entry, "  return 0;\n}\n");
+  cpu_sb_puts(out, kern.s ? kern.s : "");
+  cpu_finish_entry(g, last_step, nsteps, &entry, out);
+  int failed = g->failed || kern.oom || entry.oom || out->oom;
+  char fail_what[sizeof g->fail_what];
+  snprintf(fail_what, sizeof fail_what, "%s", g->failed ? g->fail_what : "");
+  cpu_sb_free(&kern);
+  cpu_sb_free(&entry);
+  cpu_cg_free(g);
   free(last_step);
   free(inst);
-  *nkernels = kid;
+  *nkernels = nk;
   if (failed) {
     err_set(GRAFT_ERR_INTERNAL, "cpu: code generation failed%s", fail_what);
     return -1;

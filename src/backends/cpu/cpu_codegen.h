@@ -15,8 +15,8 @@ typedef struct {
 
 typedef struct {
   const char *key, *val;
+  uint64_t hash;
 } cpu_memo;
-#define CPU_MAX_MEMO 4096
 
 typedef struct {
   const exec_program *p;
@@ -24,8 +24,14 @@ typedef struct {
   cpu_arena ar;
   cpu_sb *body;         /* statements of the current loop body */
   int ntmp;
-  cpu_memo memo[CPU_MAX_MEMO];
-  int nmemo;
+  size_t *step_end;     /* per entry step: where its text ends (releases go there) */
+  /* The values of the current loop body by (instruction, position), without a cap (cpu_expr.c,
+   * cpu_memo_*): memo[0..nmemo) in insertion order; rolling back is setting nmemo lower.
+   * memo_slot indexes it by key hash (open addressing; a slot holds index + 1, 0 is empty). */
+  cpu_memo *memo;
+  int nmemo, memo_cap;
+  int32_t *memo_slot;
+  size_t memo_nslots, memo_used;
   int need_unravel;     /* a coordinate was recovered from a linear index (div/mod) */
   int self;             /* the root being computed (not loaded) */
   unsigned char *reads; /* slots loaded by the kernel being generated */
@@ -55,6 +61,7 @@ const char *cpu_ctype(graft_dtype dt);
 void cpu_pos_coords(cpu_cg *g, cpu_pos *pos);
 const char *cpu_pos_lin(cpu_cg *g, cpu_pos *pos);
 const char *cpu_value(cpu_cg *g, int i, cpu_pos pos);
+void cpu_memo_free(cpu_cg *g);
 /* The position of element (i<a>..i<ond-1>) within a row of the group, as a C expression. */
 const char *cpu_row_inner(cpu_cg *g);
 int64_t cpu_row_len(const cpu_cg *g);

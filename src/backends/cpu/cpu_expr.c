@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *cpu_ctype(graft_dtype dt) {
@@ -115,9 +116,17 @@ static const char *cpu_narrow(cpu_cg *g, graft_dtype dt, const char *e64) {
   return cpu_fmt(&g->ar, "(%s)(uint64_t)(%s)", cpu_ctype(dt), e64);
 }
 
+/* The op's enum name, as the generated gm_op_<ENUM> math functions are named. */
+static const char *const cpu_op_enum[IR_OP_COUNT] = {
+#define X(e, ...) [IR_##e] = #e,
+#include "ops.def"
+};
+
 static const char *cpu_unary(cpu_cg *g, const exec_instr *ins, const char *a) {
   graft_dtype dt = ins->dtype;
   bool f = dt == GRAFT_F32, d = dt == GRAFT_F64;
+  if ((f || d) && ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_UNARY)
+    return cpu_fmt(&g->ar, "%s(gm_op_%s(gc_wide(%s)))", f ? "gc_f32" : "", cpu_op_enum[ins->op], a);
   if (f || d) {
     /* f32 results computed in double are narrowed through gc_f32, which gcc cannot see
      * through: gcc 12's SLP vectorizer dropped a (float) rounding followed by a widening
@@ -133,8 +142,6 @@ static const char *cpu_unary(cpu_cg *g, const exec_instr *ins, const char *a) {
     case IR_TANH: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_tanhf" : "tanh", a);
     case IR_ERF: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_erff" : "erf", a);
     case IR_SIGMOID: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_sigmoidf" : "gm_sigmoid", a);
-    case IR_SIN: return cpu_fmt(&g->ar, "%s(sin(gc_wide(%s)))", cast, a);
-    case IR_COS: return cpu_fmt(&g->ar, "%s(cos(gc_wide(%s)))", cast, a);
     case IR_FLOOR: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_floorf" : "__builtin_floor", a);
     case IR_CEIL: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_ceilf" : "__builtin_ceil", a);
     case IR_ROUND: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_rintf" : "__builtin_rint", a);
@@ -143,8 +150,6 @@ static const char *cpu_unary(cpu_cg *g, const exec_instr *ins, const char *a) {
     /* 1/a rounded once from double equals the f32 quotient (53 >= 2*24+2: double rounding
      * of a division is innocuous), so f32 divides in f32 and vectorizes. */
     case IR_RECIPROCAL: return f ? cpu_fmt(&g->ar, "1.0f / %s", a) : cpu_fmt(&g->ar, "1.0 / %s", a);
-    case IR_LOG1P: return cpu_fmt(&g->ar, "%s(log1p(gc_wide(%s)))", cast, a);
-    case IR_EXPM1: return cpu_fmt(&g->ar, "%s(expm1(gc_wide(%s)))", cast, a);
     default: return NULL;
     }
   }
@@ -182,13 +187,14 @@ static const char *cpu_binary(cpu_cg *g, const exec_instr *ins, const char *a, c
   graft_dtype dt = ins->dtype;
   if (dt == GRAFT_F32 || dt == GRAFT_F64) {
     const char *cast = dt == GRAFT_F32 ? "gc_f32" : ""; /* see cpu_unary */
+    if (ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_BINARY)
+      return cpu_fmt(&g->ar, "%s(gm_op_%s(gc_wide(%s), gc_wide(%s)))", cast, cpu_op_enum[ins->op],
+                     a, b);
     switch (ins->op) {
     case IR_ADD: return cpu_fmt(&g->ar, "%s + %s", a, b);
     case IR_SUB: return cpu_fmt(&g->ar, "%s - %s", a, b);
     case IR_MUL: return cpu_fmt(&g->ar, "%s * %s", a, b);
     case IR_DIV: return cpu_fmt(&g->ar, "%s / %s", a, b);
-    case IR_POW: return cpu_fmt(&g->ar, "%s(pow(gc_wide(%s), gc_wide(%s)))", cast, a, b);
-    case IR_REM: return cpu_fmt(&g->ar, "%s(fmod(gc_wide(%s), gc_wide(%s)))", cast, a, b);
     case IR_MAX:
       return cpu_fmt(&g->ar, "(%s != %s ? %s : %s != %s ? %s : %s > %s ? %s : %s)", a, a, a, b, b,
                      b, a, b, a, b);
@@ -385,174 +391,257 @@ static bool cpu_pos_is_row(cpu_cg *g, const cpu_pos *pos) {
   return true;
 }
 
+/* ---- the memo: a value per (instruction, position) of the current loop body ----
+ * Rolling back (nmemo set lower: a new loop body, a concat branch) leaves stale slots in the
+ * index; a slot counts only when it points below nmemo at an entry with the same key, and
+ * lookups probe past stale ones (slots are emptied only by a rebuild). */
+static uint64_t cpu_memo_hash(const char *s) { /* FNV-1a */
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return h;
+}
+
+static const char *cpu_memo_find(const cpu_cg *g, const char *key, uint64_t h) {
+  if (!g->memo_nslots) return NULL;
+  size_t mask = g->memo_nslots - 1;
+  for (size_t s = h & mask; g->memo_slot[s]; s = (s + 1) & mask) {
+    int k = g->memo_slot[s] - 1;
+    if (k < g->nmemo && g->memo[k].hash == h && !strcmp(g->memo[k].key, key)) return g->memo[k].val;
+  }
+  return NULL;
+}
+
+static void cpu_memo_index(cpu_cg *g, int k) {
+  size_t mask = g->memo_nslots - 1, s = g->memo[k].hash & mask;
+  while (g->memo_slot[s]) s = (s + 1) & mask;
+  g->memo_slot[s] = k + 1;
+  g->memo_used++;
+}
+
+/* The index at most half full: rebuilt over the live entries (stale slots dropped), larger
+ * when they need it. */
+static int cpu_memo_reindex(cpu_cg *g) {
+  size_t n = 256;
+  while (n < 4 * ((size_t)g->nmemo + 1)) n *= 2;
+  int32_t *slot = calloc(n, sizeof *slot);
+  if (!slot) return -1;
+  free(g->memo_slot);
+  g->memo_slot = slot;
+  g->memo_nslots = n;
+  g->memo_used = 0;
+  for (int k = 0; k < g->nmemo; k++) cpu_memo_index(g, k);
+  return 0;
+}
+
+static void cpu_memo_put(cpu_cg *g, const char *key, uint64_t h, const char *val) {
+  if (g->nmemo == g->memo_cap) {
+    int cap = g->memo_cap ? 2 * g->memo_cap : 256;
+    cpu_memo *m = realloc(g->memo, sizeof *m * (size_t)cap);
+    if (!m) goto oom;
+    g->memo = m;
+    g->memo_cap = cap;
+  }
+  if (2 * (g->memo_used + 1) > g->memo_nslots && cpu_memo_reindex(g)) goto oom;
+  g->memo[g->nmemo] = (cpu_memo){key, val, h};
+  cpu_memo_index(g, g->nmemo++);
+  return;
+oom: /* the compile fails and names why; the graph stays on the first tier */
+  if (!g->failed) snprintf(g->fail_what, sizeof g->fail_what, ": out of memory memoizing values");
+  g->failed = 1;
+}
+
+void cpu_memo_free(cpu_cg *g) {
+  free(g->memo);
+  free(g->memo_slot);
+  g->memo = NULL;
+  g->memo_slot = NULL;
+}
+
+/* The operand position that an index-mapping movement op (broadcast, reshape, transpose,
+ * slice) reads for its output position pos. */
+static cpu_pos cpu_move_pos(cpu_cg *g, const exec_instr *ins, const exec_instr *x, cpu_pos *pos) {
+  cpu_pos q = {.nd = x->ndim, .shape = x->shape};
+  switch (ins->op) {
+  case IR_BROADCAST: {
+    int off = ins->ndim - x->ndim;
+    if (!pos->has_c && x->numel == ins->numel) {
+      q.lin = pos->lin;
+    } else if (x->numel == 1) { /* a scalar: no coordinates needed */
+      for (int d = 0; d < x->ndim; d++) q.c[d] = "0";
+      q.has_c = 1;
+    } else {
+      cpu_pos_coords(g, pos);
+      for (int d = 0; d < x->ndim; d++) q.c[d] = x->shape[d] == 1 ? "0" : pos->c[d + off];
+      q.has_c = 1;
+    }
+    break;
+  }
+  case IR_RESHAPE:
+    if (pos->has_c && cpu_only_unit_dims_differ(ins, x)) {
+      int j = 0;
+      for (int d = 0; d < x->ndim; d++) {
+        if (x->shape[d] == 1) { q.c[d] = "0"; continue; }
+        while (ins->shape[j] == 1) j++;
+        q.c[d] = pos->c[j++];
+      }
+      q.has_c = 1;
+    } else if (!(pos->has_c && cpu_reshape_groups(g, ins, x, pos, &q))) {
+      q.lin = cpu_pos_lin(g, pos);
+    }
+    break;
+  case IR_TRANSPOSE:
+    cpu_pos_coords(g, pos);
+    for (int d = 0; d < ins->ndim; d++) q.c[IR_ATTR_AT(ins->attr, TRANSPOSE, perm, d)] = pos->c[d];
+    q.has_c = 1;
+    break;
+  default: /* IR_SLICE */
+    cpu_pos_coords(g, pos);
+    for (int d = 0; d < ins->ndim; d++) {
+      int64_t s0 = IR_ATTR_AT(ins->attr, SLICE, start, d), st = IR_ATTR_AT(ins->attr, SLICE, stride, d);
+      if (x->shape[d] == 1) q.c[d] = "0";
+      else if (s0 == 0 && st == 1) q.c[d] = pos->c[d];
+      else q.c[d] = cpu_fmt(&g->ar, "(%" PRId64 " + %s * %" PRId64 ")", s0, pos->c[d], st);
+    }
+    q.has_c = 1;
+    break;
+  }
+  return q;
+}
+
+/* pad: the operand's element where pos maps onto one (clamped), else the fill. */
+static const char *cpu_value_pad(cpu_cg *g, const exec_instr *ins, const exec_instr *x,
+                                 cpu_pos *pos) {
+  const char *fill = cpu_literal(g, ins->dtype, ins->attr.f);
+  if (x->numel == 0) return fill;
+  cpu_pos_coords(g, pos);
+  cpu_pos q = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
+  cpu_sb cond = {0};
+  for (int d = 0; d < ins->ndim; d++) {
+    int64_t lo = IR_ATTR_AT(ins->attr, PAD, lo, d), hi = IR_ATTR_AT(ins->attr, PAD, hi, d);
+    int64_t step = IR_ATTR_AT(ins->attr, PAD, interior, d) + 1;
+    if (lo == 0 && hi == 0 && step == 1) { q.c[d] = pos->c[d]; continue; }
+    const char *r = cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[d], lo);
+    if (step > 1) { /* interior padding: only every step-th position holds an element */
+      cpu_sb_printf(&cond, "%s%s >= 0 && %s %% %" PRId64 " == 0", cond.n ? " && " : "", r, r,
+                    step);
+      r = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", r, step);
+    }
+    cpu_sb_printf(&cond, "%s(uint64_t)%s < %" PRId64 "ull", cond.n ? " && " : "", r, x->shape[d]);
+    q.c[d] = cpu_clamp(g, r, x->shape[d]);
+  }
+  const char *a = cpu_value(g, ins->in[0], q);
+  const char *v = cond.n ? cpu_def(g, ins->dtype, cpu_fmt(&g->ar, "(%s) ? %s : %s", cond.s, a, fill))
+                         : a;
+  cpu_sb_free(&cond);
+  return v;
+}
+
+/* concat: only the part an element lies in is computed: an if/else chain on the concat axis
+ * (im2col's 9 slices computed for every element cost 9x). Values computed inside a branch are
+ * scoped to it: the memo is rolled back after each branch, and row-scratch caching is off
+ * inside branches (a store there would be conditional). */
+static const char *cpu_value_concat(cpu_cg *g, const exec_instr *ins, cpu_pos *pos) {
+  const int *in = ins->in;
+  int ax = (int)IR_ATTR(ins->attr, AXIS, axis);
+  cpu_pos_coords(g, pos);
+  int nparts = 0;
+  for (int k = 0; k < ins->nin; k++) nparts += g->p->instr[in[k]].shape[ax] != 0;
+  if (!nparts) return cpu_literal(g, ins->dtype, 0);
+  char *t = cpu_tmp(g);
+  cpu_sb_printf(g->body, "      %s %s;\n", cpu_ctype(ins->dtype), t);
+  unsigned char *rc_state = g->rc_state;
+  g->rc_state = NULL;
+  int64_t off = 0;
+  int seen = 0;
+  for (int k = 0; k < ins->nin; k++) {
+    const exec_instr *xk = &g->p->instr[in[k]];
+    int64_t ext = xk->shape[ax];
+    if (ext == 0) continue;
+    seen++;
+    if (seen == 1 && nparts > 1) cpu_sb_printf(g->body, "      if (%s < %" PRId64 ") {\n", pos->c[ax], off + ext);
+    else if (seen < nparts) cpu_sb_printf(g->body, "      } else if (%s < %" PRId64 ") {\n", pos->c[ax], off + ext);
+    else if (nparts > 1) cpu_sb_puts(g->body, "      } else {\n");
+    cpu_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
+    for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos->c[d];
+    qk.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[ax], off) : pos->c[ax];
+    int nmemo = g->nmemo;
+    const char *a = cpu_value(g, in[k], qk);
+    cpu_sb_printf(g->body, "      %s = %s;\n", t, a);
+    g->nmemo = nmemo;
+    off += ext;
+  }
+  if (nparts > 1) cpu_sb_puts(g->body, "      }\n");
+  g->rc_state = rc_state;
+  return t;
+}
+
+/* Elementwise ops (convert, select, unary, binary, compare) at pos; an op with no code here
+ * fails the compile, naming it. */
+static const char *cpu_value_elementwise(cpu_cg *g, int i, cpu_pos pos) {
+  const exec_instr *ins = &g->p->instr[i];
+  const int *in = ins->in;
+  const char *v = NULL;
+  if (ins->op == IR_CONVERT) {
+    v = cpu_convert(g, g->p->instr[in[0]].dtype, ins->dtype, cpu_value(g, in[0], pos));
+  } else if (ins->op == IR_SELECT) {
+    const char *c = cpu_value(g, in[0], pos), *a = cpu_value(g, in[1], pos),
+               *b = cpu_value(g, in[2], pos);
+    v = cpu_fmt(&g->ar, "%s ? %s : %s", c, a, b);
+  } else if (ir_ops[ins->op].kind == IR_K_UNARY) {
+    v = cpu_unary(g, ins, cpu_value(g, in[0], pos));
+  } else if (ir_ops[ins->op].kind == IR_K_BINARY) {
+    const char *a = cpu_value(g, in[0], pos), *b = cpu_value(g, in[1], pos);
+    v = cpu_binary(g, ins, a, b);
+  } else if (ir_ops[ins->op].kind == IR_K_COMPARE) {
+    const char *a = cpu_value(g, in[0], pos), *b = cpu_value(g, in[1], pos);
+    v = cpu_compare(g, ins->op, a, b);
+  }
+  if (v) return cpu_def(g, ins->dtype, v);
+  if (!g->failed)
+    snprintf(g->fail_what, sizeof g->fail_what, ": no code for %s on %s (instruction %d)",
+             ir_ops[ins->op].name, graft_dtype_name(ins->dtype), i);
+  g->failed = 1;
+  return "0";
+}
+
+/* An inlined instruction's value at pos: a leaf, index arithmetic into its operand, or
+ * elementwise math over its operands' values. */
+static const char *cpu_value_inlined(cpu_cg *g, int i, cpu_pos pos) {
+  const exec_instr *ins = &g->p->instr[i];
+  const exec_instr *x = ins->nin ? &g->p->instr[ins->in[0]] : NULL;
+  switch (ins->op) {
+  case IR_CONSTANT: return cpu_literal(g, ins->dtype, ins->attr.f);
+  case IR_IOTA: {
+    cpu_pos_coords(g, &pos);
+    const char *c = pos.c[IR_ATTR(ins->attr, AXIS, axis)];
+    const char *v = dtype_is_float(ins->dtype) ? cpu_fmt(&g->ar, "(%s)%s", cpu_ctype(ins->dtype), c)
+                                               : cpu_narrow(g, ins->dtype, c);
+    return cpu_def(g, ins->dtype, v);
+  }
+  case IR_BROADCAST: case IR_RESHAPE: case IR_TRANSPOSE: case IR_SLICE:
+    return cpu_value(g, ins->in[0], cpu_move_pos(g, ins, x, &pos));
+  case IR_PAD: return cpu_value_pad(g, ins, x, &pos);
+  case IR_CONCAT: return cpu_value_concat(g, ins, &pos);
+  default: return cpu_value_elementwise(g, i, pos);
+  }
+}
+
+/* Instruction i's value at pos, memoized per (instruction, position) within the loop body: a
+ * row-scratch load, a load of a materialized buffer, or the inlined expression (stored to the
+ * row scratch when the group caches it). */
 const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
   const exec_instr *ins = &g->p->instr[i];
   const char *key = cpu_fmt(&g->ar, "%d@%s", i, cpu_pos_key(g, &pos));
-  for (int k = g->nmemo - 1; k >= 0; k--)
-    if (!strcmp(g->memo[k].key, key)) return g->memo[k].val;
-  const char *v = NULL;
+  uint64_t key_hash = cpu_memo_hash(key);
+  const char *v = cpu_memo_find(g, key, key_hash);
+  if (v) return v;
   bool row = g->rc_state && g->pl->role[i] == CPU_INLINE && i != g->self && cpu_pos_is_row(g, &pos);
-  if (row && g->rc_state[i] == 2) {
+  if (row && g->rc_state[i] == 2)
     v = cpu_def(g, ins->dtype, cpu_fmt(&g->ar, "rc%d[%s]", i, cpu_row_inner(g)));
-  } else if (g->pl->role[i] != CPU_INLINE && i != g->self) {
+  else if (g->pl->role[i] != CPU_INLINE && i != g->self)
     v = cpu_load(g, i, &pos);
-  } else {
-    const int *in = ins->in;
-    const exec_instr *x = ins->nin ? &g->p->instr[in[0]] : NULL;
-    cpu_pos q = {0};
-    if (x) {
-      q.nd = x->ndim;
-      q.shape = x->shape;
-    }
-    switch (ins->op) {
-    case IR_CONSTANT: v = cpu_literal(g, ins->dtype, ins->attr.f); break;
-    case IR_IOTA: {
-      cpu_pos_coords(g, &pos);
-      const char *c = pos.c[ins->attr.a[0]];
-      v = dtype_is_float(ins->dtype) ? cpu_fmt(&g->ar, "(%s)%s", cpu_ctype(ins->dtype), c)
-                                     : cpu_narrow(g, ins->dtype, c);
-      v = cpu_def(g, ins->dtype, v);
-      break;
-    }
-    case IR_CONVERT:
-      v = cpu_def(g, ins->dtype, cpu_convert(g, x->dtype, ins->dtype, cpu_value(g, in[0], pos)));
-      break;
-    case IR_SELECT: {
-      const char *c = cpu_value(g, in[0], pos), *a = cpu_value(g, in[1], pos),
-                 *b = cpu_value(g, in[2], pos);
-      v = cpu_def(g, ins->dtype, cpu_fmt(&g->ar, "%s ? %s : %s", c, a, b));
-      break;
-    }
-    case IR_BROADCAST: {
-      int off = ins->ndim - x->ndim;
-      if (!pos.has_c && x->numel == ins->numel) {
-        q.lin = pos.lin;
-      } else if (x->numel == 1) { /* a scalar: no coordinates needed */
-        for (int d = 0; d < x->ndim; d++) q.c[d] = "0";
-        q.has_c = 1;
-      } else {
-        cpu_pos_coords(g, &pos);
-        for (int d = 0; d < x->ndim; d++) q.c[d] = x->shape[d] == 1 ? "0" : pos.c[d + off];
-        q.has_c = 1;
-      }
-      v = cpu_value(g, in[0], q);
-      break;
-    }
-    case IR_RESHAPE:
-      if (pos.has_c && cpu_only_unit_dims_differ(ins, x)) {
-        int j = 0;
-        for (int d = 0; d < x->ndim; d++) {
-          if (x->shape[d] == 1) { q.c[d] = "0"; continue; }
-          while (ins->shape[j] == 1) j++;
-          q.c[d] = pos.c[j++];
-        }
-        q.has_c = 1;
-      } else if (!(pos.has_c && cpu_reshape_groups(g, ins, x, &pos, &q))) {
-        q.lin = cpu_pos_lin(g, &pos);
-      }
-      v = cpu_value(g, in[0], q);
-      break;
-    case IR_TRANSPOSE:
-      cpu_pos_coords(g, &pos);
-      for (int d = 0; d < ins->ndim; d++) q.c[ins->attr.a[d]] = pos.c[d];
-      q.has_c = 1;
-      v = cpu_value(g, in[0], q);
-      break;
-    case IR_SLICE:
-      cpu_pos_coords(g, &pos);
-      for (int d = 0; d < ins->ndim; d++) {
-        int64_t s0 = ins->attr.a[d], st = ins->attr.a[16 + d];
-        if (x->shape[d] == 1) q.c[d] = "0";
-        else if (s0 == 0 && st == 1) q.c[d] = pos.c[d];
-        else q.c[d] = cpu_fmt(&g->ar, "(%" PRId64 " + %s * %" PRId64 ")", s0, pos.c[d], st);
-      }
-      q.has_c = 1;
-      v = cpu_value(g, in[0], q);
-      break;
-    case IR_PAD: {
-      const char *fill = cpu_literal(g, ins->dtype, ins->attr.f);
-      if (x->numel == 0) { v = fill; break; }
-      cpu_pos_coords(g, &pos);
-      cpu_sb cond = {0};
-      for (int d = 0; d < ins->ndim; d++) {
-        int64_t lo = ins->attr.a[d], hi = ins->attr.a[8 + d], step = ins->attr.a[16 + d] + 1;
-        if (lo == 0 && hi == 0 && step == 1) { q.c[d] = pos.c[d]; continue; }
-        const char *r = cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[d], lo);
-        if (step > 1) { /* interior padding: only every step-th position holds an element */
-          cpu_sb_printf(&cond, "%s%s >= 0 && %s %% %" PRId64 " == 0", cond.n ? " && " : "", r, r,
-                        step);
-          r = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", r, step);
-        }
-        cpu_sb_printf(&cond, "%s(uint64_t)%s < %" PRId64 "ull", cond.n ? " && " : "", r, x->shape[d]);
-        q.c[d] = cpu_clamp(g, r, x->shape[d]);
-      }
-      q.has_c = 1;
-      const char *a = cpu_value(g, in[0], q);
-      v = cond.n ? cpu_def(g, ins->dtype, cpu_fmt(&g->ar, "(%s) ? %s : %s", cond.s, a, fill)) : a;
-      cpu_sb_free(&cond);
-      break;
-    }
-    case IR_CONCAT: {
-      /* Only the part an element lies in is computed: an if/else chain on the concat axis
-       * (im2col's 9 slices computed for every element cost 9x). Values computed inside a
-       * branch are scoped to it: the memo is rolled back after each branch, and row-scratch
-       * caching is off inside branches (a store there would be conditional). */
-      int ax = (int)ins->attr.a[0];
-      cpu_pos_coords(g, &pos);
-      int nparts = 0;
-      for (int k = 0; k < ins->nin; k++) nparts += g->p->instr[in[k]].shape[ax] != 0;
-      if (!nparts) { v = cpu_literal(g, ins->dtype, 0); break; }
-      char *t = cpu_tmp(g);
-      cpu_sb_printf(g->body, "      %s %s;\n", cpu_ctype(ins->dtype), t);
-      unsigned char *rc_state = g->rc_state;
-      g->rc_state = NULL;
-      int64_t off = 0;
-      int seen = 0;
-      for (int k = 0; k < ins->nin; k++) {
-        const exec_instr *xk = &g->p->instr[in[k]];
-        int64_t ext = xk->shape[ax];
-        if (ext == 0) continue;
-        seen++;
-        if (seen == 1 && nparts > 1) cpu_sb_printf(g->body, "      if (%s < %" PRId64 ") {\n", pos.c[ax], off + ext);
-        else if (seen < nparts) cpu_sb_printf(g->body, "      } else if (%s < %" PRId64 ") {\n", pos.c[ax], off + ext);
-        else if (nparts > 1) cpu_sb_puts(g->body, "      } else {\n");
-        cpu_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
-        for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos.c[d];
-        qk.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[ax], off) : pos.c[ax];
-        int nmemo = g->nmemo;
-        const char *a = cpu_value(g, in[k], qk);
-        cpu_sb_printf(g->body, "      %s = %s;\n", t, a);
-        g->nmemo = nmemo;
-        off += ext;
-      }
-      if (nparts > 1) cpu_sb_puts(g->body, "      }\n");
-      g->rc_state = rc_state;
-      v = t;
-      break;
-    }
-    default: {
-      ir_kind kd = ir_ops[ins->op].kind;
-      if (kd == IR_K_UNARY) {
-        v = cpu_unary(g, ins, cpu_value(g, in[0], pos));
-      } else if (kd == IR_K_BINARY) {
-        const char *a = cpu_value(g, in[0], pos), *b = cpu_value(g, in[1], pos);
-        v = cpu_binary(g, ins, a, b);
-      } else if (kd == IR_K_COMPARE) {
-        const char *a = cpu_value(g, in[0], pos), *b = cpu_value(g, in[1], pos);
-        v = cpu_compare(g, ins->op, a, b);
-      }
-      if (!v) {
-        if (!g->failed)
-          snprintf(g->fail_what, sizeof g->fail_what, ": no code for %s on %s (instruction %d)",
-                   ir_ops[ins->op].name, graft_dtype_name(ins->dtype), i);
-        g->failed = 1;
-        v = "0";
-      } else {
-        v = cpu_def(g, ins->dtype, v);
-      }
-    }
-    }
-  }
+  else
+    v = cpu_value_inlined(g, i, pos);
   if (row && g->rc_state[i] != 2) {
     g->rc_count[i]++;
     if (g->rc_state[i] == 1) {
@@ -560,6 +649,6 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
       g->rc_state[i] = 3;
     }
   }
-  if (g->nmemo < CPU_MAX_MEMO) g->memo[g->nmemo++] = (cpu_memo){key, v};
+  cpu_memo_put(g, key, key_hash, v);
   return v;
 }

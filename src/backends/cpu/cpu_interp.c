@@ -5,6 +5,7 @@
  * math as the reference kernels (float math in double, rounded once), so the same results,
  * without a dtype dispatch per element. Everything else runs on the reference kernels. */
 #include "cpu_internal.h"
+#include "opmath.h"
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,13 +16,9 @@ static bool interp_supports(const exec_instr *ins) {
 
 static void *interp_compile(const exec_program *p) { return (void *)p; } /* nothing to build */
 
-/* ---- float elementwise (f32 and f64; operands share the output's shape) ---- */
-static double interp_sigmoid(double x) {
-  if (x >= 0) return 1.0 / (1.0 + exp(-x));
-  double e = exp(x);
-  return e / (1.0 + e);
-}
-
+/* ---- float elementwise (f32 and f64; operands share the output's shape) ----
+ * The loops are generated from ops.def's math lines (M1 / M2), the same lines the reference
+ * kernels are generated from: equal results by construction. */
 #define UNARY_LOOP(T, EXPR)                                                                      \
   do {                                                                                           \
     const T *x = in[0].data;                                                                     \
@@ -32,33 +29,15 @@ static double interp_sigmoid(double x) {
     }                                                                                            \
   } while (0)
 
-#define UNARY_OPS(T)                                                                             \
-  switch (ins->op) {                                                                             \
-  case IR_NEG: UNARY_LOOP(T, -v); break;                                                         \
-  case IR_ABS: UNARY_LOOP(T, fabs(v)); break;                                                    \
-  case IR_EXP: UNARY_LOOP(T, exp(v)); break;                                                     \
-  case IR_LOG: UNARY_LOOP(T, log(v)); break;                                                     \
-  case IR_SQRT: UNARY_LOOP(T, sqrt(v)); break;                                                   \
-  case IR_RSQRT: UNARY_LOOP(T, 1.0 / sqrt(v)); break;                                            \
-  case IR_TANH: UNARY_LOOP(T, tanh(v)); break;                                                   \
-  case IR_ERF: UNARY_LOOP(T, erf(v)); break;                                                     \
-  case IR_SIGMOID: UNARY_LOOP(T, interp_sigmoid(v)); break;                                      \
-  case IR_RECIPROCAL: UNARY_LOOP(T, 1.0 / v); break;                                             \
-  default: return -1;                                                                            \
-  }
-
 static int interp_unary(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t n = ins->numel;
-  if (ins->dtype == GRAFT_F32) UNARY_OPS(float) else UNARY_OPS(double)
-  return 0;
-}
-
-static bool interp_unary_ok(ir_op op) {
-  switch (op) {
-  case IR_NEG: case IR_ABS: case IR_EXP: case IR_LOG: case IR_SQRT: case IR_RSQRT:
-  case IR_TANH: case IR_ERF: case IR_SIGMOID: case IR_RECIPROCAL: return true;
-  default: return false;
+  bool f32 = ins->dtype == GRAFT_F32;
+  switch (ins->op) {
+#define M1(e, expr) case IR_##e: if (f32) UNARY_LOOP(float, expr); else UNARY_LOOP(double, expr); break;
+#include "ops.def"
+  default: return -1;
   }
+  return 0;
 }
 
 #define BINARY_LOOP(T, EXPR)                                                                     \
@@ -71,27 +50,20 @@ static bool interp_unary_ok(ir_op op) {
     }                                                                                            \
   } while (0)
 
-/* max/min: NaN propagates (the first NaN operand), as the reference */
-#define BINARY_OPS(T)                                                                            \
-  switch (ins->op) {                                                                             \
-  case IR_ADD: BINARY_LOOP(T, a + b); break;                                                     \
-  case IR_SUB: BINARY_LOOP(T, a - b); break;                                                     \
-  case IR_MUL: BINARY_LOOP(T, a * b); break;                                                     \
-  case IR_DIV: BINARY_LOOP(T, a / b); break;                                                     \
-  case IR_MAX: BINARY_LOOP(T, isnan(a) ? a : isnan(b) ? b : a > b ? a : b); break;               \
-  case IR_MIN: BINARY_LOOP(T, isnan(a) ? a : isnan(b) ? b : a < b ? a : b); break;               \
-  default: return -1;                                                                            \
-  }
-
 static int interp_binary(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t n = ins->numel;
-  if (ins->dtype == GRAFT_F32) BINARY_OPS(float) else BINARY_OPS(double)
+  bool f32 = ins->dtype == GRAFT_F32;
+  switch (ins->op) {
+#define M2(e, expr) case IR_##e: if (f32) BINARY_LOOP(float, expr); else BINARY_LOOP(double, expr); break;
+#include "ops.def"
+  default: return -1;
+  }
   return 0;
 }
 
-static bool interp_binary_ok(ir_op op) {
-  return op == IR_ADD || op == IR_SUB || op == IR_MUL || op == IR_DIV || op == IR_MAX ||
-         op == IR_MIN;
+/* A typed loop where the table declares one (OPS_INTERP_LOOP) and ops.def has the math. */
+static bool interp_loop_ok(ir_op op, int math) {
+  return ir_ops[op].interp == OPS_INTERP_LOOP && ir_op_math[op] == math;
 }
 
 /* NaN: every comparison false except ne */
@@ -188,7 +160,7 @@ static int interp_broadcast(const exec_instr *ins, const ref_arg *in, void *out)
 static int interp_transpose(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t st[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS];
   interp_src_strides(&in[0], st);
-  for (int d = 0; d < ins->ndim; d++) sst[d] = st[ins->attr.a[d]]; /* out dim d = in dim perm[d] */
+  for (int d = 0; d < ins->ndim; d++) sst[d] = st[IR_ATTR_AT(ins->attr, TRANSPOSE, perm, d)];
   interp_gather_strided(ins, in[0].data, 0, sst, out);
   return 0;
 }
@@ -197,8 +169,8 @@ static int interp_slice(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t st[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS], base = 0;
   interp_src_strides(&in[0], st);
   for (int d = 0; d < ins->ndim; d++) {
-    sst[d] = st[d] * ins->attr.a[16 + d];
-    base += ins->attr.a[d] * st[d];
+    sst[d] = st[d] * IR_ATTR_AT(ins->attr, SLICE, stride, d);
+    base += IR_ATTR_AT(ins->attr, SLICE, start, d) * st[d];
   }
   interp_gather_strided(ins, in[0].data, base, sst, out);
   return 0;
@@ -209,10 +181,12 @@ static ref_fn interp_pick(const exec_instr *ins, const ref_arg *in) {
   if (host || (host = cpu_reduce_kernel(ins, in))) return host;
   bool fl = ins->dtype == GRAFT_F32 || ins->dtype == GRAFT_F64;
   switch (ir_ops[ins->op].kind) {
-  case IR_K_UNARY: return fl && in[0].dtype == ins->dtype && interp_unary_ok(ins->op) ? interp_unary : NULL;
+  case IR_K_UNARY:
+    return fl && in[0].dtype == ins->dtype && interp_loop_ok(ins->op, OPS_MATH_UNARY)
+               ? interp_unary : NULL;
   case IR_K_BINARY:
-    return fl && in[0].dtype == ins->dtype && in[1].dtype == ins->dtype && interp_binary_ok(ins->op)
-               ? interp_binary : NULL;
+    return fl && in[0].dtype == ins->dtype && in[1].dtype == ins->dtype &&
+                   interp_loop_ok(ins->op, OPS_MATH_BINARY) ? interp_binary : NULL;
   case IR_K_COMPARE:
     return (in[0].dtype == GRAFT_F32 || in[0].dtype == GRAFT_F64) && in[1].dtype == in[0].dtype
                ? interp_compare : NULL;
@@ -227,6 +201,14 @@ static ref_fn interp_pick(const exec_instr *ins, const ref_arg *in) {
   case IR_SLICE: return interp_slice;
   default: return NULL;
   }
+}
+
+ops_interp_path cpu_interp_route(const exec_instr *ins, const ref_arg *in) {
+  if (cpu_host_kernel(ins, in)) return OPS_INTERP_HOST;
+  ref_fn f = interp_pick(ins, in);
+  if (!f) return OPS_INTERP_REF;
+  return f == interp_broadcast || f == interp_transpose || f == interp_slice ? OPS_INTERP_COPY
+                                                                            : OPS_INTERP_LOOP;
 }
 
 static int interp_execute(void *exe, const exec_program *p, exec_buffer *const *params,
@@ -245,9 +227,9 @@ static void interp_explain(void *exe, const exec_program *p, int slot, char *buf
     const exec_instr *x = &p->instr[ins->in[k]];
     a[k] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel}; /* the picks read no data */
   }
-  const char *what = "the reference kernel";
-  if (ins->nin <= 16 && cpu_host_kernel(ins, a)) what = "the host kernel (cpu_kernels.c)";
-  else if (ins->nin <= 16 && interp_pick(ins, a)) what = "a typed loop of cpu_interp.c";
+  ops_interp_path r = ins->nin <= 16 ? cpu_interp_route(ins, a) : OPS_INTERP_REF;
+  const char *what = r == OPS_INTERP_HOST ? "the host kernel (cpu_kernels.c)"
+                   : r == OPS_INTERP_REF ? "the reference kernel" : "a typed loop of cpu_interp.c";
   snprintf(buf, n, "%s for %s %%%d, on the first tier (one instruction at a time; an operand "
            "that is not an output may already have differed)", what, ir_ops[ins->op].name, slot);
   if (source) *source = NULL;

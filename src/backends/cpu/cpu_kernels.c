@@ -150,12 +150,13 @@ static int cpu_k_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
   } while (0)
 
 static int cpu_k_pool(const exec_instr *ins, const ref_arg *in, void *out) {
-  const int64_t *a = ins->attr.a;
-  int nd = in[0].ndim, is_max = a[0] == 0;
+  const ir_attrs *a = &ins->attr;
+  int nd = in[0].ndim, is_max = IR_ATTR(*a, WINDOW, kind) == 0;
   int64_t H = in[0].shape[nd - 2], W = in[0].shape[nd - 1];
   int64_t OH = ins->shape[nd - 2], OW = ins->shape[nd - 1];
-  int64_t KH = a[8 + nd - 2], KW = a[8 + nd - 1], SH = a[16 + nd - 2], SW = a[16 + nd - 1];
-  int64_t PH = a[24 + nd - 2], PW = a[24 + nd - 1];
+  int64_t KH = IR_ATTR_AT(*a, WINDOW, window, nd - 2), KW = IR_ATTR_AT(*a, WINDOW, window, nd - 1);
+  int64_t SH = IR_ATTR_AT(*a, WINDOW, stride, nd - 2), SW = IR_ATTR_AT(*a, WINDOW, stride, nd - 1);
+  int64_t PH = IR_ATTR_AT(*a, WINDOW, pad_lo, nd - 2), PW = IR_ATTR_AT(*a, WINDOW, pad_lo, nd - 1);
   int64_t planes = H && W ? in[0].numel / (H * W) : 0;
   if (ins->dtype == GRAFT_F32) POOL_BODY(float);
   else POOL_BODY(double);
@@ -167,8 +168,8 @@ static bool cpu_pool_ok(const exec_instr *ins, const ref_arg *in) {
   int nd = in[0].ndim;
   if (nd < 2) return false;
   for (int d = 0; d < nd - 2; d++)
-    if (ins->attr.a[8 + d] != 1 || ins->attr.a[16 + d] != 1 || ins->attr.a[24 + d] ||
-        ins->attr.a[32 + d])
+    if (IR_ATTR_AT(ins->attr, WINDOW, window, d) != 1 || IR_ATTR_AT(ins->attr, WINDOW, stride, d) != 1 ||
+        IR_ATTR_AT(ins->attr, WINDOW, pad_lo, d) || IR_ATTR_AT(ins->attr, WINDOW, pad_hi, d))
       return false;
   return true;
 }
@@ -205,7 +206,7 @@ static int64_t cpu_idx(const ref_arg *ix, int64_t i) {
 
 static int cpu_k_gather(const exec_instr *ins, const ref_arg *in, void *out) {
   const char *nm = "gather";
-  int axis = (int)ins->attr.a[0];
+  int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
   size_t es = graft_dtype_size(ins->dtype);
   const char *x = in[0].data;
   char *y = out;
@@ -218,7 +219,7 @@ static int cpu_k_gather(const exec_instr *ins, const ref_arg *in, void *out) {
 
 static int cpu_k_scatter_add(const exec_instr *ins, const ref_arg *in, void *out) {
   const char *nm = "scatter_add";
-  int axis = (int)ins->attr.a[0];
+  int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
   memcpy(out, in[0].data, (size_t)ins->numel * graft_dtype_size(ins->dtype));
   if (!in[1].numel) return 0;
   if (ins->dtype == GRAFT_F32) {

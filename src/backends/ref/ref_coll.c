@@ -9,7 +9,8 @@
 /* What every rank must agree on before data moves: op, argument, dtype and each operand's
  * shape. Two ranks whose graphs differ here would otherwise reduce misaligned buffers. */
 static uint64_t ref_coll_sig(const exec_instr *ins, const ref_arg *in) {
-  uint64_t h = ir_mix(ir_mix((uint64_t)ins->op, (uint64_t)ins->attr.a[0]), (uint64_t)ins->dtype);
+  uint64_t h = ir_mix(ir_mix((uint64_t)ins->op, (uint64_t)IR_ATTR(ins->attr, COLLECTIVE, arg)),
+                      (uint64_t)ins->dtype);
   h = ir_mix(h, (uint64_t)ins->nin);
   for (int k = 0; k < ins->nin; k++) {
     h = ir_mix(h, (uint64_t)in[k].ndim);
@@ -33,5 +34,6 @@ int ref_collective(const exec_instr *ins, const ref_arg *in, void *out) {
     if (n) memcpy(dst, in[k].data, n);
     dst += n;
   }
-  return coll_run(ins->op, ins->attr.a[0], ins->dtype, out, total, ref_coll_sig(ins, in));
+  return coll_run(ins->op, IR_ATTR(ins->attr, COLLECTIVE, arg), ins->dtype, out, total,
+                  ref_coll_sig(ins, in));
 }

@@ -42,11 +42,14 @@ static int64_t ref_conv_src(int64_t o, int64_t k, int64_t stride, int64_t pad_lo
 
 int ref_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
   const ref_arg *x = &in[0], *w = &in[1];
-  const int64_t *a = ins->attr.a;
+  const ir_attrs *a = &ins->attr;
+  const int64_t *st = &IR_ATTR_AT(*a, CONV2D, stride, 0), *lo = &IR_ATTR_AT(*a, CONV2D, pad_lo, 0);
+  const int64_t *dil = &IR_ATTR_AT(*a, CONV2D, dilation, 0);
+  const int64_t *ld = &IR_ATTR_AT(*a, CONV2D, lhs_dilation, 0);
   int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
   int64_t O = w->shape[0], CG = w->shape[1], KH = w->shape[2], KW = w->shape[3];
   int64_t OH = ins->shape[2], OW = ins->shape[3];
-  int64_t groups = a[10] > 0 ? a[10] : 1;
+  int64_t groups = IR_ATTR(*a, CONV2D, groups) > 0 ? IR_ATTR(*a, CONV2D, groups) : 1;
   int64_t OG = O / groups > 0 ? O / groups : 1; /* output channels per group */
   graft_dtype xt = x->dtype, wt = w->dtype;
   for (int64_t n = 0; n < N; n++)
@@ -58,10 +61,10 @@ int ref_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
           for (int64_t cg = 0; cg < CG; cg++) {
             int64_t c = g * CG + cg; /* input channel of this group */
             for (int64_t kh = 0; kh < KH; kh++) {
-              int64_t ih = ref_conv_src(oh, kh, a[0], a[2], a[6], a[8], H);
+              int64_t ih = ref_conv_src(oh, kh, st[0], lo[0], dil[0], ld[0], H);
               if (ih < 0) continue;
               for (int64_t kw = 0; kw < KW; kw++) {
-                int64_t iw = ref_conv_src(ow, kw, a[1], a[3], a[7], a[9], W);
+                int64_t iw = ref_conv_src(ow, kw, st[1], lo[1], dil[1], ld[1], W);
                 if (iw < 0) continue;
                 s += dtype_load(x->data, xt, ((n * C + c) * H + ih) * W + iw) *
                      dtype_load(w->data, wt, ((o * CG + cg) * KH + kh) * KW + kw);

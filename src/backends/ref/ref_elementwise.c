@@ -2,6 +2,7 @@
  * select. Float math is done in double and rounded once on store; integer math is done in
  * int64 (wrapping) and narrowed on store, so i32/u8 results wrap like their own type would. */
 #include "ref_util.h"
+#include "opmath.h"
 #include <math.h>
 #include <string.h>
 
@@ -13,7 +14,7 @@ int ref_constant(const exec_instr *ins, const ref_arg *in, void *out) {
 
 int ref_iota(const exec_instr *ins, const ref_arg *in, void *out) {
   (void)in;
-  int axis = (int)ins->attr.a[0];
+  int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
   int64_t c[GRAFT_MAX_DIMS];
   for (int64_t i = 0; i < ins->numel; i++) {
     ref_unravel(i, ins->ndim, ins->shape, c);
@@ -22,43 +23,18 @@ int ref_iota(const exec_instr *ins, const ref_arg *in, void *out) {
   return 0;
 }
 
-/* 1/(1+e^-x) without overflow: for x < 0 use e^x/(1+e^x). */
-static double ref_sigmoid_d(double x) {
-  if (x >= 0) return 1.0 / (1.0 + exp(-x));
-  double e = exp(x);
-  return e / (1.0 + e);
-}
-
-/* Sign that keeps NaN and the sign of zero. */
-static double ref_sign_d(double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x; }
-
 int ref_unary(const exec_instr *ins, const ref_arg *in, void *out) {
   const void *x = in[0].data;
   graft_dtype dt = ins->dtype;
   if (dtype_is_float(dt)) {
     for (int64_t i = 0; i < ins->numel; i++) {
       double v = dtype_load(x, dt, i), r;
-      switch (ins->op) {
-      case IR_NEG: r = -v; break;
-      case IR_ABS: r = fabs(v); break;
-      case IR_EXP: r = exp(v); break;
-      case IR_LOG: r = log(v); break;
-      case IR_SQRT: r = sqrt(v); break;
-      case IR_RSQRT: r = 1.0 / sqrt(v); break;
-      case IR_TANH: r = tanh(v); break;
-      case IR_ERF: r = erf(v); break;
-      case IR_SIGMOID: r = ref_sigmoid_d(v); break;
-      case IR_SIN: r = sin(v); break;
-      case IR_COS: r = cos(v); break;
-      case IR_FLOOR: r = floor(v); break;
-      case IR_CEIL: r = ceil(v); break;
-      case IR_ROUND: r = nearbyint(v); break; /* default rounding mode: half to even */
-      case IR_SIGN: r = ref_sign_d(v); break;
-      case IR_RECIPROCAL: r = 1.0 / v; break;
-      case IR_LOG1P: r = log1p(v); break;
-      case IR_EXPM1: r = expm1(v); break;
+      switch (ins->op) { /* the M1 lines of ops.def */
+#define M1(e, expr) case IR_##e: r = (expr); break;
+#include "ops.def"
       default:
-        err_set(GRAFT_ERR_INTERNAL, "ref: unary op %d has no float kernel", (int)ins->op);
+        err_set(GRAFT_ERR_INTERNAL, "ref: unary op %s has no float kernel (no M1 line in ops.def)",
+                ir_ops[ins->op].name);
         return -1;
       }
       dtype_store(out, dt, i, r);
@@ -74,7 +50,7 @@ int ref_unary(const exec_instr *ins, const ref_arg *in, void *out) {
     /* bool: logical not; ints: bitwise not (u8 narrows back into 0..255 on store) */
     case IR_NOT: r = dt == GRAFT_BOOL ? !v : ~v; break;
     default:
-      err_set(GRAFT_ERR_INTERNAL, "ref: unary op %d has no integer kernel", (int)ins->op);
+      err_set(GRAFT_ERR_INTERNAL, "ref: unary op %s has no integer kernel", ir_ops[ins->op].name);
       return -1;
     }
     dtype_store_i(out, dt, i, r);
@@ -93,27 +69,18 @@ int ref_convert(const exec_instr *ins, const ref_arg *in, void *out) {
   return 0;
 }
 
-/* max/min that return NaN when either side is NaN. */
-static double ref_fmax_nan(double a, double b) { return isnan(a) ? a : isnan(b) ? b : a > b ? a : b; }
-static double ref_fmin_nan(double a, double b) { return isnan(a) ? a : isnan(b) ? b : a < b ? a : b; }
-
 int ref_binary(const exec_instr *ins, const ref_arg *in, void *out) {
   const void *x = in[0].data, *y = in[1].data;
   graft_dtype dt = ins->dtype;
   if (dtype_is_float(dt)) {
     for (int64_t i = 0; i < ins->numel; i++) {
       double a = dtype_load(x, dt, i), b = dtype_load(y, dt, i), r;
-      switch (ins->op) {
-      case IR_ADD: r = a + b; break;
-      case IR_SUB: r = a - b; break;
-      case IR_MUL: r = a * b; break;
-      case IR_DIV: r = a / b; break;
-      case IR_POW: r = pow(a, b); break;
-      case IR_MAX: r = ref_fmax_nan(a, b); break;
-      case IR_MIN: r = ref_fmin_nan(a, b); break;
-      case IR_REM: r = fmod(a, b); break;
+      switch (ins->op) { /* the M2 lines of ops.def */
+#define M2(e, expr) case IR_##e: r = (expr); break;
+#include "ops.def"
       default:
-        err_set(GRAFT_ERR_INTERNAL, "ref: binary op %d has no float kernel", (int)ins->op);
+        err_set(GRAFT_ERR_INTERNAL, "ref: binary op %s has no float kernel (no M2 line in ops.def)",
+                ir_ops[ins->op].name);
         return -1;
       }
       dtype_store(out, dt, i, r);
@@ -137,7 +104,7 @@ int ref_binary(const exec_instr *ins, const ref_arg *in, void *out) {
     case IR_OR: r = dt == GRAFT_BOOL ? (a || b) : (a | b); break;
     case IR_XOR: r = dt == GRAFT_BOOL ? ((a != 0) != (b != 0)) : (a ^ b); break;
     default:
-      err_set(GRAFT_ERR_INTERNAL, "ref: binary op %d has no integer kernel", (int)ins->op);
+      err_set(GRAFT_ERR_INTERNAL, "ref: binary op %s has no integer kernel", ir_ops[ins->op].name);
       return -1;
     }
     dtype_store_i(out, dt, i, r);
@@ -170,7 +137,7 @@ int ref_compare(const exec_instr *ins, const ref_arg *in, void *out) {
     case IR_GT: r = !unordered && !lt && !eq; break;
     case IR_GE: r = !unordered && !lt; break;
     default:
-      err_set(GRAFT_ERR_INTERNAL, "ref: op %d is not a comparison", (int)ins->op);
+      err_set(GRAFT_ERR_INTERNAL, "ref: op %s is not a comparison", ir_ops[ins->op].name);
       return -1;
     }
     o[i] = (uint8_t)r;

@@ -25,7 +25,7 @@ static int64_t ref_index_offset(const char *what, const ref_arg *idx, int64_t i,
 
 int ref_gather(const exec_instr *ins, const ref_arg *in, void *out) {
   const ref_arg *x = &in[0], *idx = &in[1];
-  int axis = (int)ins->attr.a[0];
+  int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
   size_t es = ref_elsize(ins->dtype);
   int64_t st[GRAFT_MAX_DIMS];
   ref_strides(x->ndim, x->shape, st);
@@ -39,7 +39,7 @@ int ref_gather(const exec_instr *ins, const ref_arg *in, void *out) {
 
 int ref_scatter_add(const exec_instr *ins, const ref_arg *in, void *out) {
   const ref_arg *x = &in[0], *idx = &in[1], *src = &in[2];
-  int axis = (int)ins->attr.a[0];
+  int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
   graft_dtype dt = ins->dtype;
   int64_t st[GRAFT_MAX_DIMS];
   ref_strides(ins->ndim, ins->shape, st);

@@ -37,7 +37,7 @@ int ref_transpose(const exec_instr *ins, const ref_arg *in, void *out) {
   for (int64_t i = 0; i < ins->numel; i++) {
     ref_unravel(i, nd, ins->shape, c);
     int64_t si = 0;
-    for (int d = 0; d < nd; d++) si += c[d] * st[ins->attr.a[d]]; /* out dim d = in dim perm[d] */
+    for (int d = 0; d < nd; d++) si += c[d] * st[IR_ATTR_AT(ins->attr, TRANSPOSE, perm, d)];
     ref_copy_el(out, i, in[0].data, si, es);
   }
   return 0;
@@ -46,7 +46,8 @@ int ref_transpose(const exec_instr *ins, const ref_arg *in, void *out) {
 int ref_slice(const exec_instr *ins, const ref_arg *in, void *out) {
   size_t es = ref_elsize(ins->dtype);
   int nd = ins->ndim;
-  const int64_t *start = &ins->attr.a[0], *stride = &ins->attr.a[16];
+  const int64_t *start = &IR_ATTR_AT(ins->attr, SLICE, start, 0);
+  const int64_t *stride = &IR_ATTR_AT(ins->attr, SLICE, stride, 0);
   int64_t st[GRAFT_MAX_DIMS], c[GRAFT_MAX_DIMS];
   ref_strides(in[0].ndim, in[0].shape, st);
   for (int64_t i = 0; i < ins->numel; i++) {
@@ -60,7 +61,7 @@ int ref_slice(const exec_instr *ins, const ref_arg *in, void *out) {
 
 int ref_concat(const exec_instr *ins, const ref_arg *in, void *out) {
   size_t es = ref_elsize(ins->dtype);
-  int axis = (int)ins->attr.a[0];
+  int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
   /* Row-major: for each index over the dims before axis, every operand contributes one
    * contiguous block of shape[axis] * inner elements, in operand order. */
   int64_t outer = 1, inner = 1;
@@ -80,7 +81,8 @@ int ref_concat(const exec_instr *ins, const ref_arg *in, void *out) {
 int ref_pad(const exec_instr *ins, const ref_arg *in, void *out) {
   size_t es = ref_elsize(ins->dtype);
   int nd = ins->ndim;
-  const int64_t *lo = &ins->attr.a[0], *interior = &ins->attr.a[16];
+  const int64_t *lo = &IR_ATTR_AT(ins->attr, PAD, lo, 0);
+  const int64_t *interior = &IR_ATTR_AT(ins->attr, PAD, interior, 0);
   int64_t ost[GRAFT_MAX_DIMS], c[GRAFT_MAX_DIMS];
   ref_strides(nd, ins->shape, ost);
   for (int64_t i = 0; i < ins->numel; i++) dtype_store(out, ins->dtype, i, ins->attr.f);

@@ -47,7 +47,7 @@ static void ref_acc_store(const ref_acc *acc, graft_dtype dt, void *out, int64_t
 
 int ref_reduce(const exec_instr *ins, const ref_arg *in, void *out) {
   const ref_arg *x = &in[0];
-  int64_t mask = ins->attr.a[0];
+  int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
   graft_dtype dt = ins->dtype;
   /* Split operand axes into kept and reduced. The output's row-major order is the order of
    * the kept axes (keepdim only inserts size-1 dims, which don't change linear indices). */
@@ -86,7 +86,7 @@ int ref_reduce(const exec_instr *ins, const ref_arg *in, void *out) {
 
 int ref_argmax(const exec_instr *ins, const ref_arg *in, void *out) {
   const ref_arg *x = &in[0];
-  int axis = (int)ins->attr.a[0];
+  int axis = (int)IR_ATTR(ins->attr, ARG, axis);
   int64_t outer = 1, inner = 1, n = x->shape[axis];
   for (int d = 0; d < axis; d++) outer *= x->shape[d];
   for (int d = axis + 1; d < x->ndim; d++) inner *= x->shape[d];
@@ -118,8 +118,10 @@ int ref_argmax(const exec_instr *ins, const ref_arg *in, void *out) {
 int ref_reduce_window(const exec_instr *ins, const ref_arg *in, void *out) {
   const ref_arg *x = &in[0];
   int nd = x->ndim;
-  const int64_t *win = &ins->attr.a[8], *stride = &ins->attr.a[16], *lo = &ins->attr.a[24];
-  ir_op op = ins->attr.a[0] == 0 ? IR_REDUCE_MAX : IR_REDUCE_SUM;
+  const int64_t *win = &IR_ATTR_AT(ins->attr, WINDOW, window, 0);
+  const int64_t *stride = &IR_ATTR_AT(ins->attr, WINDOW, stride, 0);
+  const int64_t *lo = &IR_ATTR_AT(ins->attr, WINDOW, pad_lo, 0);
+  ir_op op = IR_ATTR(ins->attr, WINDOW, kind) == 0 ? IR_REDUCE_MAX : IR_REDUCE_SUM;
   graft_dtype dt = ins->dtype;
   int64_t st[GRAFT_MAX_DIMS], oc[GRAFT_MAX_DIMS], wc[GRAFT_MAX_DIMS];
   int64_t wcount = 1;

@@ -38,7 +38,7 @@ int ref_rng(const exec_instr *ins, const ref_arg *in, void *out) {
   graft_dtype dt = ins->dtype;
   for (int64_t i = 0; i < ins->numel; i++) {
     uint64_t c = (uint64_t)i;
-    if (ins->attr.a[0] == 0) {
+    if (IR_ATTR(ins->attr, RNG, dist) == 0) {
       ref_store_uniform(out, dt, i, ref_rng_unit(ref_rng_bits(seed, c)));
     } else {
       double u1 = (double)((ref_rng_bits(seed, 2 * c) >> 11) + 1) * 0x1.0p-53; /* (0,1] */
