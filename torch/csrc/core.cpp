@@ -361,63 +361,120 @@ static bool arg_mutated(const c10::Argument &a) {
   return a.alias_info() && a.alias_info()->isWrite();
 }
 
+// The CPU copies of a fallback's arguments, and what they came from.
+struct FallbackArgs {
+  std::vector<at::Tensor> orig;    // graft tensor arguments (single tensors)
+  std::vector<at::Tensor> cpu_of;  // their CPU copies, as passed to the CPU kernel
+  bool any_graft = false, any_cpu = false;
+};
+
+// A tensor argument on the CPU: graft tensors copied, CPU tensors noted (mixing is an error).
+static at::Tensor fallback_tensor_to_cpu(const at::Tensor &t, FallbackArgs &fa, bool cpu_allowed) {
+  if (is_graft(t)) {
+    fa.any_graft = true;
+    return to_cpu(t);
+  }
+  if (!cpu_allowed && t.defined() && t.dim() > 0) fa.any_cpu = true;
+  return t;
+}
+
+// Replaces every graft tensor in args (single, list, optional list, device) by a CPU one.
+static FallbackArgs fallback_args_to_cpu(std::vector<c10::IValue> &args) {
+  FallbackArgs fa;
+  fa.orig.resize(args.size());
+  fa.cpu_of.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto &iv = args[i];
+    if (iv.isTensor()) {
+      const at::Tensor &t = iv.toTensor();
+      if (is_graft(t)) fa.orig[i] = t;
+      iv = fa.cpu_of[i] = fallback_tensor_to_cpu(t, fa, false);
+    } else if (iv.isTensorList()) {
+      auto lst = iv.toTensorList();
+      c10::List<at::Tensor> nl;
+      for (size_t k = 0; k < lst.size(); ++k) nl.push_back(fallback_tensor_to_cpu(lst.get(k), fa, false));
+      iv = nl;
+    } else if (iv.isList() && iv.toListRef().size() > 0 &&
+               (iv.toListRef()[0].isTensor() || iv.toListRef()[0].isNone())) {
+      // Tensor?[]: CPU index tensors are allowed with device tensors (as PyTorch allows on CUDA).
+      c10::List<c10::optional<at::Tensor>> nl;
+      for (const auto &e : iv.toListRef()) {
+        if (e.isTensor()) nl.push_back(fallback_tensor_to_cpu(e.toTensor(), fa, true));
+        else nl.push_back(c10::nullopt);
+      }
+      iv = nl;
+    } else if (iv.isDevice() && iv.toDevice().type() == kDevType) {
+      fa.any_graft = true;
+      iv = c10::Device(c10::DeviceType::CPU);
+    }
+  }
+  return fa;
+}
+
+// A returned alias of a mutated argument: the graft argument itself (undefined if none).
+static at::Tensor fallback_mutated_alias(const c10::FunctionSchema &schema, const c10::Argument &ret,
+                                         const FallbackArgs &fa) {
+  if (!ret.alias_info() || !ret.alias_info()->isWrite()) return at::Tensor();
+  for (size_t i = 0; i < fa.orig.size(); ++i) {
+    const auto &ai = schema.arguments()[i].alias_info();
+    if (fa.orig[i].defined() && ai && ai->beforeSets() == ret.alias_info()->beforeSets()) return fa.orig[i];
+  }
+  return at::Tensor();
+}
+
+// A returned view of an argument (unfold, diagonal, ...): a graft view keeping the aliasing when
+// the argument is a whole root, so writes through the view reach it as on CPU (else undefined).
+static at::Tensor fallback_view(const c10::FunctionSchema &schema, const c10::Argument &ret,
+                                const at::Tensor &t, const FallbackArgs &fa) {
+  if (!ret.alias_info() || ret.alias_info()->isWrite() || !t.defined()) return at::Tensor();
+  for (size_t i = 0; i < fa.orig.size(); ++i) {
+    const auto &ai = schema.arguments()[i].alias_info();
+    if (!fa.orig[i].defined() || !ai || ai->beforeSets() != ret.alias_info()->beforeSets()) continue;
+    GraftImpl *gi = gimpl(fa.orig[i]);
+    if ((gi->is_identity() || gi->is_full_reshape()) && t.is_alias_of(fa.cpu_of[i]) &&
+        t.scalar_type() == fa.orig[i].scalar_type())
+      return make_view(fa.orig[i], t.sizes(), t.strides(), t.storage_offset(), from_cpu(t));
+    break;
+  }
+  return at::Tensor();
+}
+
+// One CPU result as the op's graft result.
+static c10::IValue fallback_output(const c10::FunctionSchema &schema, const c10::Argument &ret,
+                                   c10::IValue iv, const FallbackArgs &fa) {
+  if (iv.isTensor()) {
+    at::Tensor t = iv.toTensor();
+    at::Tensor g = fallback_mutated_alias(schema, ret, fa);
+    if (!g.defined()) g = fallback_view(schema, ret, t, fa);
+    if (g.defined()) return g;
+    if (t.defined() && fa.any_graft && t.device().type() == c10::DeviceType::CPU) return wrap(from_cpu(t));
+  } else if (iv.isTensorList() && fa.any_graft) {
+    auto lst = iv.toTensorList();
+    c10::List<at::Tensor> nl;
+    for (size_t k = 0; k < lst.size(); ++k) {
+      at::Tensor t = lst.get(k);
+      nl.push_back(t.defined() ? wrap(from_cpu(t)) : t);
+    }
+    return nl;
+  }
+  return iv;
+}
+
+static bool copy_like(const std::string &name) {
+  return name == "aten::_copy_from" || name == "aten::_copy_from_and_resize" || name == "aten::copy_" ||
+         name == "aten::_to_copy" || name == "aten::to" || name == "aten::set_";
+}
+
+// An op with no lowering runs on PyTorch's CPU kernel: graft arguments are synced and copied to
+// the CPU, mutated ones written back, results copied to graft (views and aliases kept).
 void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   const auto &schema = op.schema();
   const std::string name = schema.name();
   size_t nargs = schema.arguments().size();
   auto args = torch::jit::last(*stack, nargs).vec();
   torch::jit::drop(*stack, nargs);
-
-  std::vector<at::Tensor> orig(nargs);  // graft tensor arguments (single tensors)
-  std::vector<std::vector<at::Tensor>> orig_lists(nargs);
-  std::vector<at::Tensor> cpu_of(nargs);
-  bool any_graft = false, any_cpu = false;
-  for (size_t i = 0; i < nargs; ++i) {
-    auto &iv = args[i];
-    if (iv.isTensor()) {
-      const at::Tensor &t = iv.toTensor();
-      if (is_graft(t)) {
-        any_graft = true;
-        orig[i] = t;
-        cpu_of[i] = to_cpu(t);
-        iv = cpu_of[i];
-      } else if (t.defined() && t.dim() > 0) {
-        any_cpu = true;
-      }
-    } else if (iv.isTensorList()) {
-      auto lst = iv.toTensorList();
-      c10::List<at::Tensor> nl;
-      for (size_t k = 0; k < lst.size(); ++k) {
-        at::Tensor t = lst.get(k);
-        orig_lists[i].push_back(t);
-        if (is_graft(t)) { any_graft = true; nl.push_back(to_cpu(t)); }
-        else { if (t.defined() && t.dim() > 0) any_cpu = true; nl.push_back(t); }
-      }
-      iv = nl;
-    } else if (iv.isList() && iv.toListRef().size() > 0 &&
-               (iv.toListRef()[0].isTensor() || iv.toListRef()[0].isNone())) {
-      // Tensor?[]
-      c10::List<c10::optional<at::Tensor>> nl;
-      for (const auto &e : iv.toListRef()) {
-        if (e.isTensor()) {
-          at::Tensor t = e.toTensor();
-          // CPU index tensors are allowed with device tensors (as PyTorch allows on CUDA).
-          if (is_graft(t)) { any_graft = true; nl.push_back(to_cpu(t)); }
-          else nl.push_back(t);
-        } else {
-          nl.push_back(c10::nullopt);
-        }
-      }
-      iv = nl;
-    } else if (iv.isDevice() && iv.toDevice().type() == kDevType) {
-      any_graft = true;
-      iv = c10::Device(c10::DeviceType::CPU);
-    }
-  }
-  bool copy_like = name == "aten::_copy_from" || name == "aten::_copy_from_and_resize" ||
-                   name == "aten::copy_" || name == "aten::_to_copy" || name == "aten::to" ||
-                   name == "aten::set_";
-  TORCH_CHECK(!(any_graft && any_cpu) || copy_like,
+  FallbackArgs fa = fallback_args_to_cpu(args);
+  TORCH_CHECK(!(fa.any_graft && fa.any_cpu) || copy_like(name),
               "Expected all tensors to be on the same device, but found at least two devices, "
               "xla:0 (graft) and cpu! (in ", schema.operator_name(), ")");
 
@@ -425,60 +482,12 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   for (auto &iv : args) stack->push_back(std::move(iv));
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
-  // Write mutated arguments back into their graft tensors.
-  for (size_t i = 0; i < nargs; ++i) {
-    if (orig[i].defined() && arg_mutated(schema.arguments()[i])) write_resize(orig[i], from_cpu(cpu_of[i]));
-  }
-  // Wrap outputs.
+  for (size_t i = 0; i < nargs; ++i)  // mutated arguments back into their graft tensors
+    if (fa.orig[i].defined() && arg_mutated(schema.arguments()[i])) write_resize(fa.orig[i], from_cpu(fa.cpu_of[i]));
   const auto &rets = schema.returns();
-  size_t nret = rets.size();
-  auto outs = torch::jit::last(*stack, nret).vec();
-  torch::jit::drop(*stack, nret);
-  for (size_t r = 0; r < nret; ++r) {
-    auto &iv = outs[r];
-    const auto &ret = rets[r];
-    if (iv.isTensor()) {
-      at::Tensor t = iv.toTensor();
-      // A returned alias of a mutated argument: hand back the graft argument itself.
-      bool done = false;
-      if (ret.alias_info() && ret.alias_info()->isWrite()) {
-        for (size_t i = 0; i < nargs; ++i) {
-          if (orig[i].defined() && schema.arguments()[i].alias_info() &&
-              schema.arguments()[i].alias_info()->beforeSets() == ret.alias_info()->beforeSets()) {
-            iv = orig[i];
-            done = true;
-            break;
-          }
-        }
-      }
-      // A returned view of an argument (unfold, diagonal, ...): keep the aliasing when the
-      // argument is a whole root, so writes through the view reach it as on CPU.
-      if (!done && ret.alias_info() && !ret.alias_info()->isWrite() && t.defined()) {
-        for (size_t i = 0; i < nargs; ++i) {
-          const auto &ai = schema.arguments()[i].alias_info();
-          if (!orig[i].defined() || !ai || ai->beforeSets() != ret.alias_info()->beforeSets()) continue;
-          GraftImpl *gi = gimpl(orig[i]);
-          if ((gi->is_identity() || gi->is_full_reshape()) && t.is_alias_of(cpu_of[i]) &&
-              t.scalar_type() == orig[i].scalar_type()) {
-            iv = make_view(orig[i], t.sizes(), t.strides(), t.storage_offset(), from_cpu(t));
-            done = true;
-          }
-          break;
-        }
-      }
-      if (!done && t.defined() && any_graft && t.device().type() == c10::DeviceType::CPU)
-        iv = wrap(from_cpu(t));
-    } else if (iv.isTensorList() && any_graft) {
-      auto lst = iv.toTensorList();
-      c10::List<at::Tensor> nl;
-      for (size_t k = 0; k < lst.size(); ++k) {
-        at::Tensor t = lst.get(k);
-        nl.push_back(t.defined() ? wrap(from_cpu(t)) : t);
-      }
-      iv = nl;
-    }
-    stack->push_back(std::move(iv));
-  }
+  auto outs = torch::jit::last(*stack, rets.size()).vec();
+  torch::jit::drop(*stack, rets.size());
+  for (size_t r = 0; r < rets.size(); ++r) stack->push_back(fallback_output(schema, rets[r], std::move(outs[r]), fa));
 }
 
 // ---------------------------------------------------------------- the boxed kernel

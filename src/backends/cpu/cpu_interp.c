@@ -208,7 +208,7 @@ ops_interp_path cpu_interp_route(const exec_instr *ins, const ref_arg *in) {
   ref_fn f = interp_pick(ins, in);
   if (!f) return OPS_INTERP_REF;
   return f == interp_broadcast || f == interp_transpose || f == interp_slice ? OPS_INTERP_COPY
-                                                                            : OPS_INTERP_LOOP;
+                                                                            : OPS_INTERP_LOOP; /* cpu_interp.c, or cpu_reduce.c for reductions */
 }
 
 static int interp_execute(void *exe, const exec_program *p, exec_buffer *const *params,
