@@ -75,12 +75,14 @@ static graft_tensor *input(int nd, const int64_t *sh) {
 
 typedef graft_tensor *(*build_fn)(graft_tensor **in, double c);
 
-/* One step: build the graph (inside a scope), sync it, drop it. Returns the wall time. */
+/* One step: build the graph (inside a scope), sync it, wait for it to run (execution is
+ * asynchronous), drop it. Returns the wall time. */
 static double step(build_fn f, graft_tensor **in, double c) {
   double t0 = now_ms();
   graft_scope_begin();
   graft_tensor *y = f(in, c);
   graft_status st = y ? graft_sync(&y, 1) : graft_last_status();
+  if (st == GRAFT_OK) st = graft_wait(); /* the sync only queued the graph */
   graft_scope_end();
   double t = now_ms() - t0;
   if (st != GRAFT_OK) {
