@@ -266,6 +266,9 @@ static int cpu_run_compiler(const char *src, const char *out, const char *errf) 
   return st;
 }
 
+/* Source -> loaded object: the disk cache lookup, a private work folder, the compile, the
+ * atomic publish and the load. One function (~80 lines): each step's paths and its cleanup on
+ * failure share the same buffers, and the order is the safety argument (README, Disk cache). */
 int cpu_compile_source(const char *src, cpu_object *obj) {
   memset(obj, 0, sizeof *obj);
   char id[600], dir[1000], key[40], so[1200], meta[1200], work[1100], tmp[1300], errf[1300];
