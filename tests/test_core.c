@@ -467,7 +467,9 @@ TEST(an_input_only_the_graph_holds_is_donated) {
   uint64_t peak = update_steps(false, &donated, a);
   uint64_t peak_held = update_steps(true, &donated_held, b);
   CHECK(donated == 3 && donated_held == 0);
-  CHECK(peak + (4u << 20) <= peak_held); /* each step's output reused its input's memory */
+  /* each step's output reused its input's memory (1 KB of slack: the scalars 0.5 and 1 are
+   * data leaves too, alive at slightly different moments when steps run asynchronously) */
+  CHECK(peak + (4u << 20) <= peak_held + 1024);
   /* A gather whose index is checked in range beforehand still lets inputs be donated: an
    * input index, or one computed from inputs, constants and iotas by sums and differences
    * (graft_flip's, n-1 - iota); one whose range the executor cannot bound (a product) does

@@ -26,6 +26,7 @@ typedef struct exec_buffer {
    * backend releases it at its last use, so an output allocated later can reuse the memory. */
   int donated;
   int state; /* buffer_state; read with buffer_get_state (another thread may set it) */
+  size_t held; /* bytes counted as in use for it: bytes, or 0 for a placeholder not yet filled */
   buffer_failure *failure; /* BUFFER_FAILED only */
 } exec_buffer;
 
@@ -35,7 +36,8 @@ exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what);
 void buffer_retain(exec_buffer *b);
 /* References held now (an atomic read: another thread may release one). */
 int buffer_refs(const exec_buffer *b);
-/* A pending placeholder of bytes, accounted as in use from now on (no memory yet). */
+/* A pending placeholder of bytes: no memory, counted as in use only once filled (the step's
+ * own output buffer is counted meanwhile). */
 exec_buffer *buffer_new_pending(size_t bytes, int device, const char *what);
 buffer_state buffer_get_state(const exec_buffer *b);
 /* Gives pending b the contents of src (same size; takes the caller's reference to src: its
