@@ -104,11 +104,14 @@ static bool cpu_conv_direct_pays(int64_t G, int64_t Og) { return G > 1 && Og <= 
 
 static int cpu_k_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
   const cpu_blas_fns *bl = cpu_blas();
-  const int64_t *a = ins->attr.a;
   int64_t N = in[0].shape[0], C = in[0].shape[1], H = in[0].shape[2], W = in[0].shape[3];
-  int64_t O = in[1].shape[0], KH = in[1].shape[2], KW = in[1].shape[3], G = a[10];
+  const ir_attrs *at = &ins->attr;
+  int64_t O = in[1].shape[0], KH = in[1].shape[2], KW = in[1].shape[3], G = IR_ATTR(*at, CONV2D, groups);
   int64_t Cg = C / G, Og = O / G, OH = ins->shape[2], OW = ins->shape[3];
-  int64_t sh = a[0], sw = a[1], ph = a[2], pw = a[3], dh = a[6], dw = a[7], lh = a[8], lw = a[9];
+  int64_t sh = IR_ATTR_AT(*at, CONV2D, stride, 0), sw = IR_ATTR_AT(*at, CONV2D, stride, 1);
+  int64_t ph = IR_ATTR_AT(*at, CONV2D, pad_lo, 0), pw = IR_ATTR_AT(*at, CONV2D, pad_lo, 1);
+  int64_t dh = IR_ATTR_AT(*at, CONV2D, dilation, 0), dw = IR_ATTR_AT(*at, CONV2D, dilation, 1);
+  int64_t lh = IR_ATTR_AT(*at, CONV2D, lhs_dilation, 0), lw = IR_ATTR_AT(*at, CONV2D, lhs_dilation, 1);
   if (cpu_conv_direct_pays(G, Og)) {
     cpu_conv c = {in[0].data, in[1].data, out, C, H, W, O, KH, KW, Cg, Og, OH, OW,
                   sh, sw, ph, pw, dh, dw, lh, lw};
