@@ -263,40 +263,7 @@ int64_t graft_dim(const graft_tensor *t, int axis) {
 }
 
 /* ---- sync ---- */
-typedef struct {
-  tensor_slot **ts;
-  int n, cap, oom;
-} pending_list;
-
-static void collect_pending(tensor_slot *t, void *ctx) {
-  pending_list *l = ctx;
-  if (t->node->op == IR_DATA || l->oom) return;
-  if (l->n == l->cap) {
-    int cap = l->cap ? l->cap * 2 : 64;
-    tensor_slot **p = realloc(l->ts, sizeof *p * (size_t)cap);
-    if (!p) {
-      l->oom = 1;
-      return;
-    }
-    l->ts = p;
-    l->cap = cap;
-  }
-  l->ts[l->n++] = t;
-}
-
-graft_status api_step_locked(void) {
-  pending_list l = {0};
-  tensor_foreach_live(collect_pending, &l);
-  graft_status st;
-  if (l.oom) {
-    err_set(GRAFT_ERR_OOM, "graft_step: out of memory listing live tensors");
-    st = GRAFT_ERR_OOM;
-  } else {
-    st = exec_sync_locked(l.ts, l.n);
-  }
-  free(l.ts);
-  return st;
-}
+graft_status api_step_locked(void) { return exec_step_locked(); }
 
 graft_status graft_step(void) {
   tensor_lock();

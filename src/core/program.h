@@ -29,6 +29,7 @@ typedef struct {
   int noutputs;
   int *output_slot;
   int device;
+  bool has_collective;  /* an instruction runs across processes (MPI): run in the syncing thread */
 } exec_program;
 
 /* Frees a program and its arrays (program.c); NULL is a no-op. */

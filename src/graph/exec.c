@@ -207,14 +207,6 @@ static graft_status exec_failed_input(exec_buffer *const *bufs, int nparams) {
   return GRAFT_OK;
 }
 
-/* Collectives make MPI calls, which graft serializes under its global lock (dist.c asks for
- * MPI_THREAD_SERIALIZED): a graph with one runs in the syncing thread. */
-static bool exec_has_collective(const exec_program *p) {
-  for (int i = 0; i < p->ninstr; i++)
-    if (ir_ops[p->instr[i].op].kind == IR_K_COLLECTIVE) return true;
-  return false;
-}
-
 /* One graph per device: roots holds the pending nodes of one device. */
 static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) {
   double t0 = metrics_now_ms();
@@ -282,7 +274,7 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
   bool checking = cm && (fast || e->be != graph_backend(BACKEND_REFERENCE));
   /* Checking reads the inputs here, a memory limit makes running out of memory an expected,
    * recoverable error, and collectives call MPI: all run in this thread, after what is queued. */
-  if (async_enabled() && !checking && !buffer_get_limit() && !exec_has_collective(p)) {
+  if (async_enabled() && !checking && !buffer_get_limit() && !p->has_collective) {
     graft_status st = exec_queue(e, fast, bufs, ts, roots, n, out_index);
     free(bufs);
     free(out_index);
@@ -370,11 +362,14 @@ static void exec_collect(tensor_slot *t, void *ctx) {
  * run it again in a later graph; and a rank that read and a rank that did not would disagree.
  * So while a collective is pending, every sync runs everything pending: a step. */
 graft_status exec_sync_locked(tensor_slot *const *ts, int n) {
-  if (!ir_collective_count()) return exec_sync_some(ts, n);
+  return ir_collective_count() ? exec_step_locked() : exec_sync_some(ts, n);
+}
+
+graft_status exec_step_locked(void) {
   exec_pending l = {0};
   tensor_foreach_live(exec_collect, &l);
   graft_status st = GRAFT_ERR_OOM;
-  if (l.oom) err_set(GRAFT_ERR_OOM, "graft_sync: out of memory listing live tensors");
+  if (l.oom) err_set(GRAFT_ERR_OOM, "graft_step: out of memory listing live tensors");
   else st = exec_sync_some(l.ts, l.n);
   free(l.ts);
   return st;
