@@ -38,7 +38,8 @@ extern "C" {
 #endif
 
 #define GRAFT_MAX_DIMS 8
-#define GRAFT_MAX_DEVICES 4 /* virtual CPU devices cpu:0..cpu:3 */
+#define GRAFT_CPU_DEVICES 4  /* ids 0..3: virtual CPU devices cpu:0..cpu:3 (host memory) */
+#define GRAFT_MAX_DEVICES 16 /* device ids: the CPUs, then accelerators found (OpenCL) */
 #define GRAFT_VERSION "0.1.0"
 
 typedef struct graft_tensor graft_tensor;
@@ -129,6 +130,18 @@ graft_tensor *graft_rand_uniform_on(graft_dtype dt, int ndim, const int64_t *sha
 graft_tensor *graft_rand_normal(graft_dtype dt, int ndim, const int64_t *shape);
 /** graft_rand_normal on a device (0..3). */
 graft_tensor *graft_rand_normal_on(graft_dtype dt, int ndim, const int64_t *shape, int device);
+/** Devices known: the GRAFT_CPU_DEVICES CPUs, then accelerators (the first call looks for them:
+ *  OpenCL platforms). Ids run 0..count-1. */
+int graft_device_count(void);
+/** The id of the ordinal-th device of kind ("cpu", "opencl"), or -1 with GRAFT_ERR_DEVICE set
+ *  (the message says what was looked for and which devices exist). */
+int graft_device_find(const char *kind, int ordinal);
+/** The device's kind ("cpu", "opencl"), or NULL for no such device. */
+const char *graft_device_kind(int device);
+/** The device's name (for OpenCL: platform and device), or NULL for no such device. */
+const char *graft_device_name(int device);
+/** Bytes of the device's own memory (0 for the CPUs: host memory). */
+size_t graft_device_memory(int device);
 /** Copies t to another device (syncs t first). */
 graft_tensor *graft_to_device(graft_tensor *t, int device);
 
@@ -355,7 +368,11 @@ void graft_empty_cache(void);
   X(double, async_wait_ms, "async wait ms", "time those reads waited")                            \
   X(uint64_t, collectives, "collectives", "collectives graphs ran: one per dtype per graft_dist_* call, each one MPI call in a job of more than one process") \
   X(uint64_t, collective_bytes, "collective bytes", "bytes those collectives moved from this rank") \
-  X(double, collective_ms, "collective ms", "time in them, waiting for the other ranks included")
+  X(double, collective_ms, "collective ms", "time in them, waiting for the other ranks included") \
+  X(uint64_t, device_uploads, "device uploads", "copies into an accelerator's own memory (uploads, fallbacks' inputs back)") \
+  X(uint64_t, device_upload_bytes, "device upload bytes", "bytes those copies moved") \
+  X(uint64_t, device_downloads, "device downloads", "copies out of an accelerator's memory (reads, fallbacks' inputs)") \
+  X(uint64_t, device_download_bytes, "device download bytes", "bytes those copies moved")
 
 #define GRAFT_METRICS_MEMBER_(type, name, label, meaning) type name;
 typedef struct {

@@ -43,10 +43,23 @@ static int check_passed, check_failed;
     }                                                                                       \
   } while (0)
 /* The device the device-parametrized tests (test_composite, test_grad) make their inputs on:
- * GRAFT_TEST_DEVICE=n runs them on cpu:n (the Makefile runs them on cpu:0 and cpu:1). */
+ * GRAFT_TEST_DEVICE=n runs them on device n, =opencl on the first OpenCL device (the Makefile
+ * runs them on cpu:0, cpu:1 and, where one is found, opencl:0). */
 static inline int check_test_device(void) {
   const char *e = getenv("GRAFT_TEST_DEVICE");
-  return e && *e ? atoi(e) : 0;
+  if (!e || !*e) return 0;
+  if (strcmp(e, "opencl")) return atoi(e);
+  int d = graft_device_find("opencl", 0); /* -1: the suite reports no such device */
+  return d;
+}
+
+/* How graft's errors name device id: "cpu:1", "opencl:0". */
+static inline const char *check_device_str(int id, char *buf, size_t n) {
+  const char *kind = graft_device_kind(id);
+  int ordinal = 0;
+  for (int i = 0; kind && i < id; i++) ordinal += !strcmp(graft_device_kind(i), kind);
+  snprintf(buf, n, "%s:%d", kind ? kind : "?", ordinal);
+  return buf;
 }
 
 /* The compiled pass (make check-compiled runs the suites with GRAFT_COMPILE=sync) must run

@@ -228,9 +228,9 @@ TEST(mixed_devices_fail) {
                *w = graft_full_on(1, GRAFT_F32, 4, ws, other),
                *dy = graft_full_on(1, GRAFT_F32, 4, ys, dev),
                *pdy = graft_full_on(1, GRAFT_F32, 4, ps, other);
-  char d0[16], d1[16];
-  snprintf(d0, sizeof d0, "cpu:%d", dev);
-  snprintf(d1, sizeof d1, "cpu:%d", other);
+  char d0[32], d1[32];
+  check_device_str(dev, d0, sizeof d0);
+  check_device_str(other, d1, sizeof d1);
   CHECK(fails_with(graft_conv2d_backward_input(dy, w, xs, NULL, NULL, NULL, 1), GRAFT_ERR_DEVICE,
                    d0, d1, "graft_conv2d_backward_input"));
   CHECK(fails_with(graft_max_pool2d_backward(x, pdy, (int[]){2, 2}, NULL, NULL),

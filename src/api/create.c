@@ -1,5 +1,6 @@
 /* C API: creation, queries, sync, configuration and shutdown. */
 #include "api.h"
+#include "device.h"
 #include "../graph/graph.h"
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +36,12 @@ int api_axis(const char *fn, int axis, int ndim) {
 ir_node *api_scalar_node(double value, graft_dtype dt, int device) {
   exec_buffer *b = buffer_new(graft_dtype_size(dt), device, 0, "scalar");
   if (!b) return NULL;
-  dtype_store(b->ptr, dt, 0, value);
+  unsigned char host[16];
+  dtype_store(host, dt, 0, value);
+  if (buffer_upload(b, host, b->bytes)) {
+    buffer_release(b);
+    return NULL;
+  }
   metrics.m.transfers_to_device++;
   metrics.m.bytes_to_device += b->bytes;
   ir_node *n = ir_make_data(b, dt, 0, NULL, device);
@@ -50,10 +56,45 @@ static int check_dtype(const char *fn, graft_dtype dt) {
 }
 
 static int check_device(const char *fn, int device) {
-  if (device >= 0 && device < GRAFT_MAX_DEVICES) return 0;
-  err_set(GRAFT_ERR_DEVICE, "%s: no device cpu:%d (devices are cpu:0..cpu:%d)", fn, device,
-          GRAFT_MAX_DEVICES - 1);
+  if (device_valid(device)) return 0;
+  char list[256];
+  err_set(GRAFT_ERR_DEVICE, "%s: no device %d (devices: %s)", fn, device,
+          device_list_str(list, sizeof list));
   return -1;
+}
+
+int graft_device_count(void) { return device_count(); }
+
+int graft_device_find(const char *kind, int ordinal) {
+  if (!kind) return err_set(GRAFT_ERR_NULL, "graft_device_find: kind is NULL"), -1;
+  for (int i = 0; i < device_count(); i++) {
+    const device_info *d = device_get(i);
+    if (!strcmp(d->kind, kind) && d->ordinal == ordinal) return i;
+  }
+  char list[256];
+  int known = strcmp(kind, "cpu") && strcmp(kind, "opencl");
+  err_set(GRAFT_ERR_DEVICE, "graft_device_find: no %s device %d (%s; devices: %s)", kind, ordinal,
+          known ? "kinds are cpu, opencl"
+                : !strcmp(kind, "opencl") ? "an OpenCL device needs an OpenCL runtime "
+                  "(libOpenCL.so.1, e.g. Debian's ocl-icd-libopencl1) and a driver that lists a "
+                  "device (e.g. pocl-opencl-icd; check with clinfo -l)" : "cpu devices are 0..3",
+          device_list_str(list, sizeof list));
+  return -1;
+}
+
+const char *graft_device_kind(int device) {
+  const device_info *d = device_get(device);
+  return d ? d->kind : NULL;
+}
+
+const char *graft_device_name(int device) {
+  const device_info *d = device_get(device);
+  return d ? d->name : NULL;
+}
+
+size_t graft_device_memory(int device) {
+  const device_info *d = device_get(device);
+  return d ? d->memory : 0;
 }
 
 graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const int64_t *shape,
@@ -70,13 +111,12 @@ graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const 
   size_t bytes = (size_t)numel * graft_dtype_size(dt);
   exec_buffer *b = buffer_new(bytes, device, 0, fn);
   graft_tensor *t = NULL;
-  if (b) {
-    if (bytes) memcpy(b->ptr, data, bytes);
+  if (b && !buffer_upload(b, data, bytes)) {
     metrics.m.transfers_to_device++;
     metrics.m.bytes_to_device += bytes;
     t = tensor_wrap(ir_make_data(b, dt, ndim, shape, device));
-    buffer_release(b);
   }
+  buffer_release(b);
   tensor_unlock();
   return t;
 }
@@ -183,7 +223,12 @@ static graft_tensor *rand_draw(const char *fn, int dist, graft_dtype dt, int ndi
   ir_node *seed = api_scalar_node(0, GRAFT_I64, device);
   graft_tensor *t = NULL;
   if (seed) {
-    *(int64_t *)seed->data->ptr = (int64_t)z;
+    int64_t zz = (int64_t)z;
+    if (buffer_upload(seed->data, &zz, sizeof zz)) {
+      ir_release(seed);
+      tensor_unlock();
+      return err_named(NULL, mark, fn);
+    }
     ir_attrs at = {.a[IR_ATTR_RNG_dist] = dist};
     t = api_node(ir_make(IR_RNG, 1, &seed, &at, dt, ndim, shape));
     ir_release(seed);
@@ -216,9 +261,8 @@ graft_tensor *graft_to_device(graft_tensor *t, int device) {
   if (s && !check_device(fn, device) && exec_sync_locked(&s, 1) == GRAFT_OK &&
       async_wait_buffer(s->node->data, fn) == GRAFT_OK) {
     ir_node *n = s->node;
-    exec_buffer *b = buffer_new(n->data->bytes, device, 0, fn);
+    exec_buffer *b = buffer_to_device(n->data, device, fn);
     if (b) {
-      if (b->bytes) memcpy(b->ptr, n->data->ptr, b->bytes);
       metrics.m.transfers_to_device++;
       metrics.m.bytes_to_device += b->bytes;
       r = tensor_wrap(ir_make_data(b, n->dtype, n->ndim, n->shape, device));
@@ -323,7 +367,7 @@ graft_status graft_to_host(graft_tensor *t, void *dst, size_t bytes) {
       err_set(GRAFT_ERR_NULL, "%s: destination is NULL", fn);
       st = GRAFT_ERR_NULL;
     } else {
-      if (need) memcpy(dst, n->data->ptr, need);
+      if (buffer_download(n->data, dst, need)) st = graft_last_status();
       metrics.m.transfers_to_host++;
       metrics.m.bytes_to_host += need;
     }
@@ -346,7 +390,9 @@ graft_status graft_item(graft_tensor *t, double *out) {
     err_set(GRAFT_ERR_NULL, "%s: out is NULL", fn);
     st = GRAFT_ERR_NULL;
   } else if (n) {
-    *out = dtype_load(n->data->ptr, n->dtype, 0);
+    unsigned char host[16];
+    if (buffer_download(n->data, host, graft_dtype_size(n->dtype))) st = graft_last_status();
+    else *out = dtype_load(host, n->dtype, 0);
     metrics.m.transfers_to_host++;
     metrics.m.bytes_to_host += graft_dtype_size(n->dtype);
   }

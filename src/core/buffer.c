@@ -2,6 +2,7 @@
  * pool of released large blocks: a steady loop allocates the same sizes every step, and a
  * fresh 64 MB block costs ~16 ms of page faults here, more than the kernel that fills it. */
 #include "buffer.h"
+#include "device.h"
 #include "error.h"
 #include <pthread.h>
 #include <stdatomic.h>
@@ -99,6 +100,19 @@ size_t buffer_pool_bytes(void) {
 
 static _Atomic size_t buf_in_use, buf_peak, buf_limit;
 
+/* Fills device memory with a byte through a host block (rare: zeroed device allocations). */
+static int buffer_device_fill(const device_info *dev, void *handle, size_t bytes, int byte) {
+  void *h = malloc(bytes);
+  if (!h) {
+    err_set(GRAFT_ERR_OOM, "out of memory: a %zu-byte host block to fill device memory", bytes);
+    return -1;
+  }
+  memset(h, byte, bytes);
+  int rc = dev->mem->upload(dev->ctx, handle, h, bytes);
+  free(h);
+  return rc;
+}
+
 exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what) {
   size_t limit = atomic_load(&buf_limit);
   size_t now = atomic_fetch_add(&buf_in_use, bytes) + bytes;
@@ -109,7 +123,13 @@ exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what) {
   }
   exec_buffer *b = malloc(sizeof *b);
   void *p = NULL;
-  if (bytes) {
+  const device_info *dev = device_is_host(device) ? NULL : device_get(device);
+  if (dev && b && bytes && dev->mem->alloc(dev->ctx, bytes, &p)) { /* device memory */
+    free(b);
+    atomic_fetch_sub(&buf_in_use, bytes);
+    return NULL; /* the device said why */
+  }
+  if (!dev && bytes) {
     size_t rounded = round_size(bytes);
     if (rounded >= bytes) {
       if (rounded >= POOL_MIN_BYTES) p = pool_take(rounded);
@@ -126,8 +146,18 @@ exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what) {
     atomic_fetch_sub(&buf_in_use, bytes);
     return err_set(GRAFT_ERR_OOM, "out of memory: %s needs %zu bytes", what, bytes);
   }
-  if (zero && bytes) memset(p, 0, bytes);
-  else if (POOL_FILL && bytes) memset(p, POOL_FILL_BYTE, bytes);
+  if (dev) {
+    if (zero && bytes && buffer_device_fill(dev, p, bytes, 0)) {
+      dev->mem->free(dev->ctx, p);
+      free(b);
+      atomic_fetch_sub(&buf_in_use, bytes);
+      return NULL;
+    }
+  } else if (zero && bytes) {
+    memset(p, 0, bytes);
+  } else if (POOL_FILL && bytes) {
+    memset(p, POOL_FILL_BYTE, bytes);
+  }
   size_t peak = atomic_load(&buf_peak);
   while (now > peak && !atomic_compare_exchange_weak(&buf_peak, &peak, now)) {
   }
@@ -166,6 +196,16 @@ int buffer_fill(exec_buffer *b, exec_buffer *src) {
     p = src->ptr;
     src->ptr = NULL;
     src->held = src->bytes = 0;
+  } else if (b->bytes && !device_is_host(b->device)) { /* shared, on a device: copy there */
+    const device_info *dev = device_get(b->device);
+    if (dev->mem->alloc(dev->ctx, b->bytes, &p) || dev->mem->copy(dev->ctx, p, src->ptr, b->bytes)) {
+      if (p) dev->mem->free(dev->ctx, p);
+      buffer_release(src);
+      return -1;
+    }
+    size_t now = atomic_fetch_add(&buf_in_use, b->bytes) + b->bytes, peak = atomic_load(&buf_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&buf_peak, &peak, now)) {
+    }
   } else if (b->bytes) { /* shared (an output that aliases an input, or another output) */
     size_t rounded = round_size(b->bytes);
     if (rounded >= POOL_MIN_BYTES) p = pool_take(rounded);
@@ -210,6 +250,12 @@ void buffer_release(exec_buffer *b) {
   if (!b || __atomic_sub_fetch(&b->refcnt, 1, __ATOMIC_ACQ_REL) != 0) return;
   buffer_failure_release(b->failure);
   atomic_fetch_sub(&buf_in_use, b->held);
+  if (!device_is_host(b->device)) {
+    const device_info *dev = device_get(b->device);
+    if (b->ptr) dev->mem->free(dev->ctx, b->ptr);
+    free(b);
+    return;
+  }
   size_t rounded = round_size(b->bytes);
   if (POOL_FILL && b->ptr && rounded >= POOL_MIN_BYTES) memset(b->ptr, POOL_FILL_BYTE, rounded);
   if (!b->ptr || rounded < POOL_MIN_BYTES || !pool_put(b->ptr, rounded)) free(b->ptr);
@@ -221,3 +267,50 @@ size_t buffer_bytes_peak(void) { return atomic_load(&buf_peak); }
 void buffer_reset_peak(void) { atomic_store(&buf_peak, atomic_load(&buf_in_use)); }
 void buffer_set_limit(size_t bytes) { atomic_store(&buf_limit, bytes); }
 size_t buffer_get_limit(void) { return atomic_load(&buf_limit); }
+
+int buffer_upload(exec_buffer *b, const void *src, size_t bytes) {
+  if (!bytes) return 0;
+  if (device_is_host(b->device)) {
+    memcpy(b->ptr, src, bytes);
+    return 0;
+  }
+  const device_info *dev = device_get(b->device);
+  if (dev->mem->upload(dev->ctx, b->ptr, src, bytes)) return -1;
+  device_count_upload(bytes);
+  return 0;
+}
+
+int buffer_download(const exec_buffer *b, void *dst, size_t bytes) {
+  if (!bytes) return 0;
+  if (device_is_host(b->device)) {
+    memcpy(dst, b->ptr, bytes);
+    return 0;
+  }
+  const device_info *dev = device_get(b->device);
+  if (dev->mem->download(dev->ctx, b->ptr, dst, bytes)) return -1;
+  device_count_download(bytes);
+  return 0;
+}
+
+exec_buffer *buffer_to_device(const exec_buffer *src, int device, const char *what) {
+  exec_buffer *b = buffer_new(src->bytes, device, 0, what);
+  if (!b || !src->bytes) return b;
+  int rc;
+  if (device_is_host(src->device)) {
+    rc = buffer_upload(b, src->ptr, src->bytes);
+  } else if (device_is_host(device)) {
+    rc = buffer_download(src, b->ptr, src->bytes);
+  } else if (src->device == device) {
+    const device_info *dev = device_get(device);
+    rc = dev->mem->copy(dev->ctx, b->ptr, src->ptr, src->bytes);
+  } else { /* between two accelerators: through the host */
+    exec_buffer *h = buffer_new(src->bytes, 0, 0, what);
+    rc = !h || buffer_download(src, h->ptr, src->bytes) || buffer_upload(b, h->ptr, src->bytes);
+    buffer_release(h);
+  }
+  if (rc) {
+    buffer_release(b);
+    return NULL;
+  }
+  return b;
+}

@@ -19,7 +19,7 @@ typedef struct buffer_failure {
 
 typedef struct exec_buffer {
   int refcnt;
-  int device;
+  int device; /* device.h: on a device with its own memory, ptr is the runtime's handle */
   size_t bytes;
   void *ptr; /* 64-byte aligned; NULL only when bytes == 0 */
   /* Set by the executor on a parameter it hands over with its reference (buffer donation): the
@@ -49,6 +49,12 @@ void buffer_fail(exec_buffer *b, buffer_failure *f);
 buffer_failure *buffer_failure_new(int status, const char *msg);
 void buffer_failure_release(buffer_failure *f);
 void buffer_release(exec_buffer *b);
+/* Copies bytes of host memory into b / b into host memory (a device with its own memory: a
+ * transfer, counted in device_traffic). Returns 0, or -1 with the error set. */
+int buffer_upload(exec_buffer *b, const void *src, size_t bytes);
+int buffer_download(const exec_buffer *b, void *dst, size_t bytes);
+/* A new buffer on device holding a copy of src (any devices); NULL with the error set. */
+exec_buffer *buffer_to_device(const exec_buffer *src, int device, const char *what);
 size_t buffer_bytes_in_use(void);
 size_t buffer_bytes_peak(void);
 void buffer_reset_peak(void);

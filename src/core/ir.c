@@ -1,6 +1,7 @@
 /* IR node construction: validation and shape inference per op, hashing, lifetime.
  * All calls happen under the global graft lock, so counts and refcounts are plain ints. */
 #include "ir.h"
+#include "device.h"
 #include "buffer.h"
 #include "error.h"
 #include <inttypes.h>
@@ -486,17 +487,19 @@ ir_node *ir_make(ir_op op, int nin, ir_node *const *in, const ir_attrs *attr,
 ir_node *ir_make_on(ir_op op, int nin, ir_node *const *in, const ir_attrs *attr,
                     graft_dtype out_dtype, int ndim, const int64_t *shape, int device) {
   if ((unsigned)op >= IR_OP_COUNT) return err_set(GRAFT_ERR_INTERNAL, "unknown op %d", (int)op);
-  if (device < 0 || device >= GRAFT_MAX_DEVICES)
-    return err_set(GRAFT_ERR_DEVICE, "no device cpu:%d (devices are cpu:0..cpu:%d)", device,
-                   GRAFT_MAX_DEVICES - 1);
+  char d0[200], d1[200];
+  if (!device_valid(device))
+    return err_set(GRAFT_ERR_DEVICE, "no device %d (devices: %s)", device,
+                   device_list_str(d0, sizeof d0));
   const ir_opinfo *oi = &ir_ops[op];
   if ((oi->arity >= 0 && nin != oi->arity) || (oi->arity < 0 && nin < 1))
     return err_set(GRAFT_ERR_ARG, "%s: takes %d operands, got %d", oi->name, oi->arity, nin);
   for (int i = 0; i < nin; i++) {
     if (!in[i]) return err_set(GRAFT_ERR_NULL, "%s: operand %d is NULL", oi->name, i);
     if (in[i]->device != in[0]->device)
-      return err_set(GRAFT_ERR_DEVICE, "%s: operands on different devices (cpu:%d vs cpu:%d)",
-                     oi->name, in[0]->device, in[i]->device);
+      return err_set(GRAFT_ERR_DEVICE, "%s: operands on different devices (%s vs %s; "
+                     "graft_to_device moves a tensor)", oi->name,
+                     device_str(in[0]->device, d0, sizeof d0), device_str(in[i]->device, d1, sizeof d1));
   }
   /* The op's dtype class applies to its value operand (select: the branches). */
   if (nin) {

@@ -65,7 +65,7 @@ exec_buffer **check_reference(const exec_program *p, exec_buffer *const *params)
   check_err saved;
   check_err_save(&saved);
   exec_buffer **ref = calloc((size_t)p->noutputs + 1, sizeof *ref);
-  if (!ref || graph_backend(BACKEND_REFERENCE)->execute(NULL, p, params, ref)) {
+  if (!ref || graph_backend(p->device, BACKEND_REFERENCE)->execute(NULL, p, params, ref)) {
     snprintf(check_ref_err, sizeof check_ref_err, "%s", ref ? graft_last_error() : "out of memory");
     check_err_restore(&saved); /* the backend's own run decides the sync */
     free(ref);
@@ -310,7 +310,19 @@ int check_compare(cache_entry *e, bool fast, exec_buffer *const *outs, exec_buff
     int slot = p->output_slot[k];
     const exec_instr *ins = &p->instr[slot];
     check_cmp c;
-    check_values(ins, outs[k]->ptr, ref[k]->ptr, tol[slot], &c);
+    /* outputs in a device's own memory are compared from host copies */
+    exec_buffer *ho = buffer_to_device(outs[k], 0, "a checked output");
+    exec_buffer *hr = buffer_to_device(ref[k], 0, "a checked output");
+    if (!ho || !hr) {
+      buffer_release(ho);
+      buffer_release(hr);
+      fprintf(stderr, "graft check: graph %016" PRIx64 ": could not copy output %d to compare: "
+              "%s\n", p->hash, k, graft_last_error());
+      continue;
+    }
+    check_values(ins, ho->ptr, hr->ptr, tol[slot], &c);
+    buffer_release(ho);
+    buffer_release(hr);
     if (c.nbad <= c.allowed) continue;
     metrics.m.check_mismatches++;
     if (!bad++) {

@@ -1,6 +1,7 @@
 /* The executor: capture the pending IR of the synced tensors, find or build the executable,
  * bind data leaves as parameters, run, and cut the synced tensors' IR to data leaves. */
 #include "graph.h"
+#include "../core/device.h"
 #include "../core/error.h"
 #include "../core/metrics.h"
 #include "../passes/passes.h"
@@ -38,7 +39,8 @@ static bool exec_range(const exec_program *p, exec_buffer **bufs, int slot, int6
   case IR_DATA:
     for (int k = 0; k < p->nparams && !ok; k++)
       if (p->param_slot[k] == slot) {
-        if (buffer_get_state(bufs[k]) != BUFFER_READY) return false; /* a queued step's output */
+        if (buffer_get_state(bufs[k]) != BUFFER_READY || !device_is_host(bufs[k]->device))
+          return false; /* a queued step's output; device memory is not read for this */
         *lo = *hi = dtype_load_i(bufs[k]->ptr, ins->dtype, 0);
         for (int64_t e = 1; e < ins->numel; e++) {
           int64_t v = dtype_load_i(bufs[k]->ptr, ins->dtype, e);
@@ -227,7 +229,7 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
       program_free(p);
       return graft_last_status();
     }
-    const backend *be = tier_first_backend();
+    const backend *be = tier_first_backend(p->device);
     void *exe = be->compile(p);
     if (!exe) {
       program_free(p);
@@ -271,7 +273,7 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
    * its tensors pending and usable, as after any failed step. */
   check_mode cm = check_get_mode();
   bool fast = e->tier == TIER_READY;
-  bool checking = cm && (fast || e->be != graph_backend(BACKEND_REFERENCE));
+  bool checking = cm && (fast || e->be != graph_backend(p->device, BACKEND_REFERENCE));
   /* Checking reads the inputs here, a memory limit makes running out of memory an expected,
    * recoverable error, and collectives call MPI: all run in this thread, after what is queued. */
   if (async_enabled() && !checking && !buffer_get_limit() && !p->has_collective) {

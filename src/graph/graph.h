@@ -94,16 +94,14 @@ graft_status exec_step_locked(void);
 void tier_submit(cache_entry *e);
 /* A cached graph runs again (lock held): one that ran once is queued for compiling now. */
 void tier_hit(cache_entry *e);
-/* The device kind graphs run on (every device is a cpu:n today). */
-#define GRAPH_DEVICE_KIND "cpu"
 /* Registers the built-in backends, once (any thread; later calls return at once). Every lookup
  * below calls it; graft_metrics_get too, so a test may replace a registration after it. */
 void graph_backends_init(void);
-/* The backend registered for GRAPH_DEVICE_KIND in role (NULL when there is none). */
-const backend *graph_backend(backend_role role);
-/* The backend a new graph first runs on: the interpreter with host kernels, or the plain
- * reference backend under GRAFT_COMPILE=off. */
-const backend *tier_first_backend(void);
+/* The backend registered for device's kind (device.h) in role (NULL when there is none). */
+const backend *graph_backend(int device, backend_role role);
+/* The backend a new graph on device first runs on: the interpreter with host kernels, or the
+ * plain reference backend under GRAFT_COMPILE=off. */
+const backend *tier_first_backend(int device);
 /* Stops the compile thread (lock NOT held: the thread takes it to publish results). */
 void tier_shutdown(void);
 /* Asynchronous execution (async.c): a job runs one graph on the executor thread. */

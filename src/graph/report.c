@@ -1,6 +1,7 @@
 /* Metrics read-out: counters from the core, gauges, and the backends' own counters (native
  * compiles, disk hits, reference fallbacks per op), as a struct and as a text report. */
 #include "graph.h"
+#include "../core/device.h"
 #include "../core/buffer.h"
 #include "../core/metrics.h"
 #include <stdio.h>
@@ -42,6 +43,12 @@ void graft_metrics_get(graft_metrics *m) {
   m->native_disk_refused = bs.disk_refused;
   m->fallback_ops = 0;
   for (int i = 0; i < IR_OP_COUNT; i++) m->fallback_ops += bs.fallbacks[i];
+  device_traffic dt;
+  device_traffic_get(&dt);
+  m->device_uploads = dt.uploads;
+  m->device_upload_bytes = dt.upload_bytes;
+  m->device_downloads = dt.downloads;
+  m->device_download_bytes = dt.download_bytes;
   tensor_unlock();
 }
 
@@ -49,6 +56,7 @@ void graft_metrics_reset(void) {
   tensor_lock();
   async_drain(); /* the executor thread writes the execution counters */
   memset(&metrics, 0, sizeof metrics);
+  device_traffic_reset();
   buffer_reset_peak();
   metrics_nreasons = 0;
   tensor_unlock();

@@ -9,6 +9,7 @@
  * kernels only); GRAFT_MAX_COMPILE_NODES (default 20000): larger graphs stay on the first tier. */
 #define _GNU_SOURCE /* syscall(SYS_gettid) */
 #include "graph.h"
+#include "../core/device.h"
 #include "../core/error.h"
 #include "../core/metrics.h"
 #include <pthread.h>
@@ -95,13 +96,14 @@ static pthread_once_t backends_once = PTHREAD_ONCE_INIT;
 
 void graph_backends_init(void) { pthread_once(&backends_once, backend_register_builtin); }
 
-const backend *graph_backend(backend_role role) {
+const backend *graph_backend(int device, backend_role role) {
   graph_backends_init();
-  return backend_find(GRAPH_DEVICE_KIND, role);
+  return backend_find(device_kind(device), role);
 }
 
-const backend *tier_first_backend(void) {
-  return graph_backend(tier_get_mode() == TIER_MODE_OFF ? BACKEND_REFERENCE : BACKEND_FIRST_TIER);
+const backend *tier_first_backend(int device) {
+  return graph_backend(device, tier_get_mode() == TIER_MODE_OFF ? BACKEND_REFERENCE
+                                                                 : BACKEND_FIRST_TIER);
 }
 
 /* Rough cost of a program on the first tier, as measured here: ~250M elements/s for
@@ -129,7 +131,7 @@ static double tier_compile_cost_ms(const exec_program *p) { return 50 + 1.5 * p-
 
 void tier_submit(cache_entry *e) {
   tier_mode mode = tier_get_mode();
-  e->fast = graph_backend(BACKEND_COMPILER);
+  e->fast = graph_backend(e->prog->device, BACKEND_COMPILER);
   /* A huge graph would stall the compiler for long; it stays on the first tier. So does a
    * graph with an instruction the compiler does not support (its supports(), asked per
    * instruction): a declared fallback, not a compile failure. */
