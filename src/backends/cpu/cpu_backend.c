@@ -66,12 +66,12 @@ static void cpu_backend_shutdown(void) {
 
 static void *cpu_compile_locked(const exec_program *p) {
   const cpu_blas_fns *bl = cpu_blas();
-  cpu_plan pl;
+  fuse_plan pl;
   if (cpu_plan_build(p, bl->sgemm && bl->dgemm, &pl)) return NULL;
   cpu_sb src = {0};
   int nk = 0;
   int rc = cpu_codegen(p, &pl, &src, &nk, NULL);
-  cpu_plan_free(&pl);
+  fuse_plan_free(&pl);
   if (rc) {
     cpu_sb_free(&src);
     return NULL;
@@ -267,7 +267,7 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
   int *kof = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
   int *stack = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
   unsigned char *seen = calloc((size_t)p->ninstr + 1, 1);
-  cpu_plan pl = {0};
+  fuse_plan pl = {0};
   cpu_sb src = {0};
   int nk = 0;
   pthread_mutex_lock(&cpu_compile_mu);
@@ -280,10 +280,10 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
   size_t k = 0;
 #define PUT(...) (k += (size_t)snprintf(buf + k, k < n ? n - k : 0, __VA_ARGS__))
   int role = pl.role[slot];
-  if (role == CPU_GEMM) {
+  if (role == FUSE_LIBRARY) {
     PUT("a BLAS GEMM call in cpu_entry of graph_%016" PRIx64 ".c (dot %%%d x %%%d)", e->hash,
         ins->in[0], ins->in[1]);
-  } else if (role == CPU_FALLBACK) {
+  } else if (role == FUSE_FALLBACK) {
     ref_arg a[16];
     for (int q = 0; q < ins->nin && q < 16; q++) {
       const exec_instr *x = &p->instr[ins->in[q]];
@@ -308,14 +308,14 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
         int s = x->in[q];
         if (seen[s]) continue;
         seen[s] = 1;
-        if (pl.role[s] == CPU_INLINE) stack[top++] = s;
+        if (pl.role[s] == FUSE_INLINE) stack[top++] = s;
       }
     }
     for (int s = 0; s < p->ninstr; s++)
-      if (seen[s] && s != slot && pl.role[s] == CPU_INLINE)
+      if (seen[s] && s != slot && pl.role[s] == FUSE_INLINE)
         PUT("%s%%%d %s", ni++ ? ", " : "; inlined into it: ", s, ir_ops[p->instr[s].op].name);
     for (int s = 0; s < p->ninstr; s++)
-      if (seen[s] && s != slot && pl.role[s] != CPU_INLINE)
+      if (seen[s] && s != slot && pl.role[s] != FUSE_INLINE)
         PUT("%s%%%d %s", nr++ ? ", " : "; it reads the buffers ", s, ir_ops[p->instr[s].op].name);
   } else {
     PUT("%s %%%d (no kernel writes it in the regenerated source)", op, slot);
@@ -326,7 +326,7 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
     src.s = NULL;
   }
 done:
-  cpu_plan_free(&pl);
+  fuse_plan_free(&pl);
   cpu_sb_free(&src);
   free(kof);
   free(stack);

@@ -474,7 +474,7 @@ static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   const exec_instr *li = &p->instr[last];
   size_t esz = graft_dtype_size(li->dtype);
   g->stream = -1;
-  if (g->pl->role[last] == CPU_KERNEL && (size_t)li->numel * esz >= cpu_nt_min_bytes()) {
+  if (g->pl->role[last] == FUSE_KERNEL && (size_t)li->numel * esz >= cpu_nt_min_bytes()) {
     if (G->a < 0) g->stream = last;
     else if (li->ndim == G->ond && !memcmp(li->shape, G->oshape, sizeof(int64_t) * (size_t)G->ond)) {
       int64_t len = 1;
@@ -511,10 +511,10 @@ static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
 }
 
 /* Rough per-element cost of each inlined value, its inlined inputs included (saturating). */
-static void cpu_costs(const exec_program *p, const cpu_plan *pl, int *cost) {
+static void cpu_costs(const exec_program *p, const fuse_plan *pl, int *cost) {
   for (int i = 0; i < p->ninstr; i++) {
     const exec_instr *ins = &p->instr[i];
-    if (pl->role[i] != CPU_INLINE) { cost[i] = 0; continue; }
+    if (pl->role[i] != FUSE_INLINE) { cost[i] = 0; continue; }
     int c = ir_ops[ins->op].cost; /* ops.def's cost column */
     for (int k = 0; k < ins->nin; k++) c += cost[ins->in[k]];
     cost[i] = c > 1000 ? 1000 : c;
@@ -554,16 +554,16 @@ static int64_t cpu_work(const exec_program *p, int i) {
 }
 
 /* Can step i join a group whose first member set (a, oshape)? */
-static bool cpu_can_join(const exec_program *p, const cpu_plan *pl, int i, int a,
+static bool cpu_can_join(const exec_program *p, const fuse_plan *pl, int i, int a,
                          const int64_t *oshape) {
   const exec_instr *ins = &p->instr[i];
-  if (pl->role[i] == CPU_REDUCE) {
+  if (pl->role[i] == FUSE_REDUCE) {
     int ra;
     if (cpu_is_arg(ins->op) || !cpu_is_trailing_reduce(p, i, &ra) || ra != a) return false;
     const exec_instr *x = &p->instr[ins->in[0]];
     return !memcmp(x->shape, oshape, sizeof(int64_t) * (size_t)a);
   }
-  if (pl->role[i] != CPU_KERNEL || ins->ndim < a) return false;
+  if (pl->role[i] != FUSE_KERNEL || ins->ndim < a) return false;
   return !memcmp(ins->shape, oshape, sizeof(int64_t) * (size_t)a);
 }
 
@@ -589,7 +589,7 @@ static void cpu_gen_gemm_call(const cpu_cg *g, int i, int step, int *last_step, 
   int64_t M = A->shape[A->ndim - 2], K = A->shape[A->ndim - 1], N = ins->shape[ins->ndim - 1];
   int64_t batch = (M != 0 && N != 0) ? ins->numel / (M * N) : 0;
   const char *T = cpu_ctype(ins->dtype);
-  int ta, tb, sa = cpu_gemm_operand(p, g->pl, ins->in[0], &ta), sb = cpu_gemm_operand(p, g->pl, ins->in[1], &tb);
+  int ta, tb, sa = fuse_library_operand(p, g->pl, ins->in[0], &ta), sb = fuse_library_operand(p, g->pl, ins->in[1], &tb);
   cpu_sb_printf(entry, "  if (rt->alloc(rt->ctx, %d)) return -1;\n  {\n", i);
   cpu_sb_printf(entry, "    const %s *A = (const %s *)S[%d], *B = (const %s *)S[%d];\n", T, T, sa,
                 T, sb);
@@ -617,10 +617,10 @@ static void cpu_form_group(const cpu_cg *g, int i, int *inst, cpu_group *G, int 
   int role = g->pl->role[i];
   *a = 0, *ond = 0, *osh = NULL;
   *G = (cpu_group){.inst = inst, .nm = 0, .a = -1, .oshape = NULL};
-  if (role == CPU_REDUCE && !cpu_is_arg(ins->op) && cpu_is_trailing_reduce(p, i, a)) {
+  if (role == FUSE_REDUCE && !cpu_is_arg(ins->op) && cpu_is_trailing_reduce(p, i, a)) {
     *osh = p->instr[ins->in[0]].shape;
     *ond = p->instr[ins->in[0]].ndim;
-  } else if (role == CPU_KERNEL && ins->ndim >= 2) {
+  } else if (role == FUSE_KERNEL && ins->ndim >= 2) {
     *a = ins->ndim - 1;
     *osh = ins->shape;
     *ond = ins->ndim;
@@ -629,7 +629,7 @@ static void cpu_form_group(const cpu_cg *g, int i, int *inst, cpu_group *G, int 
   if (!*osh || *a < 1) return;
   for (int j = i + 1; j < p->ninstr; j++) {
     int rj = g->pl->role[j];
-    if (rj == CPU_INLINE || rj == CPU_DEAD || rj == CPU_PARAM) continue;
+    if (rj == FUSE_INLINE || rj == FUSE_DEAD || rj == FUSE_PARAM) continue;
     if (!cpu_can_join(p, g->pl, j, *a, *osh)) break;
     inst[G->nm++] = j;
   }
@@ -641,7 +641,7 @@ static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *o
                                 int kid, cpu_sb *kern) {
   const exec_instr *ins = &g->p->instr[G->inst[0]];
   int role = g->pl->role[G->inst[0]], rc;
-  if (G->nm == 1 && role == CPU_KERNEL) {
+  if (G->nm == 1 && role == FUSE_KERNEL) {
     G->a = -1; /* try flat */
     rc = cpu_gen_group(g, G, kid, kern);
     if (rc == CPU_GEN_NEEDS_COORDS) {
@@ -655,7 +655,7 @@ static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *o
   G->a = G->nm > 1 ? a : 0;
   G->oshape = osh;
   G->ond = ond;
-  if (G->nm == 1) G->a = role == CPU_REDUCE ? 0 : G->a;
+  if (G->nm == 1) G->a = role == FUSE_REDUCE ? 0 : G->a;
   while ((rc = cpu_gen_group(g, G, kid, kern)) == CPU_GEN_NOT_ROW_LOCAL && G->nm > 1) G->nm--;
   if (G->nm == 1 && rc == CPU_GEN_NOT_ROW_LOCAL) rc = cpu_gen_group(g, G, kid, kern);
   return rc;
@@ -670,7 +670,7 @@ static void cpu_gen_launch(const cpu_cg *g, const cpu_group *G, int kid, int *ke
   const exec_instr *ins = &p->instr[G->inst[0]];
   int64_t units, work = 0;
   if (G->a < 0) units = ins->numel;
-  else if (G->nm == 1 && g->pl->role[G->inst[0]] == CPU_REDUCE) units = ins->numel;
+  else if (G->nm == 1 && g->pl->role[G->inst[0]] == FUSE_REDUCE) units = ins->numel;
   else {
     units = 1;
     for (int d = 0; d < G->a; d++) units *= G->oshape[d];
@@ -688,7 +688,7 @@ static void cpu_gen_launch(const cpu_cg *g, const cpu_group *G, int kid, int *ke
   else cpu_sb_printf(entry, "  rt->serial(rt->ctx, k%d, S, %" PRId64 ");\n", kid, units);
 }
 
-static cpu_cg *cpu_cg_new(const exec_program *p, const cpu_plan *pl) {
+static cpu_cg *cpu_cg_new(const exec_program *p, const fuse_plan *pl) {
   size_t n = (size_t)p->ninstr + 1;
   cpu_cg *g = calloc(1, sizeof *g);
   if (!g) return NULL;
@@ -727,12 +727,12 @@ static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, c
   for (int i = 0; i < n; i++, step++) {
     int role = g->pl->role[i];
     const exec_instr *ins = &p->instr[i];
-    if (role == CPU_FALLBACK) {
+    if (role == FUSE_FALLBACK) {
       cpu_sb_printf(entry, "  if (rt->fallback(rt->ctx, %d)) return -1;\n", i);
       for (int k = 0; k < ins->nin; k++) last_step[ins->in[k]] = step;
-    } else if (role == CPU_GEMM) {
+    } else if (role == FUSE_LIBRARY) {
       cpu_gen_gemm_call(g, i, step, last_step, entry);
-    } else if (role == CPU_KERNEL || role == CPU_REDUCE) {
+    } else if (role == FUSE_KERNEL || role == FUSE_REDUCE) {
       cpu_group G;
       int a, ond;
       const int64_t *osh;
@@ -753,7 +753,7 @@ static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, c
   return step;
 }
 
-int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nkernels,
+int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_sb *out, int *nkernels,
                 int *kernel_of) {
   int n = p->ninstr;
   cpu_cg *g = cpu_cg_new(p, pl);

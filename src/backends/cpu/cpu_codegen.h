@@ -20,7 +20,7 @@ typedef struct {
 
 typedef struct {
   const exec_program *p;
-  const cpu_plan *pl;
+  const fuse_plan *pl;
   cpu_arena ar;
   cpu_sb *body;         /* statements of the current loop body */
   int ntmp;

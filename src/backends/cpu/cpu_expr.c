@@ -635,10 +635,10 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
   uint64_t key_hash = cpu_memo_hash(key);
   const char *v = cpu_memo_find(g, key, key_hash);
   if (v) return v;
-  bool row = g->rc_state && g->pl->role[i] == CPU_INLINE && i != g->self && cpu_pos_is_row(g, &pos);
+  bool row = g->rc_state && g->pl->role[i] == FUSE_INLINE && i != g->self && cpu_pos_is_row(g, &pos);
   if (row && g->rc_state[i] == 2)
     v = cpu_def(g, ins->dtype, cpu_fmt(&g->ar, "rc%d[%s]", i, cpu_row_inner(g)));
-  else if (g->pl->role[i] != CPU_INLINE && i != g->self)
+  else if (g->pl->role[i] != FUSE_INLINE && i != g->self)
     v = cpu_load(g, i, &pos);
   else
     v = cpu_value_inlined(g, i, pos);

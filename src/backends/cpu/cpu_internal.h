@@ -4,6 +4,7 @@
 #include "cpu.h"
 #include "cpu_rt.h"
 #include "../ref/ref.h"
+#include "../../passes/fusion.h"
 #include "error.h"
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,26 +27,14 @@ char *cpu_fmt(cpu_arena *a, const char *fmt, ...) __attribute__((format(printf, 
 void cpu_arena_free(cpu_arena *a);
 uint64_t cpu_hash_bytes(const void *p, size_t n, uint64_t seed);
 
-/* ---- cpu_fusion.c: which instructions get buffers, and how kernels group ---- */
-enum { CPU_INLINE = 0, CPU_PARAM, CPU_KERNEL, CPU_REDUCE, CPU_GEMM, CPU_FALLBACK, CPU_DEAD };
-typedef struct {
-  int n;
-  unsigned char *role; /* CPU_* per instruction */
-  int *nuse;           /* consumers per instruction */
-  unsigned char *tview;/* an inlined transpose of the last two dims read by a GEMM: BLAS reads
-                          its operand with the transpose flag (no copy) */
-  bool have_blas;
-} cpu_plan;
-int cpu_plan_build(const exec_program *p, bool have_blas, cpu_plan *pl);
-void cpu_plan_free(cpu_plan *pl);
+/* ---- cpu_plan.c: the fusion plan (src/passes/fusion.h) with what this backend generates ---- */
+int cpu_plan_build(const exec_program *p, bool have_blas, fuse_plan *pl);
 bool cpu_op_generated(const exec_program *p, int i, bool have_blas);
-/* The slot a GEMM reads for its operand s, and whether it is read transposed. */
-int cpu_gemm_operand(const exec_program *p, const cpu_plan *pl, int s, int *trans);
 
 /* ---- cpu_codegen.c: the translation unit ---- */
 /* Renders the program; returns 0 or -1 (error set). Fills *nkernels and, when kernel_of is not
  * NULL, sets kernel_of[s] = N for each slot s that kernel k<N> writes (other entries untouched). */
-int cpu_codegen(const exec_program *p, const cpu_plan *pl, cpu_sb *out, int *nkernels,
+int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_sb *out, int *nkernels,
                 int *kernel_of);
 
 /* ---- cpu_compile.c: compiler, disk cache, dlopen ---- */

@@ -167,13 +167,16 @@ cl_program ocl_build(ocl_device *d, const char *source, const char *options, con
   }
   st = ocl.clBuildProgram(prog, 1, &d->dev, options, NULL, NULL);
   if (st == CL_SUCCESS) return prog;
-  char log[2048] = "";
-  size_t got = 0;
-  ocl.clGetProgramBuildInfo(prog, d->dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, &got);
-  log[got < sizeof log ? got : sizeof log - 1] = 0;
+  size_t need = 0; /* the whole log must fit, or nothing is written */
+  ocl.clGetProgramBuildInfo(prog, d->dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &need);
+  char *log = calloc(need + 1, 1);
+  if (log) ocl.clGetProgramBuildInfo(prog, d->dev, CL_PROGRAM_BUILD_LOG, need, log, NULL);
   ocl.clReleaseProgram(prog);
-  err_set(GRAFT_ERR_COMPILE, "opencl device %d (%s): building %s failed (%s); build log: %s",
-          d->id, d->name, what, ocl_status_str(st), log[0] ? log : "(empty)");
+  const char *err = log ? strstr(log, "error:") : NULL; /* the first error, not the warnings */
+  err_set(GRAFT_ERR_COMPILE, "opencl device %d (%s): building %s failed (%s); build log: %.1500s",
+          d->id, d->name, what, ocl_status_str(st), err ? err : log && log[0] ? log : "(empty)");
+  if (getenv("GRAFT_OPENCL_DUMP_FAILED")) fprintf(stderr, "%s\n--- source ---\n%s\n", log ? log : "", source);
+  free(log);
   return NULL;
 }
 #endif

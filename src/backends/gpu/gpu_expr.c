@@ -1,0 +1,428 @@
+/* Values at positions: an inlined instruction becomes an expression over its operands' values,
+ * a movement op maps the position (index arithmetic, no copy), a materialized instruction is a
+ * load. Values are memoized per (instruction, position) within a scope. The semantics follow
+ * the reference kernels (integer wrap, float->int saturation, NaN-propagating max/min) as the
+ * CPU generator does; the spelling that differs between languages lives in the dialect. */
+#include "gpu_cg.h"
+#include "dtype.h"
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+const char *gpu_ctype(graft_dtype dt) {
+  switch (dt) {
+  case GRAFT_F32: return "float";
+  case GRAFT_F64: return "double";
+  case GRAFT_I32: return "int32_t";
+  case GRAFT_I64: return "int64_t";
+  default: return "uint8_t";
+  }
+}
+
+void gpu_fail(gpu_cg *g, const char *fmt, ...) {
+  if (g->failed) return;
+  g->failed = 1;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g->fail_what, sizeof g->fail_what, fmt, ap);
+  va_end(ap);
+}
+
+const char *gpu_tmp(gpu_cg *g) { return cpu_fmt(&g->ar, "t%d", g->ntmp++); }
+
+const char *gpu_def(gpu_cg *g, graft_dtype dt, const char *expr) {
+  const char *t = gpu_tmp(g);
+  cpu_sb_printf(g->body, "  const %s %s = %s;\n", gpu_ctype(dt), t, expr);
+  return t;
+}
+
+static void gpu_strides(int nd, const int64_t *shape, int64_t *st) {
+  int64_t s = 1;
+  for (int d = nd - 1; d >= 0; d--) {
+    st[d] = s;
+    s *= shape[d];
+  }
+}
+
+void gpu_pos_coords(gpu_cg *g, gpu_pos *pos) {
+  if (pos->has_c) return;
+  int64_t st[GRAFT_MAX_DIMS];
+  gpu_strides(pos->nd, pos->shape, st);
+  for (int d = 0; d < pos->nd; d++) {
+    if (pos->shape[d] == 1) {
+      pos->c[d] = "0";
+    } else if (pos->nd == 1) {
+      pos->c[d] = pos->lin;
+    } else {
+      const char *t = gpu_tmp(g);
+      if (d == 0)
+        cpu_sb_printf(g->body, "  const int64_t %s = (%s) / %" PRId64 ";\n", t, pos->lin, st[d]);
+      else
+        cpu_sb_printf(g->body, "  const int64_t %s = (%s) / %" PRId64 " %% %" PRId64 ";\n", t,
+                      pos->lin, st[d], pos->shape[d]);
+      pos->c[d] = t;
+    }
+  }
+  pos->has_c = 1;
+}
+
+const char *gpu_pos_lin(gpu_cg *g, gpu_pos *pos) {
+  if (pos->lin) return pos->lin;
+  int64_t st[GRAFT_MAX_DIMS];
+  gpu_strides(pos->nd, pos->shape, st);
+  cpu_sb e = {0};
+  for (int d = 0; d < pos->nd; d++) {
+    if (pos->shape[d] == 1) continue;
+    if (e.n) cpu_sb_puts(&e, " + ");
+    if (st[d] == 1) cpu_sb_printf(&e, "%s", pos->c[d]);
+    else cpu_sb_printf(&e, "%s * %" PRId64, pos->c[d], st[d]);
+  }
+  pos->lin = cpu_fmt(&g->ar, "(%s)", e.n ? e.s : "0");
+  cpu_sb_free(&e);
+  return pos->lin;
+}
+
+static const char *gpu_pos_key(gpu_cg *g, const gpu_pos *pos) {
+  if (!pos->has_c) return cpu_fmt(&g->ar, "L%s", pos->lin);
+  cpu_sb e = {0};
+  for (int d = 0; d < pos->nd; d++) cpu_sb_printf(&e, "%s,", pos->c[d]);
+  char *r = cpu_fmt(&g->ar, "C%s", e.n ? e.s : "");
+  cpu_sb_free(&e);
+  return r;
+}
+
+/* A literal of dtype dt holding v converted exactly as the reference stores it. */
+static const char *gpu_literal(gpu_cg *g, graft_dtype dt, double v) {
+  union { float f; double d; int32_t i32; int64_t i64; uint8_t u8; } u;
+  memset(&u, 0, sizeof u);
+  dtype_store(&u, dt, 0, v);
+  switch (dt) {
+  case GRAFT_F32:
+    if (u.f != u.f) return "GC_NANF";
+    if (isinf(u.f)) return u.f > 0 ? "GC_INFF" : "(-GC_INFF)";
+    return cpu_fmt(&g->ar, "%af", (double)u.f);
+  case GRAFT_F64:
+    if (u.d != u.d) return "((double)GC_NANF)";
+    if (isinf(u.d)) return u.d > 0 ? "((double)GC_INFF)" : "(-(double)GC_INFF)";
+    return cpu_fmt(&g->ar, "%a", u.d);
+  case GRAFT_I32: return cpu_fmt(&g->ar, "((int32_t)%" PRId32 ")", u.i32);
+  case GRAFT_I64: return cpu_fmt(&g->ar, "((int64_t)0x%" PRIx64 "UL)", (uint64_t)u.i64);
+  default: return cpu_fmt(&g->ar, "((uint8_t)%u)", (unsigned)u.u8);
+  }
+}
+
+/* An int64 expression narrowed (wrapping) to dtype dt. */
+static const char *gpu_narrow(gpu_cg *g, graft_dtype dt, const char *e64) {
+  if (dt == GRAFT_BOOL) return cpu_fmt(&g->ar, "(uint8_t)((%s) != 0)", e64);
+  if (dt == GRAFT_I64) return cpu_fmt(&g->ar, "(int64_t)(%s)", e64);
+  return cpu_fmt(&g->ar, "(%s)(uint64_t)(%s)", gpu_ctype(dt), e64);
+}
+
+static const char *const gpu_op_enum[IR_OP_COUNT] = {
+#define X(e, ...) [IR_##e] = #e,
+#include "ops.def"
+};
+
+/* f32 math with the renderer's own approximations where the builtin is slow (tanh, exp...),
+ * f64 with the builtins; ops whose math line is computed in double (CPU_WIDE) call it. */
+static const char *gpu_unary_float(gpu_cg *g, const exec_instr *ins, const char *a) {
+  bool f = ins->dtype == GRAFT_F32;
+  if (ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_UNARY)
+    return cpu_fmt(&g->ar, "(%s)gm_op_%s((double)%s)", gpu_ctype(ins->dtype), gpu_op_enum[ins->op], a);
+  switch (ins->op) {
+  case IR_NEG: return cpu_fmt(&g->ar, "-%s", a);
+  case IR_ABS: return cpu_fmt(&g->ar, "fabs(%s)", a);
+  case IR_EXP: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_expf" : "exp", a);
+  case IR_LOG: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_logf" : "log", a);
+  case IR_SQRT: return cpu_fmt(&g->ar, "sqrt(%s)", a);
+  case IR_RSQRT:
+    return g->caps->fp64 ? cpu_fmt(&g->ar, "(%s)(1.0 / sqrt((double)%s))", gpu_ctype(ins->dtype), a)
+                         : cpu_fmt(&g->ar, "(1.0f / sqrt(%s))", a);
+  case IR_TANH: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_tanhf" : "tanh", a);
+  case IR_ERF: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_erff" : "erf", a);
+  case IR_SIGMOID: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_sigmoidf" : "gm_sigmoid", a);
+  case IR_FLOOR: return cpu_fmt(&g->ar, "floor(%s)", a);
+  case IR_CEIL: return cpu_fmt(&g->ar, "ceil(%s)", a);
+  case IR_ROUND: return cpu_fmt(&g->ar, "rint(%s)", a);
+  case IR_SIGN: return cpu_fmt(&g->ar, "(%s > 0 ? 1 : %s < 0 ? -1 : %s)", a, a, a);
+  case IR_RECIPROCAL: return cpu_fmt(&g->ar, f ? "1.0f / %s" : "1.0 / %s", a);
+  default: return NULL;
+  }
+}
+
+static const char *gpu_unary(gpu_cg *g, const exec_instr *ins, const char *a) {
+  graft_dtype dt = ins->dtype;
+  if (dt == GRAFT_F32 || dt == GRAFT_F64) return gpu_unary_float(g, ins, a);
+  const char *e;
+  switch (ins->op) {
+  case IR_NEG: e = cpu_fmt(&g->ar, "(int64_t)(0UL - (uint64_t)(int64_t)%s)", a); break;
+  case IR_ABS:
+    e = cpu_fmt(&g->ar, "((int64_t)%s < 0 ? (int64_t)(0UL - (uint64_t)(int64_t)%s) : (int64_t)%s)",
+                a, a, a);
+    break;
+  case IR_SIGN: e = cpu_fmt(&g->ar, "(int64_t)(((int64_t)%s > 0) - ((int64_t)%s < 0))", a, a); break;
+  case IR_NOT:
+    e = dt == GRAFT_BOOL ? cpu_fmt(&g->ar, "(int64_t)!%s", a) : cpu_fmt(&g->ar, "~(int64_t)%s", a);
+    break;
+  default: return NULL;
+  }
+  return gpu_narrow(g, dt, e);
+}
+
+static const char *gpu_convert(gpu_cg *g, graft_dtype from, graft_dtype to, const char *a) {
+  bool ff = dtype_is_float(from), tf = dtype_is_float(to);
+  if (to == GRAFT_BOOL) return cpu_fmt(&g->ar, "(uint8_t)(%s != 0)", a);
+  if (tf) return cpu_fmt(&g->ar, "(%s)%s", gpu_ctype(to), a);
+  if (ff) {
+    if (to == GRAFT_I32) return cpu_fmt(&g->ar, "gc_sat32(gc_d2i(%s))", a);
+    return gpu_narrow(g, to, cpu_fmt(&g->ar, "gc_d2i(%s)", a));
+  }
+  return gpu_narrow(g, to, cpu_fmt(&g->ar, "(int64_t)%s", a));
+}
+
+static const char *gpu_binary(gpu_cg *g, const exec_instr *ins, const char *a, const char *b) {
+  graft_dtype dt = ins->dtype;
+  if (dt == GRAFT_F32 || dt == GRAFT_F64) {
+    if (ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_BINARY)
+      return cpu_fmt(&g->ar, "(%s)gm_op_%s((double)%s, (double)%s)", gpu_ctype(dt),
+                     gpu_op_enum[ins->op], a, b);
+    switch (ins->op) {
+    case IR_ADD: return cpu_fmt(&g->ar, "%s + %s", a, b);
+    case IR_SUB: return cpu_fmt(&g->ar, "%s - %s", a, b);
+    case IR_MUL: return cpu_fmt(&g->ar, "%s * %s", a, b);
+    case IR_DIV: return cpu_fmt(&g->ar, "%s / %s", a, b);
+    case IR_MAX:
+      return cpu_fmt(&g->ar, "(%s != %s ? %s : %s != %s ? %s : %s > %s ? %s : %s)", a, a, a, b, b,
+                     b, a, b, a, b);
+    case IR_MIN:
+      return cpu_fmt(&g->ar, "(%s != %s ? %s : %s != %s ? %s : %s < %s ? %s : %s)", a, a, a, b, b,
+                     b, a, b, a, b);
+    default: return NULL;
+    }
+  }
+  const char *e;
+  switch (ins->op) {
+  case IR_ADD: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s + (uint64_t)(int64_t)%s)", a, b); break;
+  case IR_SUB: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s - (uint64_t)(int64_t)%s)", a, b); break;
+  case IR_MUL: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s * (uint64_t)(int64_t)%s)", a, b); break;
+  case IR_DIV: e = cpu_fmt(&g->ar, "gc_idiv(%s, %s)", a, b); break;
+  case IR_REM: e = cpu_fmt(&g->ar, "gc_irem(%s, %s)", a, b); break;
+  case IR_MAX: e = cpu_fmt(&g->ar, "(int64_t)(%s > %s ? %s : %s)", a, b, a, b); break;
+  case IR_MIN: e = cpu_fmt(&g->ar, "(int64_t)(%s < %s ? %s : %s)", a, b, a, b); break;
+  case IR_AND: e = cpu_fmt(&g->ar, "((int64_t)%s & (int64_t)%s)", a, b); break;
+  case IR_OR: e = cpu_fmt(&g->ar, "((int64_t)%s | (int64_t)%s)", a, b); break;
+  case IR_XOR: e = cpu_fmt(&g->ar, "((int64_t)%s ^ (int64_t)%s)", a, b); break;
+  default: return NULL;
+  }
+  return gpu_narrow(g, dt, e);
+}
+
+static const char *gpu_compare(gpu_cg *g, ir_op op, const char *a, const char *b) {
+  const char *o = op == IR_EQ ? "==" : op == IR_NE ? "!=" : op == IR_LT ? "<" : op == IR_LE ? "<="
+                : op == IR_GT ? ">" : ">=";
+  return cpu_fmt(&g->ar, "(uint8_t)(%s %s %s)", a, o, b);
+}
+
+static const char *gpu_load(gpu_cg *g, int s, gpu_pos *pos) {
+  const exec_instr *src = &g->p->instr[s];
+  g->reads[s] = 1;
+  const char *idx = gpu_pos_lin(g, pos);
+  const char *e = src->dtype == GRAFT_BOOL ? cpu_fmt(&g->ar, "(uint8_t)(p%d[%s] != 0)", s, idx)
+                                           : cpu_fmt(&g->ar, "p%d[%s]", s, idx);
+  return gpu_def(g, src->dtype, e);
+}
+
+static bool gpu_only_unit_dims_differ(const exec_instr *a, const exec_instr *b) {
+  int i = 0, j = 0;
+  for (;;) {
+    while (i < a->ndim && a->shape[i] == 1) i++;
+    while (j < b->ndim && b->shape[j] == 1) j++;
+    if (i == a->ndim || j == b->ndim) return i == a->ndim && j == b->ndim;
+    if (a->shape[i++] != b->shape[j++]) return false;
+  }
+}
+
+/* The operand position a broadcast, reshape, transpose or slice reads for output position pos. */
+static gpu_pos gpu_move_pos(gpu_cg *g, const exec_instr *ins, const exec_instr *x, gpu_pos *pos) {
+  gpu_pos q = {.nd = x->ndim, .shape = x->shape};
+  switch (ins->op) {
+  case IR_BROADCAST: {
+    int off = ins->ndim - x->ndim;
+    if (!pos->has_c && x->numel == ins->numel) {
+      q.lin = pos->lin;
+    } else {
+      if (x->numel != 1) gpu_pos_coords(g, pos);
+      for (int d = 0; d < x->ndim; d++) q.c[d] = x->shape[d] == 1 ? "0" : pos->c[d + off];
+      q.has_c = 1;
+    }
+    break;
+  }
+  case IR_RESHAPE:
+    if (pos->has_c && gpu_only_unit_dims_differ(ins, x)) {
+      int j = 0;
+      for (int d = 0; d < x->ndim; d++) {
+        if (x->shape[d] == 1) { q.c[d] = "0"; continue; }
+        while (ins->shape[j] == 1) j++;
+        q.c[d] = pos->c[j++];
+      }
+      q.has_c = 1;
+    } else {
+      q.lin = gpu_pos_lin(g, pos);
+    }
+    break;
+  case IR_TRANSPOSE:
+    gpu_pos_coords(g, pos);
+    for (int d = 0; d < ins->ndim; d++) q.c[IR_ATTR_AT(ins->attr, TRANSPOSE, perm, d)] = pos->c[d];
+    q.has_c = 1;
+    break;
+  default: /* IR_SLICE */
+    gpu_pos_coords(g, pos);
+    for (int d = 0; d < ins->ndim; d++) {
+      int64_t s0 = IR_ATTR_AT(ins->attr, SLICE, start, d), st = IR_ATTR_AT(ins->attr, SLICE, stride, d);
+      if (x->shape[d] == 1) q.c[d] = "0";
+      else if (s0 == 0 && st == 1) q.c[d] = pos->c[d];
+      else q.c[d] = cpu_fmt(&g->ar, "(%" PRId64 " + %s * %" PRId64 ")", s0, pos->c[d], st);
+    }
+    q.has_c = 1;
+    break;
+  }
+  return q;
+}
+
+/* pad: the operand's element where pos maps onto one, else the fill (an if, so nothing out of
+ * range is read). */
+static const char *gpu_value_pad(gpu_cg *g, const exec_instr *ins, const exec_instr *x, gpu_pos *pos) {
+  const char *fill = gpu_literal(g, ins->dtype, ins->attr.f);
+  if (x->numel == 0) return fill;
+  gpu_pos_coords(g, pos);
+  gpu_pos q = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
+  cpu_sb cond = {0};
+  for (int d = 0; d < ins->ndim; d++) {
+    int64_t lo = IR_ATTR_AT(ins->attr, PAD, lo, d), hi = IR_ATTR_AT(ins->attr, PAD, hi, d);
+    int64_t step = IR_ATTR_AT(ins->attr, PAD, interior, d) + 1;
+    if (lo == 0 && hi == 0 && step == 1) { q.c[d] = pos->c[d]; continue; }
+    const char *r = cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[d], lo);
+    if (step > 1) {
+      cpu_sb_printf(&cond, "%s%s >= 0 && %s %% %" PRId64 " == 0", cond.n ? " && " : "", r, r, step);
+      r = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", r, step);
+    }
+    cpu_sb_printf(&cond, "%s(uint64_t)%s < %" PRId64 "UL", cond.n ? " && " : "", r, x->shape[d]);
+    q.c[d] = r;
+  }
+  if (!cond.n) {
+    cpu_sb_free(&cond);
+    return gpu_value(g, ins->in[0], q);
+  }
+  const char *t = gpu_tmp(g);
+  cpu_sb_printf(g->body, "  %s %s = %s;\n  if (%s) {\n", gpu_ctype(ins->dtype), t, fill, cond.s);
+  cpu_sb_free(&cond);
+  int nmemo = g->nmemo;
+  const char *a = gpu_value(g, ins->in[0], q);
+  cpu_sb_printf(g->body, "  %s = %s;\n  }\n", t, a);
+  g->nmemo = nmemo; /* values computed inside the branch are scoped to it */
+  return t;
+}
+
+/* concat: only the part an element lies in is computed (an if/else chain on the axis). */
+static const char *gpu_value_concat(gpu_cg *g, const exec_instr *ins, gpu_pos *pos) {
+  int ax = (int)IR_ATTR(ins->attr, AXIS, axis);
+  gpu_pos_coords(g, pos);
+  const char *t = gpu_tmp(g);
+  cpu_sb_printf(g->body, "  %s %s = 0;\n", gpu_ctype(ins->dtype), t);
+  int64_t off = 0;
+  const char *kw = "if";
+  for (int k = 0; k < ins->nin; k++) {
+    const exec_instr *xk = &g->p->instr[ins->in[k]];
+    int64_t ext = xk->shape[ax];
+    if (ext == 0) continue;
+    cpu_sb_printf(g->body, "  %s (%s < %" PRId64 ") {\n", kw, pos->c[ax], off + ext);
+    kw = "else if";
+    gpu_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
+    for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos->c[d];
+    qk.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[ax], off) : pos->c[ax];
+    int nmemo = g->nmemo;
+    const char *a = gpu_value(g, ins->in[k], qk);
+    cpu_sb_printf(g->body, "  %s = %s;\n  }\n", t, a);
+    g->nmemo = nmemo;
+    off += ext;
+  }
+  return t;
+}
+
+static const char *gpu_value_elementwise(gpu_cg *g, int i, gpu_pos pos) {
+  const exec_instr *ins = &g->p->instr[i];
+  const int *in = ins->in;
+  const char *v = NULL;
+  if (ins->op == IR_CONVERT) {
+    v = gpu_convert(g, g->p->instr[in[0]].dtype, ins->dtype, gpu_value(g, in[0], pos));
+  } else if (ins->op == IR_SELECT) {
+    const char *c = gpu_value(g, in[0], pos), *a = gpu_value(g, in[1], pos),
+               *b = gpu_value(g, in[2], pos);
+    v = cpu_fmt(&g->ar, "%s ? %s : %s", c, a, b);
+  } else if (ir_ops[ins->op].kind == IR_K_UNARY) {
+    v = gpu_unary(g, ins, gpu_value(g, in[0], pos));
+  } else if (ir_ops[ins->op].kind == IR_K_BINARY) {
+    const char *a = gpu_value(g, in[0], pos), *b = gpu_value(g, in[1], pos);
+    v = gpu_binary(g, ins, a, b);
+  } else if (ir_ops[ins->op].kind == IR_K_COMPARE) {
+    const char *a = gpu_value(g, in[0], pos), *b = gpu_value(g, in[1], pos);
+    v = gpu_compare(g, ins->op, a, b);
+  }
+  if (v) return gpu_def(g, ins->dtype, v);
+  gpu_fail(g, "no code for %s on %s (instruction %d)", ir_ops[ins->op].name,
+           graft_dtype_name(ins->dtype), i);
+  return "0";
+}
+
+static const char *gpu_value_inlined(gpu_cg *g, int i, gpu_pos pos) {
+  const exec_instr *ins = &g->p->instr[i];
+  const exec_instr *x = ins->nin ? &g->p->instr[ins->in[0]] : NULL;
+  switch (ins->op) {
+  case IR_CONSTANT: return gpu_literal(g, ins->dtype, ins->attr.f);
+  case IR_IOTA: {
+    gpu_pos_coords(g, &pos);
+    const char *c = pos.c[IR_ATTR(ins->attr, AXIS, axis)];
+    const char *v = dtype_is_float(ins->dtype) ? cpu_fmt(&g->ar, "(%s)%s", gpu_ctype(ins->dtype), c)
+                                               : gpu_narrow(g, ins->dtype, c);
+    return gpu_def(g, ins->dtype, v);
+  }
+  case IR_BROADCAST: case IR_RESHAPE: case IR_TRANSPOSE: case IR_SLICE:
+    return gpu_value(g, ins->in[0], gpu_move_pos(g, ins, x, &pos));
+  case IR_PAD: return gpu_value_pad(g, ins, x, &pos);
+  case IR_CONCAT: return gpu_value_concat(g, ins, &pos);
+  default: return gpu_value_elementwise(g, i, pos);
+  }
+}
+
+static const char *gpu_memo_find(const gpu_cg *g, const char *key) {
+  for (int k = g->nmemo - 1; k >= 0; k--)
+    if (!strcmp(g->memo[k].key, key)) return g->memo[k].val;
+  return NULL;
+}
+
+static void gpu_memo_put(gpu_cg *g, const char *key, const char *val) {
+  if (g->nmemo == g->memo_cap) {
+    int cap = g->memo_cap ? 2 * g->memo_cap : 256;
+    gpu_memo *m = realloc(g->memo, sizeof *m * (size_t)cap);
+    if (!m) {
+      gpu_fail(g, "out of memory memoizing values");
+      return;
+    }
+    g->memo = m;
+    g->memo_cap = cap;
+  }
+  g->memo[g->nmemo++] = (gpu_memo){key, val};
+}
+
+const char *gpu_value(gpu_cg *g, int i, gpu_pos pos) {
+  const char *key = cpu_fmt(&g->ar, "%d@%s", i, gpu_pos_key(g, &pos));
+  const char *v = gpu_memo_find(g, key);
+  if (v) return v;
+  if (g->pl->role[i] != FUSE_INLINE && i != g->self) v = gpu_load(g, i, &pos);
+  else v = gpu_value_inlined(g, i, pos);
+  gpu_memo_put(g, key, v);
+  return v;
+}

@@ -1,0 +1,376 @@
+/* Kernels and the program: one kernel per materialized instruction of the fusion plan, in
+ * program order, with the steps (kernel launches, library calls, fallbacks) the runtime runs. */
+#include "gpu_cg.h"
+#include "../cpu/cpu_math.h"
+#include "opmath.h"
+#include "dtype.h"
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+  GPU_WG = 128,           /* work-group size of element-wise kernels */
+  GPU_RED_WG = 128,       /* work-group of a cooperative reduction */
+  GPU_RED_COOP_MIN = 2048 /* reduced elements per output from which a work-group shares one */
+};
+
+/* ops.def's float math lines as double functions (gm_op_<ENUM>), for the ops computed wide. */
+static const char gpu_op_math_src[] =
+#define M1(e, expr) "static inline double gm_op_" #e "(double v) { return " #expr "; }\n"
+#define M2(e, expr) "static inline double gm_op_" #e "(double a, double b) { return " #expr "; }\n"
+#include "ops.def"
+    "";
+
+static const char gpu_helpers_fp64[] =
+    "static inline int64_t gc_d2i(double v) { return v != v ? 0 : v >= 9223372036854775808.0 ? "
+    "INT64_MAX : v <= -9223372036854775808.0 ? INT64_MIN : (int64_t)v; }\n";
+static const char gpu_helpers_fp32[] =
+    "static inline int64_t gc_d2i(float v) { return v != v ? 0 : v >= 9223372036854775808.0f ? "
+    "INT64_MAX : v <= -9223372036854775808.0f ? INT64_MIN : (int64_t)v; }\n";
+static const char gpu_helpers[] =
+    "static inline int32_t gc_sat32(int64_t x) { return (int32_t)(x > INT32_MAX ? INT32_MAX : x < "
+    "INT32_MIN ? INT32_MIN : x); }\n"
+    "static inline int64_t gc_idiv(int64_t a, int64_t b) { return b == 0 ? 0 : b == -1 ? "
+    "(int64_t)(0UL - (uint64_t)a) : a / b; }\n"
+    "static inline int64_t gc_irem(int64_t a, int64_t b) { return (b == 0 || b == -1) ? 0 : a % b; }\n";
+
+static bool gpu_dtype_ok(graft_dtype dt, const gpu_caps *caps) {
+  return dt != GRAFT_F16 && dt != GRAFT_BF16 && (dt != GRAFT_F64 || caps->fp64);
+}
+
+int gpu_classify(const exec_program *p, int i, const gpu_caps *caps) {
+  const exec_instr *ins = &p->instr[i];
+  if (!gpu_dtype_ok(ins->dtype, caps)) return FUSE_FALLBACK;
+  for (int k = 0; k < ins->nin; k++)
+    if (!gpu_dtype_ok(p->instr[ins->in[k]].dtype, caps)) return FUSE_FALLBACK;
+  switch (ir_ops[ins->op].cpu) { /* how compiling backends run it (ops.def) */
+  case OPS_CPU_EXPR: case OPS_CPU_MOVE: return FUSE_INLINE;
+  case OPS_CPU_WIDE: return caps->fp64 ? FUSE_INLINE : FUSE_FALLBACK; /* math in double */
+  case OPS_CPU_REDUCE: return FUSE_REDUCE;
+  case OPS_CPU_GEMM:
+    if (!caps->have_gemm || !dtype_is_float(ins->dtype)) return FUSE_FALLBACK;
+    for (int d = 0; d < ins->ndim; d++)
+      if (ins->shape[d] > 0x7fffffff) return FUSE_FALLBACK;
+    return FUSE_LIBRARY;
+  default: return FUSE_FALLBACK;
+  }
+}
+
+static int gpu_classify_cb(const exec_program *p, int i, void *ctx) { return gpu_classify(p, i, ctx); }
+
+/* The kernel's signature: its output, then every buffer it loads, in slot order. */
+static void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *st) {
+  const gpu_dialect *d = g->d;
+  cpu_sb_printf(out, "%s k%d(%s %s *%s p%d", d->kernel, kernel, d->global,
+                gpu_ctype(g->p->instr[s].dtype), d->restrict_, s);
+  st->nargs = 0;
+  st->args = malloc(sizeof(int) * ((size_t)g->p->ninstr + 1));
+  if (!st->args) gpu_fail(g, "out of memory");
+  for (int r = 0; r < g->p->ninstr && st->args; r++) {
+    if (!g->reads[r] || r == s) continue;
+    cpu_sb_printf(out, ", %s const %s *%s p%d", d->global, gpu_ctype(g->p->instr[r].dtype),
+                  d->restrict_, r);
+    st->args[st->nargs++] = r;
+  }
+  cpu_sb_puts(out, ") {\n");
+}
+
+static void gpu_scope_begin(gpu_cg *g, cpu_sb *body) {
+  memset(g->reads, 0, (size_t)g->p->ninstr + 1);
+  g->body = body;
+  g->nmemo = 0;
+}
+
+/* Element-wise kernel: a work-item per element of slot s. */
+static void gpu_kernel_map(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st) {
+  const exec_instr *ins = &g->p->instr[s];
+  cpu_sb body = {0};
+  gpu_scope_begin(g, &body);
+  g->self = s;
+  gpu_pos pos = {.nd = ins->ndim, .shape = ins->shape, .lin = "gid"};
+  const char *v = gpu_value(g, s, pos);
+  cpu_sb_printf(&body, "  p%d[gid] = %s;\n", s, v);
+  gpu_signature(g, out, s, kernel, st);
+  cpu_sb_printf(out, "  const int64_t gid = %s;\n  if (gid >= %" PRId64 ") return;\n", g->d->global_id,
+                ins->numel);
+  cpu_sb_puts(out, body.s ? body.s : "");
+  cpu_sb_puts(out, "}\n");
+  if (body.oom) gpu_fail(g, "out of memory");
+  cpu_sb_free(&body);
+  st->local = GPU_WG;
+  st->global = (ins->numel + GPU_WG - 1) / GPU_WG * GPU_WG;
+}
+
+typedef struct {
+  const char *acc_t, *init;
+  bool fl, mx, mn, arg;
+} gpu_red;
+
+static gpu_red gpu_red_kind(const gpu_cg *g, const exec_instr *ins) {
+  gpu_red r = {0};
+  graft_dtype dt = ins->dtype;
+  r.fl = dt == GRAFT_F32 || dt == GRAFT_F64;
+  r.mx = ins->op == IR_REDUCE_MAX;
+  r.mn = ins->op == IR_REDUCE_MIN;
+  bool sum = ins->op == IR_REDUCE_SUM;
+  if (r.fl && !r.mx && !r.mn) { /* sums and products in double where the device has it */
+    r.acc_t = g->caps->fp64 ? "double" : "float";
+    r.init = sum ? "0" : "1";
+  } else if (r.fl) {
+    r.acc_t = gpu_ctype(dt);
+    r.init = r.mx ? "(-GC_INFF)" : "GC_INFF";
+  } else if (!r.mx && !r.mn) {
+    r.acc_t = "uint64_t";
+    r.init = sum ? "0" : "1";
+  } else {
+    static const char *mins[] = {[GRAFT_I32] = "INT32_MIN", [GRAFT_I64] = "INT64_MIN",
+                                 [GRAFT_U8] = "0", [GRAFT_BOOL] = "0"};
+    static const char *maxs[] = {[GRAFT_I32] = "INT32_MAX", [GRAFT_I64] = "INT64_MAX",
+                                 [GRAFT_U8] = "255", [GRAFT_BOOL] = "1"};
+    r.acc_t = "int64_t";
+    r.init = r.mx ? mins[dt] : maxs[dt];
+  }
+  return r;
+}
+
+/* acc = acc (op) v; nf records a NaN seen by a float max/min (the result is then NaN). */
+static void gpu_red_step(cpu_sb *b, const exec_instr *ins, const gpu_red *r, const char *acc,
+                         const char *nf, const char *v) {
+  const char *op = ins->op == IR_REDUCE_PROD ? "*" : "+";
+  if (r->fl && !r->mx && !r->mn) cpu_sb_printf(b, "  %s %s= (%s)%s;\n", acc, op, r->acc_t, v);
+  else if (r->fl) cpu_sb_printf(b, "  %s = %s %s %s ? %s : %s; %s |= %s != %s;\n", acc, v,
+                                r->mx ? ">" : "<", acc, v, acc, nf, v, v);
+  else if (!r->mx && !r->mn) cpu_sb_printf(b, "  %s %s= (uint64_t)(int64_t)%s;\n", acc, op, v);
+  else cpu_sb_printf(b, "  %s = (int64_t)%s %s %s ? (int64_t)%s : %s;\n", acc, v, r->mx ? ">" : "<",
+                     acc, v, acc);
+}
+
+static const char *gpu_red_final(gpu_cg *g, const exec_instr *ins, const gpu_red *r,
+                                 const char *acc, const char *nf) {
+  const char *T = gpu_ctype(ins->dtype);
+  if (r->fl && (r->mx || r->mn)) return cpu_fmt(&g->ar, "%s ? (%s)GC_NANF : %s", nf, T, acc);
+  if (r->fl) return cpu_fmt(&g->ar, "(%s)%s", T, acc);
+  if (ins->dtype == GRAFT_BOOL) return cpu_fmt(&g->ar, "(uint8_t)(%s != 0)", acc);
+  return cpu_fmt(&g->ar, "(%s)(uint64_t)%s", T, acc);
+}
+
+/* The operand position of output element `out` (kept dims unravelled from it) with the reduced
+ * dims at coordinates red (unravelled from the expression e over the reduced dims). */
+static gpu_pos gpu_red_pos(gpu_cg *g, const exec_instr *x, int64_t mask, const char *out,
+                           const char *e) {
+  gpu_pos pos = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
+  int64_t ost = 1, rst = 1;
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    bool red = mask >> d & 1;
+    const char *base = red ? e : out;
+    int64_t st = red ? rst : ost;
+    if (x->shape[d] == 1) pos.c[d] = "0";
+    else pos.c[d] = cpu_fmt(&g->ar, "(%s / %" PRId64 " %% %" PRId64 ")", base, st, x->shape[d]);
+    if (red) rst *= x->shape[d];
+    else ost *= x->shape[d];
+  }
+  return pos;
+}
+
+static int64_t gpu_reduced_count(const exec_instr *x, int64_t mask) {
+  int64_t n = 1;
+  for (int d = 0; d < x->ndim; d++)
+    if (mask >> d & 1) n *= x->shape[d];
+  return n;
+}
+
+/* argmax/argmin: one work-item per output, the first extreme wins; for floats the first NaN. */
+static void gpu_arg_body(gpu_cg *g, const exec_instr *ins, const exec_instr *x, cpu_sb *b) {
+  int ax = (int)IR_ATTR(ins->attr, ARG, axis);
+  bool mx = ins->op == IR_ARGMAX, fl = dtype_is_float(x->dtype);
+  cpu_sb_printf(b, "  int64_t best = 0; %s bv = 0; int seen = 0;\n", gpu_ctype(x->dtype));
+  cpu_sb_printf(b, "  for (int64_t e = 0; e < %" PRId64 "; e++) {\n", x->shape[ax]);
+  gpu_pos pos = gpu_red_pos(g, x, (int64_t)1 << ax, "gid", "e");
+  const char *v = gpu_value(g, ins->in[0], pos);
+  if (fl)
+    cpu_sb_printf(b, "  if (!seen || (%s != %s && bv == bv) || (bv == bv && %s %s bv)) { best = e; "
+                  "bv = %s; seen = 1; }\n", v, v, v, mx ? ">" : "<", v);
+  else
+    cpu_sb_printf(b, "  if (!seen || %s %s bv) { best = e; bv = %s; seen = 1; }\n", v, mx ? ">" : "<", v);
+  cpu_sb_puts(b, "  }\n");
+}
+
+/* Reduction kernel of slot s: a work-item per output, or a work-group per output (coop). */
+static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st) {
+  const exec_instr *ins = &g->p->instr[s];
+  const exec_instr *x = &g->p->instr[ins->in[0]];
+  bool arg = ins->op == IR_ARGMAX || ins->op == IR_ARGMIN;
+  int64_t mask = arg ? 0 : IR_ATTR(ins->attr, REDUCE, mask);
+  int64_t R = arg ? 0 : gpu_reduced_count(x, mask);
+  bool coop = !arg && R >= GPU_RED_COOP_MIN && ins->numel < 4096;
+  gpu_red r = gpu_red_kind(g, ins);
+  cpu_sb body = {0};
+  gpu_scope_begin(g, &body);
+  g->self = -1;
+  if (arg) {
+    gpu_arg_body(g, ins, x, &body);
+    cpu_sb_printf(&body, "  p%d[gid] = best;\n", s);
+  } else if (!coop) {
+    cpu_sb_printf(&body, "  %s acc = %s; int nf = 0; (void)nf;\n", r.acc_t, r.init);
+    cpu_sb_printf(&body, "  for (int64_t e = 0; e < %" PRId64 "; e++) {\n", R);
+    gpu_pos pos = gpu_red_pos(g, x, mask, "gid", "e");
+    gpu_red_step(&body, ins, &r, "acc", "nf", gpu_value(g, ins->in[0], pos));
+    cpu_sb_puts(&body, "  }\n");
+    cpu_sb_printf(&body, "  p%d[gid] = %s;\n", s, gpu_red_final(g, ins, &r, "acc", "nf"));
+  } else { /* each work-item strides over the reduced elements, then a tree in local memory */
+    cpu_sb_printf(&body, "  %s acc = %s; int nf = 0; (void)nf;\n", r.acc_t, r.init);
+    cpu_sb_printf(&body, "  for (int64_t e = lid; e < %" PRId64 "; e += %d) {\n", R, GPU_RED_WG);
+    g->nmemo = 0;
+    gpu_pos pos = gpu_red_pos(g, x, mask, "gid", "e");
+    gpu_red_step(&body, ins, &r, "acc", "nf", gpu_value(g, ins->in[0], pos));
+    cpu_sb_puts(&body, "  }\n");
+    cpu_sb_printf(&body, g->d->local_decl, r.acc_t, "sacc", GPU_RED_WG);
+    cpu_sb_printf(&body, g->d->local_decl, "int", "snf", GPU_RED_WG);
+    cpu_sb_printf(&body, "  sacc[lid] = acc; snf[lid] = nf;\n  %s;\n", g->d->barrier);
+    cpu_sb_printf(&body, "  for (int h = %d; h > 0; h >>= 1) {\n    if (lid < h) {\n", GPU_RED_WG / 2);
+    gpu_red_step(&body, ins, &r, "sacc[lid]", "snf[lid]", "sacc[lid + h]");
+    cpu_sb_printf(&body, "  snf[lid] |= snf[lid + h];\n    }\n    %s;\n  }\n", g->d->barrier);
+    cpu_sb_printf(&body, "  if (lid == 0) p%d[gid] = %s;\n", s,
+                  gpu_red_final(g, ins, &r, "sacc[0]", "snf[0]"));
+  }
+  gpu_signature(g, out, s, kernel, st);
+  if (coop) {
+    cpu_sb_printf(out, "  const int64_t gid = %s;\n  const int lid = %s;\n", g->d->group_id,
+                  g->d->local_id);
+    st->local = GPU_RED_WG;
+    st->global = ins->numel * GPU_RED_WG;
+  } else {
+    cpu_sb_printf(out, "  const int64_t gid = %s;\n  if (gid >= %" PRId64 ") return;\n",
+                  g->d->global_id, ins->numel);
+    st->local = GPU_WG;
+    st->global = (ins->numel + GPU_WG - 1) / GPU_WG * GPU_WG;
+  }
+  cpu_sb_puts(out, body.s ? body.s : "");
+  cpu_sb_puts(out, "}\n");
+  if (body.oom) gpu_fail(g, "out of memory");
+  cpu_sb_free(&body);
+}
+
+/* The source's head: the dialect's prelude, the helpers, the math the kernels call. */
+static void gpu_source_head(const gpu_dialect *d, const gpu_caps *caps, cpu_sb *out) {
+  if (caps->fp64) cpu_sb_puts(out, "#define GC_FP64 1\n");
+  cpu_sb_puts(out, d->prelude);
+  cpu_sb_puts(out, caps->fp64 ? gpu_helpers_fp64 : gpu_helpers_fp32);
+  cpu_sb_puts(out, gpu_helpers);
+  const char *math = cpu_math_src, *dbl = strstr(math, "static inline double gm_sigmoid");
+  if (caps->fp64 || !dbl) {
+    cpu_sb_puts(out, math);
+  } else { /* the f32 approximations only */
+    cpu_sb t = {0};
+    cpu_sb_printf(&t, "%.*s", (int)(dbl - math), math);
+    cpu_sb_puts(out, t.s ? t.s : "");
+    cpu_sb_free(&t);
+  }
+  cpu_sb_puts(out, "\n");
+  if (caps->fp64) {
+    cpu_sb_puts(out, ops_math_src);
+    cpu_sb_puts(out, "\n");
+    cpu_sb_puts(out, gpu_op_math_src);
+  }
+}
+
+static int gpu_add_step(gpu_program *gp, gpu_step st) {
+  gpu_step *s = realloc(gp->steps, sizeof *s * ((size_t)gp->nsteps + 1));
+  if (!s) return -1;
+  gp->steps = s;
+  gp->steps[gp->nsteps++] = st;
+  return 0;
+}
+
+/* A library or fallback step reads whole buffers: its operands (a GEMM's transposed views read
+ * their source). */
+static int gpu_operand_step(const exec_program *p, const fuse_plan *pl, int i, gpu_step *st) {
+  const exec_instr *ins = &p->instr[i];
+  st->slot = i;
+  st->nargs = ins->nin;
+  st->args = malloc(sizeof(int) * ((size_t)ins->nin + 1));
+  if (!st->args) return -1;
+  for (int k = 0; k < ins->nin; k++) {
+    int trans = 0;
+    st->args[k] = st->kind == GPU_STEP_LIBRARY ? fuse_library_operand(p, pl, ins->in[k], &trans)
+                                               : ins->in[k];
+    if (k < 2) st->trans[k] = trans;
+  }
+  return 0;
+}
+
+static int gpu_render_steps(gpu_cg *g, gpu_program *gp, cpu_sb *out) {
+  const exec_program *p = g->p;
+  for (int i = 0; i < p->ninstr && !g->failed; i++) {
+    int role = g->pl->role[i];
+    gpu_step st = {.slot = i, .kernel = -1};
+    if (role == FUSE_KERNEL || role == FUSE_REDUCE) {
+      if (p->instr[i].numel == 0) {
+        st.kind = GPU_STEP_KERNEL; /* nothing to launch: the buffer is empty */
+        st.global = 0;
+      } else {
+        st.kind = GPU_STEP_KERNEL;
+        st.kernel = gp->nkernels++;
+        if (role == FUSE_KERNEL) gpu_kernel_map(g, i, st.kernel, out, &st);
+        else gpu_kernel_reduce(g, i, st.kernel, out, &st);
+      }
+    } else if (role == FUSE_LIBRARY || role == FUSE_FALLBACK) {
+      st.kind = role == FUSE_LIBRARY ? GPU_STEP_LIBRARY : GPU_STEP_FALLBACK;
+      if (gpu_operand_step(p, g->pl, i, &st)) gpu_fail(g, "out of memory");
+    } else {
+      continue;
+    }
+    if (gpu_add_step(gp, st)) {
+      free(st.args);
+      gpu_fail(g, "out of memory");
+    }
+  }
+  return g->failed ? -1 : 0;
+}
+
+static int gpu_last_steps(const exec_program *p, gpu_program *gp) {
+  gp->last_step = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
+  if (!gp->last_step) return -1;
+  for (int s = 0; s < p->ninstr; s++) gp->last_step[s] = -1;
+  for (int k = 0; k < gp->nsteps; k++)
+    for (int a = 0; a < gp->steps[k].nargs; a++) gp->last_step[gp->steps[k].args[a]] = k;
+  return 0;
+}
+
+int gpu_render(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps, gpu_program *gp) {
+  memset(gp, 0, sizeof *gp);
+  fuse_plan pl = {0};
+  if (fuse_plan_build(p, gpu_classify_cb, (void *)caps, &pl)) return -1;
+  gpu_cg g = {.p = p, .pl = &pl, .d = d, .caps = caps};
+  g.reads = calloc((size_t)p->ninstr + 1, 1);
+  cpu_sb out = {0};
+  int rc = -1;
+  if (!g.reads) {
+    err_set(GRAFT_ERR_OOM, "out of memory rendering kernels");
+  } else {
+    gpu_source_head(d, caps, &out);
+    if (gpu_render_steps(&g, gp, &out) || out.oom || gpu_last_steps(p, gp))
+      err_set(g.failed ? GRAFT_ERR_COMPILE : GRAFT_ERR_OOM, "%s renderer: %s", d->name,
+              g.failed ? g.fail_what : "out of memory");
+    else rc = 0;
+  }
+  if (rc) {
+    cpu_sb_free(&out);
+    gpu_program_free(gp);
+  } else {
+    gp->source = out.s;
+  }
+  free(g.reads);
+  free(g.memo);
+  cpu_arena_free(&g.ar);
+  fuse_plan_free(&pl);
+  return rc;
+}
+
+void gpu_program_free(gpu_program *gp) {
+  for (int k = 0; k < gp->nsteps; k++) free(gp->steps[k].args);
+  free(gp->steps);
+  free(gp->last_step);
+  free(gp->source);
+  memset(gp, 0, sizeof *gp);
+}

@@ -1,0 +1,61 @@
+/* The GPU kernel renderer: one renderer for every GPU backend, a dialect per language (OpenCL C
+ * here; CUDA C differs only in the dialect's strings). From the fusion plan (src/passes/fusion.h)
+ * each materialized instruction becomes one kernel: work-items over output elements, inlined
+ * elementwise math, movement ops as index arithmetic; reductions loop over the reduced dims in
+ * one work-item per output, or a work-group per output with a tree in local memory when few
+ * outputs each reduce many elements. Library calls (GEMM) and fallbacks are steps the runtime
+ * runs. Private to the GPU backends. */
+#ifndef GRAFT_GPU_RENDER_H
+#define GRAFT_GPU_RENDER_H
+#include "program.h"
+#include "../../passes/fusion.h"
+
+/* A language's spelling of the few things that differ between GPU C dialects. */
+typedef struct gpu_dialect {
+  const char *name;
+  const char *prelude;      /* before everything: pragmas, typedefs (int64_t...), helpers */
+  const char *kernel;       /* the qualifier a kernel entry starts with */
+  const char *global;       /* qualifier of a pointer to device memory */
+  const char *restrict_;    /* restrict keyword */
+  const char *global_id;    /* this work-item's index over the whole launch (an int64) */
+  const char *local_id, *group_id, *local_size; /* within a work-group */
+  const char *local_decl;   /* declares a work-group array: printf format (type, name, count) */
+  const char *barrier;      /* work-group barrier on local memory */
+} gpu_dialect;
+
+extern const gpu_dialect gpu_dialect_opencl;
+
+/* What the runtime does at one step of a program. */
+typedef enum { GPU_STEP_KERNEL, GPU_STEP_LIBRARY, GPU_STEP_FALLBACK } gpu_step_kind;
+typedef struct {
+  gpu_step_kind kind;
+  int slot;       /* the instruction whose value this step writes */
+  int kernel;     /* GPU_STEP_KERNEL: the entry is named k<kernel> */
+  int nargs;      /* kernel arguments after the output: the slots it reads, in order */
+  int *args;
+  int64_t global; /* work-items (a multiple of local when local > 0) */
+  int64_t local;  /* work-group size; 0: the runtime chooses */
+  int trans[2];   /* GPU_STEP_LIBRARY: operand 0/1 read transposed (last two dims) */
+} gpu_step;
+
+typedef struct {
+  char *source;   /* the translation unit (malloc'd) */
+  int nsteps;
+  gpu_step *steps;
+  int nkernels;
+  int *last_step; /* per slot: the last step that reads it (-1: none) */
+} gpu_program;
+
+/* What the device can do, for the classification (which ops are generated). */
+typedef struct {
+  bool fp64;           /* double precision in kernels */
+  bool have_gemm;      /* a library GEMM for f32 (and f64 when fp64) */
+  int64_t max_wg;      /* largest work-group */
+} gpu_caps;
+
+/* Plans and renders p for dialect d; 0, or -1 with the error set. */
+int gpu_render(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps, gpu_program *out);
+void gpu_program_free(gpu_program *g);
+/* What the plan makes of instruction i on such a device (a fuse_classify_fn's answer). */
+int gpu_classify(const exec_program *p, int i, const gpu_caps *caps);
+#endif

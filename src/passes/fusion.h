@@ -1,0 +1,28 @@
+/* The fusion plan (fusion.c), shared by the compiling backends: which instructions get a buffer
+ * and which are inlined into their consumers' kernels. A backend says per instruction what it
+ * can do (its classify callback); the plan decides the rest the same way for every backend. */
+#ifndef GRAFT_FUSION_H
+#define GRAFT_FUSION_H
+#include "program.h"
+
+/* Roles. INLINE: computed inside its consumers' loops (elementwise, movement: index arithmetic);
+ * KERNEL: a kernel of its own writes it to a buffer; REDUCE: a reduction kernel; LIBRARY: a
+ * library call (BLAS, CLBlast) reads whole buffers; FALLBACK: the reference kernel runs it;
+ * PARAM: a bound input; DEAD: no output depends on it. */
+enum { FUSE_INLINE = 0, FUSE_PARAM, FUSE_KERNEL, FUSE_REDUCE, FUSE_LIBRARY, FUSE_FALLBACK, FUSE_DEAD };
+typedef struct {
+  int n;
+  unsigned char *role; /* FUSE_* per instruction */
+  int *nuse;           /* consumers per instruction */
+  unsigned char *tview;/* an inlined transpose of the last two dims read by a library GEMM: it
+                          reads its operand with the transpose flag (no copy) */
+} fuse_plan;
+/* What a backend can do with live instruction i: FUSE_INLINE (it generates the op: kernels or
+ * inlined), FUSE_REDUCE, FUSE_LIBRARY or FUSE_FALLBACK. */
+typedef int (*fuse_classify_fn)(const exec_program *p, int i, void *ctx);
+/* Plans p; 0, or -1 with the error set. */
+int fuse_plan_build(const exec_program *p, fuse_classify_fn classify, void *ctx, fuse_plan *pl);
+void fuse_plan_free(fuse_plan *pl);
+/* The slot a library GEMM reads for its operand s, and whether it reads it transposed. */
+int fuse_library_operand(const exec_program *p, const fuse_plan *pl, int s, int *trans);
+#endif
