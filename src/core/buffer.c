@@ -38,40 +38,53 @@
 #define POOL_SLOTS 512
 #define POOL_MAX_BYTES ((size_t)2 << 30)
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct { void *p; size_t size; } pool[POOL_SLOTS];
+static struct { void *p; size_t size; int device; /* -1: host memory */ } pool[POOL_SLOTS];
 static int pool_n;
 static size_t pool_bytes;
 
 static size_t round_size(size_t bytes) { return (bytes + 4095) & ~(size_t)4095; }
 
-/* A pooled block of exactly this rounded size, or NULL. */
-static void *pool_take(size_t size) {
+/* Frees a pooled block (host memory, or a device's). */
+static void pool_free_block(void *p, int device) {
+  if (device < 0) {
+    free(p);
+    return;
+  }
+  const device_info *d = device_get(device);
+  d->mem->free(d->ctx, p);
+}
+
+/* A pooled block of exactly this rounded size in device's memory (-1: host), or NULL. */
+static void *pool_take_on(size_t size, int device) {
   void *p = NULL;
   pthread_mutex_lock(&pool_mu);
   for (int i = pool_n - 1; i >= 0; i--)
-    if (pool[i].size == size) {
+    if (pool[i].size == size && pool[i].device == device) {
       p = pool[i].p;
       pool[i] = pool[--pool_n];
       pool_bytes -= size;
       break;
     }
   pthread_mutex_unlock(&pool_mu);
-  if (p) POOL_UNPOISON(p, size);
+  if (p && device < 0) POOL_UNPOISON(p, size);
   return p;
 }
 
+static void *pool_take(size_t size) { return pool_take_on(size, -1); }
+
 /* Keeps a released block for reuse; false if the pool is full (the caller frees it). */
-static int pool_put(void *p, size_t size) {
+static int pool_put_on(void *p, size_t size, int device) {
   int kept = 0;
   pthread_mutex_lock(&pool_mu);
   if (pool_bytes + size > POOL_MAX_BYTES && pool_n) { /* evict the oldest */
-    free(pool[0].p);
+    pool_free_block(pool[0].p, pool[0].device);
     pool_bytes -= pool[0].size;
     pool[0] = pool[--pool_n];
   }
   if (pool_n < POOL_SLOTS && pool_bytes + size <= POOL_MAX_BYTES) {
-    POOL_POISON(p, size);
+    if (device < 0) POOL_POISON(p, size);
     pool[pool_n].p = p;
+    pool[pool_n].device = device;
     pool[pool_n++].size = size;
     pool_bytes += size;
     kept = 1;
@@ -80,11 +93,13 @@ static int pool_put(void *p, size_t size) {
   return kept;
 }
 
+static int pool_put(void *p, size_t size) { return pool_put_on(p, size, -1); }
+
 void buffer_pool_trim(void) {
   pthread_mutex_lock(&pool_mu);
   for (int i = 0; i < pool_n; i++) {
-    POOL_UNPOISON(pool[i].p, pool[i].size);
-    free(pool[i].p);
+    if (pool[i].device < 0) POOL_UNPOISON(pool[i].p, pool[i].size);
+    pool_free_block(pool[i].p, pool[i].device);
   }
   pool_n = 0;
   pool_bytes = 0;
@@ -99,6 +114,17 @@ size_t buffer_pool_bytes(void) {
 }
 
 static _Atomic size_t buf_in_use, buf_peak, buf_limit;
+
+/* Device memory of bytes (rounded as host blocks are, so that released blocks pool); when the
+ * device is short, the pool's blocks are given back first. */
+static int buffer_device_alloc(const device_info *dev, size_t bytes, void **p) {
+  size_t rounded = round_size(bytes);
+  if (!dev->mem->alloc(dev->ctx, rounded, p)) return 0;
+  if (!buffer_pool_bytes()) return -1;
+  buffer_pool_trim();
+  graft_clear_error();
+  return dev->mem->alloc(dev->ctx, rounded, p);
+}
 
 /* Fills device memory with a byte through a host block (rare: zeroed device allocations). */
 static int buffer_device_fill(const device_info *dev, void *handle, size_t bytes, int byte) {
@@ -124,7 +150,8 @@ exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what) {
   exec_buffer *b = malloc(sizeof *b);
   void *p = NULL;
   const device_info *dev = device_is_host(device) ? NULL : device_get(device);
-  if (dev && b && bytes && dev->mem->alloc(dev->ctx, bytes, &p)) { /* device memory */
+  if (dev && b && bytes && round_size(bytes) >= POOL_MIN_BYTES) p = pool_take_on(round_size(bytes), device);
+  if (dev && b && bytes && !p && buffer_device_alloc(dev, bytes, &p)) { /* device memory */
     free(b);
     atomic_fetch_sub(&buf_in_use, bytes);
     return NULL; /* the device said why */
@@ -198,7 +225,7 @@ int buffer_fill(exec_buffer *b, exec_buffer *src) {
     src->held = src->bytes = 0;
   } else if (b->bytes && !device_is_host(b->device)) { /* shared, on a device: copy there */
     const device_info *dev = device_get(b->device);
-    if (dev->mem->alloc(dev->ctx, b->bytes, &p) || dev->mem->copy(dev->ctx, p, src->ptr, b->bytes)) {
+    if (buffer_device_alloc(dev, b->bytes, &p) || dev->mem->copy(dev->ctx, p, src->ptr, b->bytes)) {
       if (p) dev->mem->free(dev->ctx, p);
       buffer_release(src);
       return -1;
@@ -252,7 +279,9 @@ void buffer_release(exec_buffer *b) {
   atomic_fetch_sub(&buf_in_use, b->held);
   if (!device_is_host(b->device)) {
     const device_info *dev = device_get(b->device);
-    if (b->ptr) dev->mem->free(dev->ctx, b->ptr);
+    size_t rounded = round_size(b->bytes);
+    if (b->ptr && (rounded < POOL_MIN_BYTES || !pool_put_on(b->ptr, rounded, b->device)))
+      dev->mem->free(dev->ctx, b->ptr);
     free(b);
     return;
   }

@@ -59,9 +59,9 @@ void gpu_pos_coords(gpu_cg *g, gpu_pos *pos) {
     } else {
       const char *t = gpu_tmp(g);
       if (d == 0)
-        cpu_sb_printf(g->body, "  const int64_t %s = (%s) / %" PRId64 ";\n", t, pos->lin, st[d]);
+        cpu_sb_printf(g->body, "  const gi_t %s = (%s) / %" PRId64 ";\n", t, pos->lin, st[d]);
       else
-        cpu_sb_printf(g->body, "  const int64_t %s = (%s) / %" PRId64 " %% %" PRId64 ";\n", t,
+        cpu_sb_printf(g->body, "  const gi_t %s = (%s) / %" PRId64 " %% %" PRId64 ";\n", t,
                       pos->lin, st[d], pos->shape[d]);
       pos->c[d] = t;
     }

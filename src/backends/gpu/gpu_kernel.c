@@ -58,6 +58,17 @@ int gpu_classify(const exec_program *p, int i, const gpu_caps *caps) {
 
 static int gpu_classify_cb(const exec_program *p, int i, void *ctx) { return gpu_classify(p, i, ctx); }
 
+/* Work-items for n outputs: a work-group size that divides n when one of 8..GPU_WG does (then
+ * no bounds check: an early return keeps pocl from vectorizing a work-group, 4x slower on the
+ * gelu chain), else GPU_WG with the launch rounded up and a check. */
+static void gpu_launch_shape(int64_t n, gpu_step *st, bool *guard) {
+  int64_t wg = GPU_WG;
+  while (wg >= 8 && n % wg) wg /= 2;
+  *guard = wg < 8;
+  st->local = *guard ? GPU_WG : wg;
+  st->global = (n + st->local - 1) / st->local * st->local;
+}
+
 /* The kernel's signature: its output, then every buffer it loads, in slot order. */
 static void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *st) {
   const gpu_dialect *d = g->d;
@@ -73,6 +84,12 @@ static void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *s
     st->args[st->nargs++] = r;
   }
   cpu_sb_puts(out, ") {\n");
+}
+
+/* gid: this work-item's output; past n (a rounded-up launch) it does nothing. */
+static void gpu_kernel_index(gpu_cg *g, cpu_sb *out, int64_t n, bool guard) {
+  cpu_sb_printf(out, "  const gi_t gid = (gi_t)%s;\n", g->d->global_id);
+  if (guard) cpu_sb_printf(out, "  if (gid >= %" PRId64 ") return;\n", n);
 }
 
 static void gpu_scope_begin(gpu_cg *g, cpu_sb *body) {
@@ -91,14 +108,13 @@ static void gpu_kernel_map(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *
   const char *v = gpu_value(g, s, pos);
   cpu_sb_printf(&body, "  p%d[gid] = %s;\n", s, v);
   gpu_signature(g, out, s, kernel, st);
-  cpu_sb_printf(out, "  const int64_t gid = %s;\n  if (gid >= %" PRId64 ") return;\n", g->d->global_id,
-                ins->numel);
+  bool guard;
+  gpu_launch_shape(ins->numel, st, &guard);
+  gpu_kernel_index(g, out, ins->numel, guard);
   cpu_sb_puts(out, body.s ? body.s : "");
   cpu_sb_puts(out, "}\n");
   if (body.oom) gpu_fail(g, "out of memory");
   cpu_sb_free(&body);
-  st->local = GPU_WG;
-  st->global = (ins->numel + GPU_WG - 1) / GPU_WG * GPU_WG;
 }
 
 typedef struct {
@@ -154,24 +170,6 @@ static const char *gpu_red_final(gpu_cg *g, const exec_instr *ins, const gpu_red
   return cpu_fmt(&g->ar, "(%s)(uint64_t)%s", T, acc);
 }
 
-/* The operand position of output element `out` (kept dims unravelled from it) with the reduced
- * dims at coordinates red (unravelled from the expression e over the reduced dims). */
-static gpu_pos gpu_red_pos(gpu_cg *g, const exec_instr *x, int64_t mask, const char *out,
-                           const char *e) {
-  gpu_pos pos = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
-  int64_t ost = 1, rst = 1;
-  for (int d = x->ndim - 1; d >= 0; d--) {
-    bool red = mask >> d & 1;
-    const char *base = red ? e : out;
-    int64_t st = red ? rst : ost;
-    if (x->shape[d] == 1) pos.c[d] = "0";
-    else pos.c[d] = cpu_fmt(&g->ar, "(%s / %" PRId64 " %% %" PRId64 ")", base, st, x->shape[d]);
-    if (red) rst *= x->shape[d];
-    else ost *= x->shape[d];
-  }
-  return pos;
-}
-
 static int64_t gpu_reduced_count(const exec_instr *x, int64_t mask) {
   int64_t n = 1;
   for (int d = 0; d < x->ndim; d++)
@@ -179,12 +177,33 @@ static int64_t gpu_reduced_count(const exec_instr *x, int64_t mask) {
   return n;
 }
 
+/* The operand position of output element `out` (kept dims unravelled from it) with the reduced
+ * dims at coordinates red (unravelled from the expression e over the reduced dims). */
+static gpu_pos gpu_red_pos(gpu_cg *g, const exec_instr *x, int64_t mask, const char *out,
+                           const char *e) {
+  gpu_pos pos = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
+  int64_t ost = 1, rst = 1, rtotal = gpu_reduced_count(x, mask), ototal = x->numel / (rtotal ? rtotal : 1);
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    bool red = mask >> d & 1;
+    const char *base = red ? e : out;
+    int64_t st = red ? rst : ost, total = red ? rtotal : ototal;
+    if (x->shape[d] == 1) pos.c[d] = "0";
+    else if (st == 1 && x->shape[d] == total) pos.c[d] = base; /* the only non-unit dim */
+    else if (st == 1) pos.c[d] = cpu_fmt(&g->ar, "(%s %% %" PRId64 ")", base, x->shape[d]);
+    else if (st * x->shape[d] == total) pos.c[d] = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", base, st);
+    else pos.c[d] = cpu_fmt(&g->ar, "(%s / %" PRId64 " %% %" PRId64 ")", base, st, x->shape[d]);
+    if (red) rst *= x->shape[d];
+    else ost *= x->shape[d];
+  }
+  return pos;
+}
+
 /* argmax/argmin: one work-item per output, the first extreme wins; for floats the first NaN. */
 static void gpu_arg_body(gpu_cg *g, const exec_instr *ins, const exec_instr *x, cpu_sb *b) {
   int ax = (int)IR_ATTR(ins->attr, ARG, axis);
   bool mx = ins->op == IR_ARGMAX, fl = dtype_is_float(x->dtype);
   cpu_sb_printf(b, "  int64_t best = 0; %s bv = 0; int seen = 0;\n", gpu_ctype(x->dtype));
-  cpu_sb_printf(b, "  for (int64_t e = 0; e < %" PRId64 "; e++) {\n", x->shape[ax]);
+  cpu_sb_printf(b, "  for (gi_t e = 0; e < %" PRId64 "; e++) {\n", x->shape[ax]);
   gpu_pos pos = gpu_red_pos(g, x, (int64_t)1 << ax, "gid", "e");
   const char *v = gpu_value(g, ins->in[0], pos);
   if (fl)
@@ -202,7 +221,11 @@ static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_ste
   bool arg = ins->op == IR_ARGMAX || ins->op == IR_ARGMIN;
   int64_t mask = arg ? 0 : IR_ATTR(ins->attr, REDUCE, mask);
   int64_t R = arg ? 0 : gpu_reduced_count(x, mask);
-  bool coop = !arg && R >= GPU_RED_COOP_MIN && ins->numel < 4096;
+  /* A work-group shares an output when its reduced elements are contiguous (the innermost dim is
+   * reduced): the lanes then load neighbours. Reducing outer dims (a column sum), neighbouring
+   * outputs are neighbours in memory: a work-item per output loads contiguously across lanes. */
+  bool inner = !arg && x->ndim && (mask >> (x->ndim - 1) & 1);
+  bool coop = inner && (R >= GPU_RED_COOP_MIN || (R >= 256 && x->shape[x->ndim - 1] >= 64));
   gpu_red r = gpu_red_kind(g, ins);
   cpu_sb body = {0};
   gpu_scope_begin(g, &body);
@@ -212,14 +235,14 @@ static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_ste
     cpu_sb_printf(&body, "  p%d[gid] = best;\n", s);
   } else if (!coop) {
     cpu_sb_printf(&body, "  %s acc = %s; int nf = 0; (void)nf;\n", r.acc_t, r.init);
-    cpu_sb_printf(&body, "  for (int64_t e = 0; e < %" PRId64 "; e++) {\n", R);
+    cpu_sb_printf(&body, "  for (gi_t e = 0; e < %" PRId64 "; e++) {\n", R);
     gpu_pos pos = gpu_red_pos(g, x, mask, "gid", "e");
     gpu_red_step(&body, ins, &r, "acc", "nf", gpu_value(g, ins->in[0], pos));
     cpu_sb_puts(&body, "  }\n");
     cpu_sb_printf(&body, "  p%d[gid] = %s;\n", s, gpu_red_final(g, ins, &r, "acc", "nf"));
   } else { /* each work-item strides over the reduced elements, then a tree in local memory */
     cpu_sb_printf(&body, "  %s acc = %s; int nf = 0; (void)nf;\n", r.acc_t, r.init);
-    cpu_sb_printf(&body, "  for (int64_t e = lid; e < %" PRId64 "; e += %d) {\n", R, GPU_RED_WG);
+    cpu_sb_printf(&body, "  for (gi_t e = lid; e < %" PRId64 "; e += %d) {\n", R, GPU_RED_WG);
     g->nmemo = 0;
     gpu_pos pos = gpu_red_pos(g, x, mask, "gid", "e");
     gpu_red_step(&body, ins, &r, "acc", "nf", gpu_value(g, ins->in[0], pos));
@@ -235,15 +258,14 @@ static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_ste
   }
   gpu_signature(g, out, s, kernel, st);
   if (coop) {
-    cpu_sb_printf(out, "  const int64_t gid = %s;\n  const int lid = %s;\n", g->d->group_id,
+    cpu_sb_printf(out, "  const gi_t gid = (gi_t)%s;\n  const int lid = %s;\n", g->d->group_id,
                   g->d->local_id);
     st->local = GPU_RED_WG;
     st->global = ins->numel * GPU_RED_WG;
   } else {
-    cpu_sb_printf(out, "  const int64_t gid = %s;\n  if (gid >= %" PRId64 ") return;\n",
-                  g->d->global_id, ins->numel);
-    st->local = GPU_WG;
-    st->global = (ins->numel + GPU_WG - 1) / GPU_WG * GPU_WG;
+    bool guard;
+    gpu_launch_shape(ins->numel, st, &guard);
+    gpu_kernel_index(g, out, ins->numel, guard);
   }
   cpu_sb_puts(out, body.s ? body.s : "");
   cpu_sb_puts(out, "}\n");
@@ -252,9 +274,19 @@ static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_ste
 }
 
 /* The source's head: the dialect's prelude, the helpers, the math the kernels call. */
-static void gpu_source_head(const gpu_dialect *d, const gpu_caps *caps, cpu_sb *out) {
+/* Index arithmetic in 32 bits when every index fits (64-bit division is several times slower). */
+static bool gpu_small_indices(const exec_program *p) {
+  for (int i = 0; i < p->ninstr; i++)
+    if (p->instr[i].numel >= ((int64_t)1 << 31) - 2 * GPU_WG * GPU_RED_WG) return false;
+  return true;
+}
+
+static void gpu_source_head(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps,
+                            cpu_sb *out) {
   if (caps->fp64) cpu_sb_puts(out, "#define GC_FP64 1\n");
   cpu_sb_puts(out, d->prelude);
+  cpu_sb_printf(out, "typedef %s gi_t; /* index arithmetic */\n",
+                gpu_small_indices(p) ? "int32_t" : "int64_t");
   cpu_sb_puts(out, caps->fp64 ? gpu_helpers_fp64 : gpu_helpers_fp32);
   cpu_sb_puts(out, gpu_helpers);
   const char *math = cpu_math_src, *dbl = strstr(math, "static inline double gm_sigmoid");
@@ -348,7 +380,7 @@ int gpu_render(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps
   if (!g.reads) {
     err_set(GRAFT_ERR_OOM, "out of memory rendering kernels");
   } else {
-    gpu_source_head(d, caps, &out);
+    gpu_source_head(p, d, caps, &out);
     if (gpu_render_steps(&g, gp, &out) || out.oom || gpu_last_steps(p, gp))
       err_set(g.failed ? GRAFT_ERR_COMPILE : GRAFT_ERR_OOM, "%s renderer: %s", d->name,
               g.failed ? g.fail_what : "out of memory");

@@ -17,7 +17,7 @@ typedef struct gpu_dialect {
   const char *kernel;       /* the qualifier a kernel entry starts with */
   const char *global;       /* qualifier of a pointer to device memory */
   const char *restrict_;    /* restrict keyword */
-  const char *global_id;    /* this work-item's index over the whole launch (an int64) */
+  const char *global_id;    /* this work-item's index over the whole launch */
   const char *local_id, *group_id, *local_size; /* within a work-group */
   const char *local_decl;   /* declares a work-group array: printf format (type, name, count) */
   const char *barrier;      /* work-group barrier on local memory */

@@ -64,6 +64,18 @@ static int ocl_make_kernels(ocl_exe *x) {
   return 0;
 }
 
+/* GRAFT_DUMP_DIR: the rendered source beside the graph's IR dump (graph_<hash>.cl). */
+static void ocl_dump_source(const exec_program *p, const char *source) {
+  const char *dir = getenv("GRAFT_DUMP_DIR");
+  if (!dir || !*dir || !source) return;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/graph_%016" PRIx64 ".cl", dir, p->hash);
+  FILE *f = fopen(path, "w");
+  if (!f) return; /* best effort, as the IR dumps */
+  fputs(source, f);
+  fclose(f);
+}
+
 static void *ocl_compile(const exec_program *p) {
   ocl_device *d = ocl_device_get(p->device);
   if (!d) return err_set(GRAFT_ERR_DEVICE, "opencl: device %d is not an OpenCL device", p->device);
@@ -77,6 +89,7 @@ static void *ocl_compile(const exec_program *p) {
   }
   char what[64];
   snprintf(what, sizeof what, "the kernels of graph %016" PRIx64, p->hash);
+  ocl_dump_source(p, x->gp.source);
   if (x->gp.nkernels && (!(x->prog = ocl_build(d, x->gp.source, "-cl-std=CL1.2", what)) ||
                          ocl_make_kernels(x))) {
     ocl_free(x);

@@ -175,7 +175,6 @@ cl_program ocl_build(ocl_device *d, const char *source, const char *options, con
   const char *err = log ? strstr(log, "error:") : NULL; /* the first error, not the warnings */
   err_set(GRAFT_ERR_COMPILE, "opencl device %d (%s): building %s failed (%s); build log: %.1500s",
           d->id, d->name, what, ocl_status_str(st), err ? err : log && log[0] ? log : "(empty)");
-  if (getenv("GRAFT_OPENCL_DUMP_FAILED")) fprintf(stderr, "%s\n--- source ---\n%s\n", log ? log : "", source);
   free(log);
   return NULL;
 }
