@@ -60,7 +60,15 @@ static void forward_ref(const float *x, float **w, float **b, double *out) {
   free(t);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  /* 0. The device: cpu:0, or the first device of the kind named on the command line
+   *    (build/examples/mlp opencl). */
+  int dev = argc > 1 ? graft_device_find(argv[1], 0) : 0;
+  if (dev < 0) {
+    fprintf(stderr, "graft error: %s\n", graft_last_error());
+    return 1;
+  }
+  if (argc > 1) printf("device %d: %s\n", dev, graft_device_name(dev));
   /* 1. Host data: the input batch and the weights of each layer (w [out,in], b [out]). */
   float *hx = malloc(sizeof(float) * BATCH * IN), *hw[NLAYERS], *hb[NLAYERS];
   for (int i = 0; i < BATCH * IN; i++) hx[i] = frand(1.0f);
@@ -72,13 +80,13 @@ int main(void) {
     for (int i = 0; i < dims[l + 1]; i++) hb[l][i] = frand(scale);
   }
 
-  /* 2. Copy them to device 0. These are graph parameters: new values never recompile. */
+  /* 2. Copy them to the device. These are graph parameters: new values never recompile. */
   int64_t xs[2] = {BATCH, IN};
-  graft_tensor *x = graft_from_host(hx, GRAFT_F32, 2, xs, 0), *w[NLAYERS], *b[NLAYERS];
+  graft_tensor *x = graft_from_host(hx, GRAFT_F32, 2, xs, dev), *w[NLAYERS], *b[NLAYERS];
   for (int l = 0; l < NLAYERS; l++) {
     int64_t ws[2] = {dims[l + 1], dims[l]}, bs[1] = {dims[l + 1]};
-    w[l] = graft_from_host(hw[l], GRAFT_F32, 2, ws, 0);
-    b[l] = graft_from_host(hb[l], GRAFT_F32, 1, bs, 0);
+    w[l] = graft_from_host(hw[l], GRAFT_F32, 2, ws, dev);
+    b[l] = graft_from_host(hb[l], GRAFT_F32, 1, bs, dev);
   }
 
   /* 3. Forward, then read the result: graft_to_host is a sync, it compiles and runs the graph. */

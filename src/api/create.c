@@ -75,6 +75,8 @@ int graft_device_find(const char *kind, int ordinal) {
   int known = strcmp(kind, "cpu") && strcmp(kind, "opencl");
   err_set(GRAFT_ERR_DEVICE, "graft_device_find: no %s device %d (%s; devices: %s)", kind, ordinal,
           known ? "kinds are cpu, opencl"
+                : !strcmp(kind, "opencl") && getenv("GRAFT_OPENCL") && !strcmp(getenv("GRAFT_OPENCL"), "0")
+                ? "GRAFT_OPENCL=0 hides OpenCL devices"
                 : !strcmp(kind, "opencl") ? "an OpenCL device needs an OpenCL runtime "
                   "(libOpenCL.so.1, e.g. Debian's ocl-icd-libopencl1) and a driver that lists a "
                   "device (e.g. pocl-opencl-icd; check with clinfo -l)" : "cpu devices are 0..3",

@@ -41,6 +41,8 @@ const char *device_kind(int id) {
   return d ? d->kind : "cpu";
 }
 
+int device_count_known(void) { return GRAFT_CPU_DEVICES + ndevices; }
+
 int device_count(void) {
   pthread_once(&discover_once, device_discover);
   return GRAFT_CPU_DEVICES + ndevices;

@@ -38,6 +38,8 @@ bool device_is_host(int id);
 const char *device_kind(int id);
 /* Devices known (runs discovery). */
 int device_count(void);
+/* Devices known so far, without running discovery (reports). */
+int device_count_known(void);
 /* Registers a device with its own memory (discovery only); returns its id or -1 (table full). */
 int device_register(const char *kind, const char *name, size_t memory, const device_mem *mem,
                     void *ctx);

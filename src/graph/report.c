@@ -91,6 +91,11 @@ char *graft_metrics_report(void) {
         k += snprintf(s + k, cap - (size_t)k, "    %-14s %llu\n", ir_ops[i].name,
                       (unsigned long long)bs.fallbacks[i]);
   }
+  for (int i = GRAFT_CPU_DEVICES; i < device_count_known() && (size_t)k < cap; i++) {
+    const device_info *d = device_get(i);
+    k += snprintf(s + k, cap - (size_t)k, "  device %d %s:%d: %s, %zu MiB\n", i, d->kind, d->ordinal,
+                  d->name, d->memory >> 20);
+  }
   int first = metrics_nreasons > METRICS_NREASONS ? metrics_nreasons - METRICS_NREASONS : 0;
   if (metrics_nreasons) k += snprintf(s + k, cap - (size_t)k, "  recent compile reasons:\n");
   for (int i = first; i < metrics_nreasons && (size_t)k < cap; i++)
