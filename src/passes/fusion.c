@@ -51,7 +51,8 @@ static void fuse_plan_library_operands(const exec_program *p, fuse_plan *pl) {
     if (pl->role[i] != FUSE_FALLBACK && pl->role[i] != FUSE_LIBRARY) continue;
     for (int k = 0; k < p->instr[i].nin; k++) {
       int s = p->instr[i].in[k];
-      if (pl->role[i] == FUSE_LIBRARY && pl->role[s] == FUSE_INLINE && fuse_last2_transpose(&p->instr[s])) {
+      if (pl->role[i] == FUSE_LIBRARY && p->instr[i].op == IR_DOT && pl->role[s] == FUSE_INLINE &&
+          fuse_last2_transpose(&p->instr[s])) {
         pl->tview[s] = 1;
         s = p->instr[s].in[0];
       }

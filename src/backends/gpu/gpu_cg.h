@@ -43,4 +43,26 @@ const char *gpu_tmp(gpu_cg *g);
 const char *gpu_def(gpu_cg *g, graft_dtype dt, const char *expr);
 /* Records that the kernel cannot be generated (the first reason wins). */
 void gpu_fail(gpu_cg *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- gpu_kernel.c: pieces the kernels share ---- */
+typedef struct {
+  const char *acc_t, *init;
+  bool fl, mx, mn, arg;
+} gpu_red;
+/* The accumulator of a reduction op (ins->op a REDUCE_*, ins->dtype its result). */
+gpu_red gpu_red_kind(const gpu_cg *g, const exec_instr *ins);
+void gpu_red_step(cpu_sb *b, const exec_instr *ins, const gpu_red *r, const char *acc,
+                  const char *nf, const char *v);
+const char *gpu_red_final(gpu_cg *g, const exec_instr *ins, const gpu_red *r, const char *acc,
+                          const char *nf);
+/* Work-group size and launch for n outputs; *guard: gid may pass n (check it). */
+void gpu_launch_shape(int64_t n, gpu_step *st, bool *guard);
+void gpu_kernel_index(gpu_cg *g, cpu_sb *out, int64_t n, bool guard);
+/* Writes kernel k<kernel>'s signature: output slot s, then the slots in g->reads. */
+void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *st);
+void gpu_scope_begin(gpu_cg *g, cpu_sb *body);
+
+/* ---- gpu_special.c: conv2d, reduce_window, gather as kernels over whole operands ---- */
+bool gpu_special_supported(const exec_program *p, int i);
+void gpu_kernel_special(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st);
 #endif

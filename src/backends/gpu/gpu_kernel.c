@@ -47,6 +47,8 @@ int gpu_classify(const exec_program *p, int i, const gpu_caps *caps) {
   case OPS_CPU_EXPR: case OPS_CPU_MOVE: return FUSE_INLINE;
   case OPS_CPU_WIDE: return caps->fp64 ? FUSE_INLINE : FUSE_FALLBACK; /* math in double */
   case OPS_CPU_REDUCE: return FUSE_REDUCE;
+  case OPS_CPU_HOST: /* a kernel of its own over whole operand buffers (gpu_special.c) */
+    return gpu_special_supported(p, i) ? FUSE_LIBRARY : FUSE_FALLBACK;
   case OPS_CPU_GEMM:
     if (!caps->have_gemm || !dtype_is_float(ins->dtype)) return FUSE_FALLBACK;
     for (int d = 0; d < ins->ndim; d++)
@@ -61,7 +63,7 @@ static int gpu_classify_cb(const exec_program *p, int i, void *ctx) { return gpu
 /* Work-items for n outputs: a work-group size that divides n when one of 8..GPU_WG does (then
  * no bounds check: an early return keeps pocl from vectorizing a work-group, 4x slower on the
  * gelu chain), else GPU_WG with the launch rounded up and a check. */
-static void gpu_launch_shape(int64_t n, gpu_step *st, bool *guard) {
+void gpu_launch_shape(int64_t n, gpu_step *st, bool *guard) {
   int64_t wg = GPU_WG;
   while (wg >= 8 && n % wg) wg /= 2;
   *guard = wg < 8;
@@ -70,7 +72,7 @@ static void gpu_launch_shape(int64_t n, gpu_step *st, bool *guard) {
 }
 
 /* The kernel's signature: its output, then every buffer it loads, in slot order. */
-static void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *st) {
+void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *st) {
   const gpu_dialect *d = g->d;
   cpu_sb_printf(out, "%s k%d(%s %s *%s p%d", d->kernel, kernel, d->global,
                 gpu_ctype(g->p->instr[s].dtype), d->restrict_, s);
@@ -87,12 +89,12 @@ static void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *s
 }
 
 /* gid: this work-item's output; past n (a rounded-up launch) it does nothing. */
-static void gpu_kernel_index(gpu_cg *g, cpu_sb *out, int64_t n, bool guard) {
+void gpu_kernel_index(gpu_cg *g, cpu_sb *out, int64_t n, bool guard) {
   cpu_sb_printf(out, "  const gi_t gid = (gi_t)%s;\n", g->d->global_id);
   if (guard) cpu_sb_printf(out, "  if (gid >= %" PRId64 ") return;\n", n);
 }
 
-static void gpu_scope_begin(gpu_cg *g, cpu_sb *body) {
+void gpu_scope_begin(gpu_cg *g, cpu_sb *body) {
   memset(g->reads, 0, (size_t)g->p->ninstr + 1);
   g->body = body;
   g->nmemo = 0;
@@ -117,12 +119,7 @@ static void gpu_kernel_map(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *
   cpu_sb_free(&body);
 }
 
-typedef struct {
-  const char *acc_t, *init;
-  bool fl, mx, mn, arg;
-} gpu_red;
-
-static gpu_red gpu_red_kind(const gpu_cg *g, const exec_instr *ins) {
+gpu_red gpu_red_kind(const gpu_cg *g, const exec_instr *ins) {
   gpu_red r = {0};
   graft_dtype dt = ins->dtype;
   r.fl = dt == GRAFT_F32 || dt == GRAFT_F64;
@@ -150,7 +147,7 @@ static gpu_red gpu_red_kind(const gpu_cg *g, const exec_instr *ins) {
 }
 
 /* acc = acc (op) v; nf records a NaN seen by a float max/min (the result is then NaN). */
-static void gpu_red_step(cpu_sb *b, const exec_instr *ins, const gpu_red *r, const char *acc,
+void gpu_red_step(cpu_sb *b, const exec_instr *ins, const gpu_red *r, const char *acc,
                          const char *nf, const char *v) {
   const char *op = ins->op == IR_REDUCE_PROD ? "*" : "+";
   if (r->fl && !r->mx && !r->mn) cpu_sb_printf(b, "  %s %s= (%s)%s;\n", acc, op, r->acc_t, v);
@@ -161,7 +158,7 @@ static void gpu_red_step(cpu_sb *b, const exec_instr *ins, const gpu_red *r, con
                      acc, v, acc);
 }
 
-static const char *gpu_red_final(gpu_cg *g, const exec_instr *ins, const gpu_red *r,
+const char *gpu_red_final(gpu_cg *g, const exec_instr *ins, const gpu_red *r,
                                  const char *acc, const char *nf) {
   const char *T = gpu_ctype(ins->dtype);
   if (r->fl && (r->mx || r->mn)) return cpu_fmt(&g->ar, "%s ? (%s)GC_NANF : %s", nf, T, acc);
@@ -345,6 +342,14 @@ static int gpu_render_steps(gpu_cg *g, gpu_program *gp, cpu_sb *out) {
         st.kernel = gp->nkernels++;
         if (role == FUSE_KERNEL) gpu_kernel_map(g, i, st.kernel, out, &st);
         else gpu_kernel_reduce(g, i, st.kernel, out, &st);
+      }
+    } else if (role == FUSE_LIBRARY && p->instr[i].op != IR_DOT) {
+      st.kind = GPU_STEP_KERNEL;
+      st.global = 0;
+      if (p->instr[i].numel) {
+        st.kernel = gp->nkernels++;
+        gpu_kernel_special(g, i, st.kernel, out, &st);
+        gp->uses_status |= st.status;
       }
     } else if (role == FUSE_LIBRARY || role == FUSE_FALLBACK) {
       st.kind = role == FUSE_LIBRARY ? GPU_STEP_LIBRARY : GPU_STEP_FALLBACK;

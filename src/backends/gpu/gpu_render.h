@@ -36,6 +36,7 @@ typedef struct {
   int64_t global; /* work-items (a multiple of local when local > 0) */
   int64_t local;  /* work-group size; 0: the runtime chooses */
   int trans[2];   /* GPU_STEP_LIBRARY: operand 0/1 read transposed (last two dims) */
+  bool status;    /* the kernel's last argument is the program's status buffer (gather) */
 } gpu_step;
 
 typedef struct {
@@ -44,7 +45,12 @@ typedef struct {
   gpu_step *steps;
   int nkernels;
   int *last_step; /* per slot: the last step that reads it (-1: none) */
+  /* Kernels that can fail (a gather's index out of range) record it in a status buffer of
+   * GPU_STATUS_WORDS int64: [0] nonzero when one failed, [1] the bad index, [2] the slot, [3]
+   * the bound; the runtime zeroes it before and reads it after the program. */
+  bool uses_status;
 } gpu_program;
+#define GPU_STATUS_WORDS 4
 
 /* What the device can do, for the classification (which ops are generated). */
 typedef struct {

@@ -35,6 +35,7 @@ typedef struct {
   gpu_program gp;
   cl_program prog;
   cl_kernel *kernels;
+  cl_mem status; /* gp.uses_status: GPU_STATUS_WORDS int64 (a kernel's runtime failure) */
 } ocl_exe;
 
 static void ocl_free(void *e) {
@@ -43,6 +44,7 @@ static void ocl_free(void *e) {
   for (int k = 0; x->kernels && k < x->gp.nkernels; k++)
     if (x->kernels[k]) ocl.clReleaseKernel(x->kernels[k]);
   free(x->kernels);
+  if (x->status) ocl.clReleaseMemObject(x->status);
   if (x->prog) ocl.clReleaseProgram(x->prog);
   gpu_program_free(&x->gp);
   free(x);
@@ -95,6 +97,14 @@ static void *ocl_compile(const exec_program *p) {
     ocl_free(x);
     return NULL;
   }
+  cl_int st = CL_SUCCESS;
+  if (x->gp.uses_status)
+    x->status = ocl.clCreateBuffer(d->ctx, CL_MEM_READ_WRITE, GPU_STATUS_WORDS * sizeof(cl_long), NULL, &st);
+  if (st != CL_SUCCESS) {
+    err_set(GRAFT_ERR_OOM, "opencl device %d: a status buffer: %s", d->id, ocl_status_str(st));
+    ocl_free(x);
+    return NULL;
+  }
   pthread_mutex_lock(&ocl_stats_mu);
   ocl_counters.compiles++;
   pthread_mutex_unlock(&ocl_stats_mu);
@@ -119,6 +129,8 @@ static int ocl_launch(ocl_run *r, const gpu_step *st) {
     cl_mem m = ocl_mem_of(r, st->args[a]);
     e = ocl.clSetKernelArg(k, (cl_uint)a + 1, sizeof m, &m);
   }
+  if (st->status && e == CL_SUCCESS)
+    e = ocl.clSetKernelArg(k, (cl_uint)st->nargs + 1, sizeof r->x->status, &r->x->status);
   size_t global = (size_t)st->global, local = (size_t)st->local;
   if (e == CL_SUCCESS)
     e = ocl.clEnqueueNDRangeKernel(r->x->dev->queue, k, 1, NULL, &global, local ? &local : NULL, 0,
@@ -207,6 +219,36 @@ static int ocl_step(ocl_run *r, int k) {
   return 0;
 }
 
+static const cl_long ocl_zeros[GPU_STATUS_WORDS];
+
+static int ocl_status_reset(ocl_exe *x) {
+  if (!x->status) return 0;
+  cl_int st = ocl.clEnqueueWriteBuffer(x->dev->queue, x->status, CL_FALSE, 0, sizeof ocl_zeros,
+                                       ocl_zeros, 0, NULL, NULL);
+  if (st == CL_SUCCESS) return 0;
+  err_set(GRAFT_ERR_INTERNAL, "opencl device %d: resetting a status buffer: %s", x->dev->id,
+          ocl_status_str(st));
+  return -1;
+}
+
+/* A kernel that failed at run time (a gather's index out of range) fails the graph with the
+ * reference kernel's message. The status words are control data, not a tensor: not counted. */
+static int ocl_status_check(ocl_exe *x, const exec_program *p) {
+  if (!x->status) return 0;
+  cl_long w[GPU_STATUS_WORDS];
+  cl_int st = ocl.clEnqueueReadBuffer(x->dev->queue, x->status, CL_TRUE, 0, sizeof w, w, 0, NULL, NULL);
+  if (st != CL_SUCCESS) {
+    err_set(GRAFT_ERR_INTERNAL, "opencl device %d: reading a status buffer: %s", x->dev->id,
+            ocl_status_str(st));
+    return -1;
+  }
+  if (!w[0]) return 0;
+  int slot = w[2] >= 0 && w[2] < p->ninstr ? (int)w[2] : 0;
+  err_set(GRAFT_ERR_ARG, "%s: index %lld out of range [0, %lld) on axis %d", ir_ops[p->instr[slot].op].name,
+          (long long)w[1], (long long)w[3], (int)IR_ATTR(p->instr[slot].attr, AXIS, axis));
+  return -1;
+}
+
 static int ocl_execute(void *e, const exec_program *p, exec_buffer *const *params, exec_buffer **outs) {
   ocl_exe *x = e;
   ocl_run r = {.x = x, .p = p};
@@ -220,12 +262,13 @@ static int ocl_execute(void *e, const exec_program *p, exec_buffer *const *param
     else if (params[k]->donated) buffer_release(params[k]);
   }
   if (r.B && r.own) {
-    rc = 0;
+    rc = ocl_status_reset(x);
     for (int k = 0; k < x->gp.nsteps && !rc; k++) rc = ocl_step(&r, k);
     cl_int st = ocl.clFinish(x->dev->queue); /* the graph's one wait */
     if (!rc && st != CL_SUCCESS)
       rc = -1, err_set(GRAFT_ERR_INTERNAL, "opencl device %d: running graph %016" PRIx64 ": %s",
                        x->dev->id, p->hash, ocl_status_str(st));
+    if (!rc) rc = ocl_status_check(x, p);
   }
   for (int k = 0; k < p->noutputs; k++) {
     int s = p->output_slot[k];

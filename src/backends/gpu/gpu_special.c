@@ -1,0 +1,147 @@
+/* Kernels for the ops the CPU runs as host kernels: conv2d (direct: a work-item per output
+ * element looping over its window; every attribute: stride, padding, dilation, input dilation,
+ * groups), reduce_window (max/sum pooling) and gather (an index out of range is recorded in the
+ * program's status buffer and reported as the reference kernel does). Operands are whole
+ * buffers (the plan materializes them). */
+#include "gpu_cg.h"
+#include "dtype.h"
+#include <inttypes.h>
+
+bool gpu_special_supported(const exec_program *p, int i) {
+  const exec_instr *ins = &p->instr[i];
+  switch (ins->op) {
+  case IR_CONV2D: return dtype_is_float(ins->dtype) && ins->ndim == 4;
+  case IR_REDUCE_WINDOW: return true;
+  case IR_GATHER: return true;
+  default: return false;
+  }
+}
+
+/* "c0..c<nd-1>" := the coordinates of gid over shape (the outermost needs no modulo). */
+static void gpu_unravel(cpu_sb *b, const char *v, const char *prefix, int nd, const int64_t *shape) {
+  int64_t st = 1;
+  for (int d = nd - 1; d >= 0; d--) {
+    if (d == 0) cpu_sb_printf(b, "  const gi_t %s%d = %s / %" PRId64 ";\n", prefix, d, v, st);
+    else cpu_sb_printf(b, "  const gi_t %s%d = %s / %" PRId64 " %% %" PRId64 ";\n", prefix, d, v, st,
+                       shape[d]);
+    st *= shape[d];
+  }
+}
+
+static const char *gpu_load_expr(gpu_cg *g, int s, const char *idx) {
+  g->reads[s] = 1;
+  return cpu_fmt(&g->ar, "p%d[%s]", s, idx);
+}
+
+/* One spatial tap: "p" := o * stride + k * dil - lo within the input dilated by ld; skip it when
+ * it falls on padding or on an inserted zero. */
+static void gpu_conv_tap(cpu_sb *b, const char *v, const char *o, const char *k, int64_t st,
+                         int64_t dil, int64_t lo, int64_t ld, int64_t size) {
+  if (ld < 1) ld = 1;
+  int64_t dilated = size > 0 ? (size - 1) * ld + 1 : 0;
+  cpu_sb_printf(b, "  const gi_t p%s = %s * %" PRId64 " + %s * %" PRId64 " - %" PRId64 ";\n", v, o, st,
+                k, dil, lo);
+  cpu_sb_printf(b, "  if (p%s < 0 || p%s >= %" PRId64, v, v, dilated);
+  if (ld > 1) cpu_sb_printf(b, " || p%s %% %" PRId64, v, ld);
+  cpu_sb_printf(b, ") continue;\n  const gi_t %s = p%s / %" PRId64 ";\n", v, v, ld);
+}
+
+static void gpu_special_conv(gpu_cg *g, int s, cpu_sb *b) {
+  const exec_instr *ins = &g->p->instr[s];
+  int xs = ins->in[0], ws = ins->in[1];
+  const exec_instr *x = &g->p->instr[xs], *w = &g->p->instr[ws];
+  const ir_attrs *a = &ins->attr;
+  int64_t C = x->shape[1], H = x->shape[2], W = x->shape[3];
+  int64_t O = w->shape[0], CG = w->shape[1], KH = w->shape[2], KW = w->shape[3];
+  int64_t groups = IR_ATTR(*a, CONV2D, groups) > 0 ? IR_ATTR(*a, CONV2D, groups) : 1;
+  int64_t OG = O / groups > 0 ? O / groups : 1;
+  const char *T = gpu_ctype(ins->dtype);
+  gpu_unravel(b, "gid", "c", 4, ins->shape);
+  cpu_sb_printf(b, "  %s acc = 0;\n  const gi_t grp = c1 / %" PRId64 ";\n", T, OG);
+  cpu_sb_printf(b, "  for (gi_t cg = 0; cg < %" PRId64 "; cg++)\n  for (gi_t kh = 0; kh < %" PRId64
+                "; kh++) {\n", CG, KH);
+  gpu_conv_tap(b, "ih", "c2", "kh", IR_ATTR_AT(*a, CONV2D, stride, 0), IR_ATTR_AT(*a, CONV2D, dilation, 0),
+               IR_ATTR_AT(*a, CONV2D, pad_lo, 0), IR_ATTR_AT(*a, CONV2D, lhs_dilation, 0), H);
+  cpu_sb_printf(b, "  for (gi_t kw = 0; kw < %" PRId64 "; kw++) {\n", KW);
+  gpu_conv_tap(b, "iw", "c3", "kw", IR_ATTR_AT(*a, CONV2D, stride, 1), IR_ATTR_AT(*a, CONV2D, dilation, 1),
+               IR_ATTR_AT(*a, CONV2D, pad_lo, 1), IR_ATTR_AT(*a, CONV2D, lhs_dilation, 1), W);
+  const char *xi = cpu_fmt(&g->ar, "((c0 * %" PRId64 " + grp * %" PRId64 " + cg) * %" PRId64
+                           " + ih) * %" PRId64 " + iw", C, CG, H, W);
+  const char *wi = cpu_fmt(&g->ar, "((c1 * %" PRId64 " + cg) * %" PRId64 " + kh) * %" PRId64 " + kw",
+                           CG, KH, KW);
+  cpu_sb_printf(b, "  acc += (%s)%s * (%s)%s;\n  }\n  }\n", T, gpu_load_expr(g, xs, xi), T,
+                gpu_load_expr(g, ws, wi));
+  cpu_sb_printf(b, "  p%d[gid] = acc;\n", s);
+}
+
+static void gpu_special_window(gpu_cg *g, int s, cpu_sb *b) {
+  const exec_instr *ins = &g->p->instr[s];
+  int xs = ins->in[0];
+  const exec_instr *x = &g->p->instr[xs];
+  exec_instr red = *ins; /* the accumulator of the equivalent reduction */
+  red.op = IR_ATTR(ins->attr, WINDOW, kind) == 0 ? IR_REDUCE_MAX : IR_REDUCE_SUM;
+  gpu_red r = gpu_red_kind(g, &red);
+  gpu_unravel(b, "gid", "c", x->ndim, ins->shape);
+  cpu_sb_printf(b, "  %s acc = %s; int nf = 0; (void)nf;\n", r.acc_t, r.init);
+  cpu_sb e = {0};
+  int64_t st = 1;
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    int64_t win = IR_ATTR_AT(ins->attr, WINDOW, window, d);
+    cpu_sb_printf(b, "  for (gi_t w%d = 0; w%d < %" PRId64 "; w%d++) {\n", d, d, win, d);
+    cpu_sb_printf(b, "  const gi_t q%d = c%d * %" PRId64 " + w%d - %" PRId64 ";\n", d, d,
+                  IR_ATTR_AT(ins->attr, WINDOW, stride, d), d, IR_ATTR_AT(ins->attr, WINDOW, pad_lo, d));
+    cpu_sb_printf(b, "  if (q%d < 0 || q%d >= %" PRId64 ") continue;\n", d, d, x->shape[d]);
+    cpu_sb_printf(&e, "%sq%d * %" PRId64, e.n ? " + " : "", d, st);
+    st *= x->shape[d];
+  }
+  const char *v = gpu_def(g, x->dtype, gpu_load_expr(g, xs, e.s ? e.s : "0"));
+  cpu_sb_free(&e);
+  gpu_red_step(b, &red, &r, "acc", "nf", v);
+  for (int d = 0; d < x->ndim; d++) cpu_sb_puts(b, "  }\n");
+  cpu_sb_printf(b, "  p%d[gid] = %s;\n", s, gpu_red_final(g, &red, &r, "acc", "nf"));
+}
+
+static void gpu_special_gather(gpu_cg *g, int s, cpu_sb *b) {
+  const exec_instr *ins = &g->p->instr[s];
+  int xs = ins->in[0], is = ins->in[1];
+  const exec_instr *x = &g->p->instr[xs];
+  int ax = (int)IR_ATTR(ins->attr, AXIS, axis);
+  gpu_unravel(b, "gid", "c", ins->ndim, ins->shape);
+  cpu_sb_printf(b, "  int64_t v = (int64_t)%s;\n", gpu_load_expr(g, is, "gid"));
+  cpu_sb_printf(b, "  if (v < 0 || v >= %" PRId64 ") { status[1] = v; status[2] = %d; status[3] = "
+                "%" PRId64 "; status[0] = 1; v = 0; }\n", x->shape[ax], s, x->shape[ax]);
+  cpu_sb e = {0};
+  int64_t st = 1;
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    if (d < ins->ndim) cpu_sb_printf(&e, "%s%s * %" PRId64, e.n ? " + " : "",
+                                     d == ax ? "(gi_t)v" : cpu_fmt(&g->ar, "c%d", d), st);
+    st *= x->shape[d];
+  }
+  const char *load = gpu_load_expr(g, xs, e.s ? e.s : "0");
+  cpu_sb_free(&e);
+  cpu_sb_printf(b, "  p%d[gid] = %s;\n", s, load);
+}
+
+void gpu_kernel_special(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st) {
+  const exec_instr *ins = &g->p->instr[s];
+  cpu_sb body = {0};
+  gpu_scope_begin(g, &body);
+  g->self = -1;
+  if (ins->op == IR_CONV2D) gpu_special_conv(g, s, &body);
+  else if (ins->op == IR_REDUCE_WINDOW) gpu_special_window(g, s, &body);
+  else gpu_special_gather(g, s, &body);
+  st->status = ins->op == IR_GATHER;
+  gpu_signature(g, out, s, kernel, st);
+  if (st->status) { /* the status buffer goes last: reopen the signature */
+    out->n -= 4; /* ") {\n" */
+    out->s[out->n] = 0;
+    cpu_sb_printf(out, ", %s int64_t *%s status) {\n", g->d->global, g->d->restrict_);
+  }
+  bool guard;
+  gpu_launch_shape(ins->numel, st, &guard);
+  gpu_kernel_index(g, out, ins->numel, guard);
+  cpu_sb_puts(out, body.s ? body.s : "");
+  cpu_sb_puts(out, "}\n");
+  if (body.oom) gpu_fail(g, "out of memory");
+  cpu_sb_free(&body);
+}
