@@ -145,19 +145,10 @@ U static int64_t numel_of(int nd, const int64_t *shape) {
 /* The device every input is made on (GRAFT_TEST_DEVICE; cpu:0 by default). */
 U static int dev;
 
-/* Sets dev from GRAFT_TEST_DEVICE and names it on stdout; -1 (after saying why) when there is
- * no such device, so that a suite asked for a device it cannot find fails rather than passing
- * on cpu:0. */
+/* Sets dev from GRAFT_TEST_DEVICE (check_test_device_for); -1 when there is no such device. */
 U static int ops_device_init(const char *suite) {
-  dev = check_test_device();
-  if (dev < 0 || !graft_device_kind(dev)) {
-    fprintf(stderr, "%s: GRAFT_TEST_DEVICE=%s: no such device (%s)\n", suite,
-            getenv("GRAFT_TEST_DEVICE"), graft_last_error());
-    return -1;
-  }
-  char s[32];
-  printf("%s on %s (%s)\n", suite, check_device_str(dev, s, sizeof s), graft_device_name(dev));
-  return 0;
+  dev = check_test_device_for(suite);
+  return dev < 0 ? -1 : 0;
 }
 
 /* A tensor of dt holding v (converted by the test's own converters) on device d. */
