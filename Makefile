@@ -118,8 +118,10 @@ check-compiled: $(COMPILED_TESTS:%=build/asan/tests/%)
 # test_cpu_backend, with their data there: the device's compiler against its reference (the
 # fuzzer calls both itself, and its training seeds force sync, so it runs once). A machine
 # where graft finds no OpenCL device skips it, saying why in one line (test_device --probe).
+# pocl's and LLVM's own leaks at exit are suppressed here only (tests/lsan-opencl.supp says why).
 OPENCL_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad
-OPENCL_ENV   := GRAFT_TEST_DEVICE=opencl ASAN_OPTIONS=detect_leaks=1
+OPENCL_ENV   := GRAFT_TEST_DEVICE=opencl ASAN_OPTIONS=detect_leaks=1 \
+                LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan-opencl.supp
 
 check-opencl: $(OPENCL_TESTS:%=build/asan/tests/%) build/asan/fuzz_graphs build/asan/tests/test_device
 	@if ! why=$$(./build/asan/tests/test_device --probe opencl 2>&1); then \
