@@ -99,8 +99,8 @@ build/tsan/tests/%: tests/%.c build/tsan/libgraft.a $(TEST_HDR)
 # runs the composite and gradient suites on cpu:0 and again on cpu:1.
 COMPILED_TESTS := test_async test_composite test_grad test_passes test_ops_elementwise test_ops_shape test_ops_nn test_dist
 
-# The device-parametrized suites (inputs on cpu:GRAFT_TEST_DEVICE) run again on cpu:1.
-DEVICE_TESTS := test_composite test_grad
+# The device-parametrized suites (inputs on GRAFT_TEST_DEVICE) run again on cpu:1.
+DEVICE_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad
 
 check-asan: $(TESTS:tests/%.c=build/asan/tests/%)
 	@set -e; for t in $^; do echo "== $$t"; GRAFT_COMPILE=off ASAN_OPTIONS=detect_leaks=1 ./$$t; done
