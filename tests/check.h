@@ -42,9 +42,10 @@ static int check_passed, check_failed;
       check_passed++;                                                                       \
     }                                                                                       \
   } while (0)
-/* The device the device-parametrized tests (test_composite, test_grad) make their inputs on:
- * GRAFT_TEST_DEVICE=n runs them on device n, =opencl on the first OpenCL device (the Makefile
- * runs them on cpu:0, cpu:1 and, where one is found, opencl:0). */
+/* The device the device-parametrized tests (test_ops_*, test_composite, test_grad, and
+ * fuzz_graphs) make their inputs on: GRAFT_TEST_DEVICE=n runs them on device n, =opencl on the
+ * first OpenCL device (the Makefile runs them on cpu:0, test_composite and test_grad on cpu:1
+ * too, and all of them on opencl:0 in make check-opencl, where graft finds one). */
 static inline int check_test_device(void) {
   const char *e = getenv("GRAFT_TEST_DEVICE");
   if (!e || !*e) return 0;
@@ -60,6 +61,22 @@ static inline const char *check_device_str(int id, char *buf, size_t n) {
   for (int i = 0; kind && i < id; i++) ordinal += !strcmp(graft_device_kind(i), kind);
   snprintf(buf, n, "%s:%d", kind ? kind : "?", ordinal);
   return buf;
+}
+
+/* check_test_device for suite, named on stdout; or -1 after saying why there is no such device
+ * (a suite asked for a device graft does not have fails rather than running elsewhere). */
+static inline int check_test_device_for(const char *suite) {
+  int d = check_test_device();
+  char s[32];
+  if (d >= 0 && graft_device_kind(d)) {
+    printf("%s on %s (%s)\n", suite, check_device_str(d, s, sizeof s), graft_device_name(d));
+    return d;
+  }
+  bool found_none = graft_last_status() != GRAFT_OK; /* =opencl: graft_device_find said why */
+  if (!found_none) snprintf(s, sizeof s, "ids are 0..%d", graft_device_count() - 1);
+  fprintf(stderr, "%s: GRAFT_TEST_DEVICE=%s: no such device (%s)\n", suite,
+          getenv("GRAFT_TEST_DEVICE"), found_none ? graft_last_error() : s);
+  return -1;
 }
 
 /* The compiled pass (make check-compiled runs the suites with GRAFT_COMPILE=sync) must run

@@ -1,5 +1,8 @@
 /* Helpers shared by the per-op tests (test_ops_*.c): host-side dtype conversion, tensor
- * construction and read-back, error expectations. Each test file is its own program. */
+ * construction and read-back, error expectations. Each test file is its own program.
+ * The suites are device-parametrized: every input is made on `dev` (GRAFT_TEST_DEVICE, see
+ * check_test_device; ops_device_init sets it at the start of main), every result read must be
+ * on that device, and the expected values are always computed here on the host. */
 #ifndef GRAFT_OPS_HELPERS_H
 #define GRAFT_OPS_HELPERS_H
 #include "graft.h"
@@ -139,23 +142,33 @@ U static int64_t numel_of(int nd, const int64_t *shape) {
   return n;
 }
 
-/* A device-0 tensor of dt holding v (converted by the test's own converters). */
-U static graft_tensor *mk_dev(graft_dtype dt, int nd, const int64_t *shape, const double *v, int dev) {
+/* The device every input is made on (GRAFT_TEST_DEVICE; cpu:0 by default). */
+U static int dev;
+
+/* Sets dev from GRAFT_TEST_DEVICE (check_test_device_for); -1 when there is no such device. */
+U static int ops_device_init(const char *suite) {
+  dev = check_test_device_for(suite);
+  return dev < 0 ? -1 : 0;
+}
+
+/* A tensor of dt holding v (converted by the test's own converters) on device d. */
+U static graft_tensor *mk_dev(graft_dtype dt, int nd, const int64_t *shape, const double *v, int d) {
   int64_t n = numel_of(nd, shape);
   void *buf = calloc((size_t)n + 1, 8);
   for (int64_t i = 0; i < n; i++) store_d(buf, dt, i, v[i]);
-  graft_tensor *t = graft_from_host(buf, dt, nd, shape, dev);
+  graft_tensor *t = graft_from_host(buf, dt, nd, shape, d);
   free(buf);
   return t;
 }
+/* The same on the test device. */
 U static graft_tensor *mk(graft_dtype dt, int nd, const int64_t *shape, const double *v) {
-  return mk_dev(dt, nd, shape, v, 0);
+  return mk_dev(dt, nd, shape, v, dev);
 }
 U static graft_tensor *mk_i(graft_dtype dt, int nd, const int64_t *shape, const int64_t *v) {
   int64_t n = numel_of(nd, shape);
   void *buf = calloc((size_t)n + 1, 8);
   for (int64_t i = 0; i < n; i++) store_i(buf, dt, i, v[i]);
-  graft_tensor *t = graft_from_host(buf, dt, nd, shape, 0);
+  graft_tensor *t = graft_from_host(buf, dt, nd, shape, dev);
   free(buf);
   return t;
 }
@@ -165,10 +178,16 @@ U static graft_tensor *mk1_i(graft_dtype dt, int64_t n, const int64_t *v) {
   return mk_i(dt, 1, &n, v);
 }
 
-/* Checks t's dtype and shape; prints what differs. */
+/* Checks t's dtype and shape, and that t is on the inputs' device; prints what differs. */
 U static int expect_meta(graft_tensor *t, graft_dtype dt, int nd, const int64_t *shape) {
   if (!t) {
     fprintf(stderr, "  tensor is NULL: %s\n", graft_last_error());
+    return 0;
+  }
+  if (graft_device(t) != dev) {
+    char a[32], b[32];
+    fprintf(stderr, "  result on %s, inputs on %s\n", check_device_str(graft_device(t), a, sizeof a),
+            check_device_str(dev, b, sizeof b));
     return 0;
   }
   int64_t s[GRAFT_MAX_DIMS];

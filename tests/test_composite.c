@@ -53,7 +53,9 @@ static graft_tensor *mk(const double *v, graft_dtype dt, int nd, const int64_t *
 static bool get(graft_tensor *t, double *out, int64_t n) {
   if (!t || graft_numel(t) != n) return false;
   if (graft_device(t) != dev) {
-    fprintf(stderr, "  result on cpu:%d, inputs on cpu:%d\n", graft_device(t), dev);
+    char a[32], b[32];
+    fprintf(stderr, "  result on %s, inputs on %s\n", check_device_str(graft_device(t), a, sizeof a),
+            check_device_str(dev, b, sizeof b));
     return false;
   }
   graft_dtype dt = graft_get_dtype(t);
@@ -934,8 +936,9 @@ TEST(composites_match_cpu0) {
         float tol = same_kind ? 0 : 4e-6f * (1 + fabsf(ha[e]));
         bool eq = same_kind ? !memcmp(&ha[e], &hb[e], 4) : fabsf(ha[e] - hb[e]) <= tol;
         if (!eq) {
-          fprintf(stderr, "  composite %d differs between cpu:0 and device %d at %lld: %.9g vs %.9g\n",
-                  i, other, (long long)e, ha[e], hb[e]);
+          char dname[32];
+          fprintf(stderr, "  composite %d differs between cpu:0 and %s at %lld: %.9g vs %.9g\n", i,
+                  check_device_str(other, dname, sizeof dname), (long long)e, ha[e], hb[e]);
           CHECK(false);
           break;
         }
@@ -972,12 +975,8 @@ TEST(mixed_devices_fail) {
 }
 
 int main(void) {
-  dev = check_test_device();
-  if (dev < 0 || dev >= GRAFT_MAX_DEVICES) {
-    fprintf(stderr, "GRAFT_TEST_DEVICE=%d: no such device\n", dev);
-    return 2;
-  }
-  printf("test_composite on cpu:%d\n", dev);
+  dev = check_test_device_for("test_composite");
+  if (dev < 0) return 2;
   RUN(relu_values);
   RUN(gelu_both_forms);
   RUN(softmax_values);

@@ -12,7 +12,9 @@ static int dev; /* the device of every input (GRAFT_TEST_DEVICE) */
 /* graft_to_host, after checking that t is on the inputs' device. */
 static graft_status read_dev(graft_tensor *t, void *dst, size_t bytes) {
   if (t && graft_device(t) != dev) {
-    fprintf(stderr, "  result on cpu:%d, inputs on cpu:%d\n", graft_device(t), dev);
+    char a[32], b[32];
+    fprintf(stderr, "  result on %s, inputs on %s\n", check_device_str(graft_device(t), a, sizeof a),
+            check_device_str(dev, b, sizeof b));
     return GRAFT_ERR_DEVICE;
   }
   return graft_to_host(t, dst, bytes);
@@ -239,12 +241,8 @@ TEST(mixed_devices_fail) {
 }
 
 int main(void) {
-  dev = check_test_device();
-  if (dev < 0 || dev >= GRAFT_MAX_DEVICES) {
-    fprintf(stderr, "GRAFT_TEST_DEVICE=%d: no such device\n", dev);
-    return 2;
-  }
-  printf("test_grad on cpu:%d\n", dev);
+  dev = check_test_device_for("test_grad");
+  if (dev < 0) return 2;
   RUN(conv2d_gradients);
   RUN(max_pool2d_gradient);
   RUN(flip_pad_interior_argmin);

@@ -389,7 +389,7 @@ TEST(test_binary_broadcast) {
     const double w2[6] = {10, 20, 30, 20, 40, 60};
     CHECK(expect_d(graft_mul(mk(dt, 2, s21, c2), mk(dt, 2, s13, r3)), dt, 2, s23, w2, tol));
     const double w3[6] = {3, 4, 5, 6, 7, 8};
-    CHECK(expect_d(graft_add(x, graft_scalar(2, dt)), dt, 2, s23, w3, tol));
+    CHECK(expect_d(graft_add(x, graft_scalar_on(2, dt, dev)), dt, 2, s23, w3, tol));
   }
   END();
 }
@@ -428,7 +428,7 @@ TEST(test_where) {
     int isb = dt == GRAFT_BOOL;
     graft_tensor *cond = mk(GRAFT_BOOL, 2, s21, c);
     graft_tensor *x = mk(dt, 2, s23, isb ? b6 : a);
-    graft_tensor *y = graft_full(isb ? 1 : 9, dt, 0, NULL);
+    graft_tensor *y = graft_full_on(isb ? 1 : 9, dt, 0, NULL, dev);
     double w[6];
     for (int i = 0; i < 6; i++) w[i] = i < 3 ? (isb ? b6[i] : a[i]) : (isb ? 1 : 9);
     int ok = expect_d(graft_where(cond, x, y), dt, 2, s23, w, tol_of(dt));
@@ -438,8 +438,9 @@ TEST(test_where) {
   /* elementwise condition from a comparison */
   graft_tensor *x = mk(GRAFT_F32, 2, s23, a);
   const double w2[6] = {0, 0, 0, 4, 5, 6};
-  CHECK(expect_d(graft_where(graft_gt(x, graft_scalar(3, GRAFT_F32)), x, graft_zeros(GRAFT_F32, 0, NULL)),
-                 GRAFT_F32, 2, s23, w2, 0));
+  graft_tensor *zero = graft_zeros_on(GRAFT_F32, 0, NULL, dev);
+  CHECK(expect_d(graft_where(graft_gt(x, graft_scalar_on(3, GRAFT_F32, dev)), x, zero), GRAFT_F32,
+                 2, s23, w2, 0));
   /* non-bool condition, mismatched branches */
   CHECK(graft_where(mk(GRAFT_I32, 2, s21, c), x, x) == NULL);
   CHECK(expect_err(GRAFT_ERR_DTYPE, "i32", NULL));
@@ -518,13 +519,13 @@ TEST(test_full_zeros_ones) {
     graft_dtype dt = ALL_DT[d];
     double w[6];
     for (int i = 0; i < 6; i++) w[i] = q(dt, 2.5);
-    CHECK(expect_d(graft_full(2.5, dt, 2, s), dt, 2, s, w, 0));
+    CHECK(expect_d(graft_full_on(2.5, dt, 2, s, dev), dt, 2, s, w, 0));
     for (int i = 0; i < 6; i++) w[i] = 0;
-    CHECK(expect_d(graft_zeros(dt, 2, s), dt, 2, s, w, 0));
+    CHECK(expect_d(graft_zeros_on(dt, 2, s, dev), dt, 2, s, w, 0));
     for (int i = 0; i < 6; i++) w[i] = 1;
-    CHECK(expect_d(graft_ones(dt, 2, s), dt, 2, s, w, 0));
+    CHECK(expect_d(graft_ones_on(dt, 2, s, dev), dt, 2, s, w, 0));
     double one = -1;
-    CHECK(graft_item(graft_full(dt == GRAFT_BOOL ? 1 : 7, dt, 0, NULL), &one) == GRAFT_OK);
+    CHECK(graft_item(graft_full_on(dt == GRAFT_BOOL ? 1 : 7, dt, 0, NULL, dev), &one) == GRAFT_OK);
     CHECK(one == (dt == GRAFT_BOOL ? 1 : 7));
   }
   END();
@@ -537,24 +538,26 @@ TEST(test_iota) {
     graft_dtype dt = NUM_DT[d];
     double w0[12], w1[12];
     for (int i = 0; i < 12; i++) w0[i] = i / 4, w1[i] = i % 4;
-    CHECK(expect_d(graft_iota(dt, 2, s, 0), dt, 2, s, w0, 0));
-    CHECK(expect_d(graft_iota(dt, 2, s, 1), dt, 2, s, w1, 0));
-    CHECK(expect_d(graft_iota(dt, 2, s, -1), dt, 2, s, w1, 0));
+    CHECK(expect_d(graft_iota_on(dt, 2, s, 0, dev), dt, 2, s, w0, 0));
+    CHECK(expect_d(graft_iota_on(dt, 2, s, 1, dev), dt, 2, s, w1, 0));
+    CHECK(expect_d(graft_iota_on(dt, 2, s, -1, dev), dt, 2, s, w1, 0));
     /* sum of iota(n) = n(n-1)/2 (u8 wraps mod 256) */
     int64_t n = 100;
     double want = dt == GRAFT_U8 ? (4950 % 256) : 4950;
     double got = -1;
-    CHECK(graft_item(graft_sum(graft_iota(dt, 1, &n, 0), NULL, 0, false), &got) == GRAFT_OK);
+    graft_tensor *s = graft_sum(graft_iota_on(dt, 1, &n, 0, dev), NULL, 0, false);
+    CHECK(graft_item(s, &got) == GRAFT_OK);
     CHECK_NEAR(got, want, tol_of(dt));
   }
   const int64_t n300 = 300;
   double last = -1;
   const int64_t st[1] = {299}, li[1] = {300};
-  CHECK(graft_item(graft_slice(graft_iota(GRAFT_U8, 1, &n300, 0), st, li, NULL), &last) == GRAFT_OK);
+  graft_tensor *u = graft_iota_on(GRAFT_U8, 1, &n300, 0, dev);
+  CHECK(graft_item(graft_slice(u, st, li, NULL), &last) == GRAFT_OK);
   CHECK(last == 299 % 256);
-  CHECK(graft_iota(GRAFT_BOOL, 2, s, 0) == NULL);
+  CHECK(graft_iota_on(GRAFT_BOOL, 2, s, 0, dev) == NULL);
   CHECK(expect_err(GRAFT_ERR_DTYPE, "bool", NULL));
-  CHECK(graft_iota(GRAFT_F32, 2, s, 2) == NULL);
+  CHECK(graft_iota_on(GRAFT_F32, 2, s, 2, dev) == NULL);
   CHECK(expect_err(GRAFT_ERR_AXIS, NULL, NULL));
   END();
 }
@@ -563,12 +566,12 @@ TEST(test_scalar_and_item) {
   BEGIN();
   for (int d = 0; d < 8; d++) {
     graft_dtype dt = ALL_DT[d];
-    graft_tensor *t = graft_scalar(3.5, dt);
+    graft_tensor *t = graft_scalar_on(3.5, dt, dev);
     CHECK(t && graft_ndim(t) == 0 && graft_numel(t) == 1 && graft_get_dtype(t) == dt);
     double v = -1;
     CHECK(graft_item(t, &v) == GRAFT_OK);
     CHECK(v == q(dt, 3.5));
-    CHECK(graft_device(t) == 0);
+    CHECK(graft_device(t) == dev);
   }
   /* item of a [1,1] tensor and of an op result */
   const int64_t s11[2] = {1, 1};
@@ -590,9 +593,9 @@ static double var_of(const double *v, int n) {
   return s / n;
 }
 
-/* Fetches n values of t as doubles (0 on failure). */
+/* Fetches n values of t, which must be on the test device, as doubles (0 on failure). */
 static int fetch(graft_tensor *t, double *out, int64_t n) {
-  if (!t) return 0;
+  if (!t || graft_device(t) != dev) return 0;
   graft_dtype dt = graft_get_dtype(t);
   void *buf = calloc((size_t)n + 1, 8);
   int ok = graft_numel(t) == n && graft_to_host(t, buf, (size_t)n * graft_dtype_size(dt)) == GRAFT_OK;
@@ -610,7 +613,7 @@ TEST(test_rand) {
   for (int d = 0; d < 4; d++) {
     graft_dtype dt = FLOAT_DT[d];
     graft_manual_seed(1234);
-    CHECK(fetch(graft_rand_uniform(dt, 1, &n), a, N));
+    CHECK(fetch(graft_rand_uniform_on(dt, 1, &n, dev), a, N));
     int in_range = 1;
     for (int i = 0; i < N; i++) in_range &= a[i] >= 0 && a[i] < 1;
     CHECK(in_range);
@@ -618,30 +621,30 @@ TEST(test_rand) {
     CHECK(fabs(var_of(a, N) - 1.0 / 12) < 0.01);
     /* same seed, same stream; the next draw differs */
     graft_manual_seed(1234);
-    CHECK(fetch(graft_rand_uniform(dt, 1, &n), b, N));
+    CHECK(fetch(graft_rand_uniform_on(dt, 1, &n, dev), b, N));
     CHECK(!memcmp(a, b, N * sizeof *a));
-    CHECK(fetch(graft_rand_uniform(dt, 1, &n), b, N));
+    CHECK(fetch(graft_rand_uniform_on(dt, 1, &n, dev), b, N));
     int differ = 0;
     for (int i = 0; i < N; i++) differ += a[i] != b[i];
     CHECK(differ > N / 2);
 
     graft_manual_seed(99);
-    CHECK(fetch(graft_rand_normal(dt, 1, &n), a, N));
+    CHECK(fetch(graft_rand_normal_on(dt, 1, &n, dev), a, N));
     double m = mean_of(a, N), var = var_of(a, N), m4 = 0;
     for (int i = 0; i < N; i++) m4 += pow(a[i] - m, 4) / N;
     CHECK(fabs(m) < 0.05);
     CHECK(fabs(var - 1) < 0.05);
     CHECK(fabs(m4 / (var * var) - 3) < 0.3); /* kurtosis of a normal */
     graft_manual_seed(99);
-    CHECK(fetch(graft_rand_normal(dt, 1, &n), b, N));
+    CHECK(fetch(graft_rand_normal_on(dt, 1, &n, dev), b, N));
     CHECK(!memcmp(a, b, N * sizeof *a));
   }
   /* A non-float dtype is rejected with its own name in the message. */
   for (int d = 0; d < 4; d++) {
     graft_dtype bad = d < 3 ? INT_DT[d] : GRAFT_BOOL;
-    CHECK(graft_rand_uniform(bad, 1, &n) == NULL);
+    CHECK(graft_rand_uniform_on(bad, 1, &n, dev) == NULL);
     CHECK(expect_err(GRAFT_ERR_DTYPE, graft_dtype_name(bad), NULL));
-    CHECK(graft_rand_normal(bad, 1, &n) == NULL);
+    CHECK(graft_rand_normal_on(bad, 1, &n, dev) == NULL);
     CHECK(expect_err(GRAFT_ERR_DTYPE, graft_dtype_name(bad), NULL));
   }
   free(a);
@@ -650,6 +653,7 @@ TEST(test_rand) {
 }
 
 int main(void) {
+  if (ops_device_init("test_ops_elementwise")) return 2;
   RUN(test_unary_float);
   RUN(test_unary_float_properties);
   RUN(test_unary_int);

@@ -116,7 +116,7 @@ TEST(test_matmul) {
   const int64_t b1[3] = {2, 2, 3}, b2[3] = {3, 3, 2};
   CHECK(graft_matmul(mk(GRAFT_F32, 3, b1, a), mk(GRAFT_F32, 3, b2, b)) == NULL);
   CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
-  CHECK(graft_matmul(graft_scalar(1, GRAFT_F32), mk(GRAFT_F32, 2, s22, p)) == NULL);
+  CHECK(graft_matmul(graft_scalar_on(1, GRAFT_F32, dev), mk(GRAFT_F32, 2, s22, p)) == NULL);
   CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
   CHECK(graft_matmul(mk(GRAFT_F32, 2, s22, p), mk(GRAFT_F64, 2, s22, p)) == NULL);
   CHECK(expect_err(GRAFT_ERR_DTYPE, "f32", "f64"));
@@ -258,7 +258,8 @@ TEST(test_scatter_add) {
   const int64_t perm[4] = {2, 0, 1, 3}, s4[1] = {4};
   const double sv[4] = {5, 6, 7, 8};
   graft_tensor *ix = mk_i(GRAFT_I64, 1, s4, perm);
-  graft_tensor *sc = graft_scatter_add(graft_zeros(GRAFT_F32, 1, s4), 0, ix, mk1(GRAFT_F32, 4, sv));
+  graft_tensor *z4 = graft_zeros_on(GRAFT_F32, 1, s4, dev);
+  graft_tensor *sc = graft_scatter_add(z4, 0, ix, mk1(GRAFT_F32, 4, sv));
   CHECK(expect1_d(graft_gather(sc, 0, ix), GRAFT_F32, 4, sv, 0));
   /* errors */
   CHECK(graft_scatter_add(mk(GRAFT_BOOL, 2, s, base), 0, mk_i(GRAFT_I32, 2, is, idx), mk(GRAFT_BOOL, 2, is, src)) == NULL);
@@ -358,13 +359,13 @@ TEST(test_err_null) {
   CHECK(expect_err(GRAFT_ERR_NULL, "graft_add", NULL));
   /* a shape error at the head of a chain is the one reported */
   const int64_t s4[1] = {4};
-  t = graft_add(x, graft_zeros(GRAFT_F32, 1, s4));
+  t = graft_add(x, graft_zeros_on(GRAFT_F32, 1, s4, dev));
   t = graft_tanh(graft_sqrt(graft_matmul(t, x)));
   t = graft_reshape(t, 1, s4);
   CHECK(t == NULL);
   CHECK(expect_err(GRAFT_ERR_SHAPE, "[3]", "[4]"));
   /* NULL pointer arguments other than tensors */
-  CHECK(graft_from_host(NULL, GRAFT_F32, 1, s4, 0) == NULL);
+  CHECK(graft_from_host(NULL, GRAFT_F32, 1, s4, dev) == NULL);
   CHECK(expect_err(GRAFT_ERR_NULL, NULL, NULL));
   CHECK(graft_item(x, NULL) != GRAFT_OK);
   CHECK(expect_err(GRAFT_ERR_SHAPE, "[3]", NULL));
@@ -422,7 +423,7 @@ TEST(test_err_dtype) {
   CHECK(expect_err(GRAFT_ERR_DTYPE, "f32", NULL));
   CHECK(graft_add(mk1(GRAFT_BOOL, 3, v), mk1(GRAFT_BOOL, 3, v)) == NULL);
   CHECK(expect_err(GRAFT_ERR_DTYPE, "bool", NULL));
-  CHECK(graft_from_host(v, (graft_dtype)42, 1, (const int64_t[]){3}, 0) == NULL);
+  CHECK(graft_from_host(v, (graft_dtype)42, 1, (const int64_t[]){3}, dev) == NULL);
   CHECK(expect_err(GRAFT_ERR_DTYPE, NULL, NULL));
   CHECK(graft_convert(mk1(GRAFT_F32, 3, v), (graft_dtype)42) == NULL);
   CHECK(expect_err(GRAFT_ERR_DTYPE, NULL, NULL));
@@ -434,22 +435,28 @@ TEST(test_err_device) {
   BEGIN();
   const double v[3] = {1, 2, 3};
   const int64_t s3[1] = {3};
-  graft_tensor *a = mk_dev(GRAFT_F32, 1, s3, v, 0), *b = mk_dev(GRAFT_F32, 1, s3, v, 1);
-  CHECK(a && b && graft_device(b) == 1);
+  const int other = dev ? 0 : 1;
+  char d0[32], d1[32], past_msg[32];
+  check_device_str(dev, d0, sizeof d0);
+  check_device_str(other, d1, sizeof d1);
+  graft_tensor *a = mk_dev(GRAFT_F32, 1, s3, v, dev), *b = mk_dev(GRAFT_F32, 1, s3, v, other);
+  CHECK(a && b && graft_device(a) == dev && graft_device(b) == other);
   CHECK(graft_add(a, b) == NULL);
-  CHECK(expect_err(GRAFT_ERR_DEVICE, "cpu:0", "cpu:1"));
+  CHECK(expect_err(GRAFT_ERR_DEVICE, d0, d1));
   CHECK(graft_matmul(a, b) == NULL);
   CHECK(expect_err(GRAFT_ERR_DEVICE, NULL, NULL));
   graft_tensor *ts[2] = {a, b};
   CHECK(graft_concat(ts, 2, 0) == NULL);
   CHECK(expect_err(GRAFT_ERR_DEVICE, NULL, NULL));
-  CHECK(graft_from_host(v, GRAFT_F32, 1, s3, 7) == NULL);
-  CHECK(expect_err(GRAFT_ERR_DEVICE, "7", NULL));
+  const int past = graft_device_count() + 2; /* an id past the last device */
+  snprintf(past_msg, sizeof past_msg, "no device %d", past);
+  CHECK(graft_from_host(v, GRAFT_F32, 1, s3, past) == NULL);
+  CHECK(expect_err(GRAFT_ERR_DEVICE, past_msg, NULL));
   CHECK(graft_from_host(v, GRAFT_F32, 1, s3, -1) == NULL);
-  CHECK(expect_err(GRAFT_ERR_DEVICE, NULL, NULL));
-  /* moving b to device 0 makes the op valid */
+  CHECK(expect_err(GRAFT_ERR_DEVICE, "no device -1", NULL));
+  /* moving b to a's device makes the op valid */
   const double w[3] = {2, 4, 6};
-  CHECK(expect1_d(graft_add(a, graft_to_device(b, 0)), GRAFT_F32, 3, w, 0));
+  CHECK(expect1_d(graft_add(a, graft_to_device(b, dev)), GRAFT_F32, 3, w, 0));
   END();
   CHECK(sane());
 }
@@ -481,7 +488,7 @@ TEST(test_err_axis) {
 TEST(test_err_oom) {
   BEGIN();
   const int64_t n = 4 << 20; /* 4M floats = 16 MiB */
-  graft_tensor *t = graft_full(1.5, GRAFT_F32, 1, &n);
+  graft_tensor *t = graft_full_on(1.5, GRAFT_F32, 1, &n, dev);
   CHECK(t != NULL);
   float *buf = malloc((size_t)n * sizeof *buf);
   graft_set_memory_limit(1 << 20);
@@ -543,18 +550,19 @@ TEST(test_err_huge_sizes) {
   BEGIN();
   const int64_t xs[4] = {1, 1, INT64_C(1) << 40, 1}, k1[4] = {1, 1, 1, 1};
   const int64_t kbig[4] = {1, 1, INT64_C(1) << 34, 1}, p64k[4] = {1, 1, 65536, 65536};
-  graft_tensor *x = graft_full(1, GRAFT_F32, 4, xs);
-  CHECK(graft_conv2d_ex(x, graft_full(1, GRAFT_F32, 4, k1), NULL, NULL, NULL, NULL,
+  graft_tensor *x = graft_full_on(1, GRAFT_F32, 4, xs, dev);
+  CHECK(graft_conv2d_ex(x, graft_full_on(1, GRAFT_F32, 4, k1, dev), NULL, NULL, NULL, NULL,
                         (int[]){INT_MAX, 1}, 1) == NULL); /* lhs dilation */
   CHECK(expect_err(GRAFT_ERR_SHAPE, "[1,1,1099511627776,1]", "lhs dilation 2147483647"));
-  CHECK(graft_conv2d_ex(x, graft_full(1, GRAFT_F32, 4, kbig), NULL, NULL, NULL,
+  CHECK(graft_conv2d_ex(x, graft_full_on(1, GRAFT_F32, 4, kbig, dev), NULL, NULL, NULL,
                         (int[]){INT_MAX, 1}, NULL, 1) == NULL); /* dilation * (kernel - 1) */
   CHECK(expect_err(GRAFT_ERR_SHAPE, "[1,1,17179869184,1]", "dilation 2147483647"));
   const int64_t xw[4] = {1, 1, 4294967299, 1}; /* dilated by INT_MAX: INT64_MAX rows */
-  CHECK(graft_conv2d_ex(graft_full(1, GRAFT_F32, 4, xw), graft_full(1, GRAFT_F32, 4, k1), NULL,
-                        (int[]){1, 0}, NULL, NULL, (int[]){INT_MAX, 1}, 1) == NULL); /* + pad */
+  graft_tensor *x_w = graft_full_on(1, GRAFT_F32, 4, xw, dev);
+  CHECK(graft_conv2d_ex(x_w, graft_full_on(1, GRAFT_F32, 4, k1, dev), NULL, (int[]){1, 0}, NULL,
+                        NULL, (int[]){INT_MAX, 1}, 1) == NULL); /* + pad */
   CHECK(expect_err(GRAFT_ERR_SHAPE, "[1,1,4294967299,1]", "padding 1/0"));
-  graft_tensor *p = graft_full(1, GRAFT_F32, 4, p64k);
+  graft_tensor *p = graft_full_on(1, GRAFT_F32, 4, p64k, dev);
   const int k[2] = {65536, 65536};
   CHECK(graft_max_pool2d_backward(p, graft_max_pool2d(p, k, NULL, NULL), k, NULL, NULL) == NULL);
   CHECK(expect_err(GRAFT_ERR_SHAPE, "65536x65536", NULL));
@@ -563,6 +571,7 @@ TEST(test_err_huge_sizes) {
 }
 
 int main(void) {
+  if (ops_device_init("test_ops_nn")) return 2;
   RUN(test_matmul);
   RUN(test_conv2d);
   RUN(test_gather);

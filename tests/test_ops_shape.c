@@ -46,7 +46,7 @@ TEST(test_broadcast_to) {
     graft_tensor *b = mkv(dt, 2, s21, v);
     for (int i = 0; i < 12; i++) w[i] = v[(i / 3) % 2];
     CHECK(expect_d(graft_broadcast_to(b, 3, s223), dt, 3, s223, w, 0));
-    graft_tensor *c = graft_scalar(dt == GRAFT_BOOL ? 1 : 5, dt);
+    graft_tensor *c = graft_scalar_on(dt == GRAFT_BOOL ? 1 : 5, dt, dev);
     for (int i = 0; i < 6; i++) w[i] = dt == GRAFT_BOOL ? 1 : 5;
     CHECK(expect_d(graft_broadcast_to(c, 2, s23), dt, 2, s23, w, 0));
   }
@@ -226,7 +226,8 @@ TEST(test_concat) {
   /* many operands (past any small fixed-size buffer) */
   graft_tensor *many[20];
   double mv[20];
-  for (int i = 0; i < 20; i++) mv[i] = i, many[i] = graft_full(i, GRAFT_I32, 1, (const int64_t[]){1});
+  const int64_t one[1] = {1};
+  for (int i = 0; i < 20; i++) mv[i] = i, many[i] = graft_full_on(i, GRAFT_I32, 1, one, dev);
   CHECK(expect1_d(graft_concat(many, 20, 0), GRAFT_I32, 20, mv, 0));
   END();
 }
@@ -341,7 +342,8 @@ TEST(test_reductions) {
     CHECK(expect_d(graft_min(mk1(FLOAT_DT[d], 3, nv), NULL, 0, false), FLOAT_DT[d], 0, NULL, nn, 0));
   }
   /* reduce a 0-d tensor over all axes: itself */
-  CHECK(graft_item(graft_sum(graft_scalar(2.5, GRAFT_F32), NULL, 0, false), &r) == GRAFT_OK && r == 2.5);
+  graft_tensor *sc = graft_scalar_on(2.5, GRAFT_F32, dev);
+  CHECK(graft_item(graft_sum(sc, NULL, 0, false), &r) == GRAFT_OK && r == 2.5);
   END();
 }
 
@@ -399,44 +401,61 @@ TEST(test_argmax) {
   CHECK(graft_argmax(mk(GRAFT_F32, 2, s, v), 2, false) == NULL);
   CHECK(expect_err(GRAFT_ERR_AXIS, NULL, NULL));
   const int64_t s30[2] = {3, 0};
-  CHECK(graft_argmax(graft_zeros(GRAFT_F32, 2, s30), 1, false) == NULL); /* empty axis */
+  CHECK(graft_argmax(graft_zeros_on(GRAFT_F32, 2, s30, dev), 1, false) == NULL); /* empty axis */
   CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
   END();
 }
 
 /* ================= devices and host transfers ================= */
 
+/* expect_d for a result on device d rather than the test device. */
+static int expect_d_on(int d, graft_tensor *t, graft_dtype dt, int nd, const int64_t *shape,
+                       const double *want, double tol) {
+  int keep = dev;
+  dev = d;
+  int ok = expect_d(t, dt, nd, shape, want, tol);
+  dev = keep;
+  return ok;
+}
+
+/* Copies between the test device and two CPU devices other than it (on an accelerator: its
+ * uploads and downloads). */
 TEST(test_to_device) {
   BEGIN();
   const int64_t s[2] = {2, 3};
   double v[6], w[6];
+  const int o1 = dev == 2 ? 1 : 2, o2 = dev == 3 ? 1 : 3;
   for (int d = 0; d < 8; d++) {
     graft_dtype dt = ALL_DT[d];
     graft_tensor *a = mkv(dt, 2, s, v);
-    graft_tensor *b = graft_to_device(a, 2);
-    CHECK(b && graft_device(b) == 2 && graft_device(a) == 0);
-    CHECK(expect_d(b, dt, 2, s, v, 0));
-    graft_tensor *back = graft_to_device(b, 0);
-    CHECK(back && graft_device(back) == 0);
+    graft_tensor *b = graft_to_device(a, o1);
+    CHECK(b && graft_device(b) == o1 && graft_device(a) == dev);
+    CHECK(expect_d_on(o1, b, dt, 2, s, v, 0));
+    graft_tensor *back = graft_to_device(b, dev);
+    CHECK(back && graft_device(back) == dev);
     CHECK(expect_d(back, dt, 2, s, v, 0));
   }
   for (int d = 0; d < 7; d++) {
     graft_dtype dt = NUM_DT[d];
     graft_tensor *a = mkv(dt, 2, s, v);
-    /* a pending tensor is synced first; ops on device 3 stay on device 3 */
-    graft_tensor *b = graft_to_device(graft_add(a, a), 3);
-    CHECK(b && graft_device(b) == 3 && !graft_is_pending(b));
+    /* a pending tensor is synced first; ops on device o2 stay on o2 */
+    graft_tensor *b = graft_to_device(graft_add(a, a), o2);
+    CHECK(b && graft_device(b) == o2 && !graft_is_pending(b));
     graft_tensor *c = graft_add(b, b);
-    CHECK(c && graft_device(c) == 3);
+    CHECK(c && graft_device(c) == o2);
     for (int i = 0; i < 6; i++) w[i] = (double)wrap_to(dt, (int64_t)(4 * v[i]));
-    CHECK(expect_d(c, dt, 2, s, w, tol_of(dt)));
-    graft_tensor *e = mk_dev(dt, 2, s, v, 1);
-    CHECK(graft_device(e) == 1 && graft_device(graft_neg(e)) == 1);
+    CHECK(expect_d_on(o2, c, dt, 2, s, w, tol_of(dt)));
+    graft_tensor *e = mk_dev(dt, 2, s, v, o1);
+    CHECK(graft_device(e) == o1 && graft_device(graft_neg(e)) == o1);
   }
-  CHECK(graft_to_device(mkv(GRAFT_F32, 2, s, v), 7) == NULL);
-  CHECK(expect_err(GRAFT_ERR_DEVICE, "7", NULL));
+  /* an id past the last device, and a negative one */
+  const int past = graft_device_count() + 2;
+  char msg[32];
+  snprintf(msg, sizeof msg, "no device %d", past);
+  CHECK(graft_to_device(mkv(GRAFT_F32, 2, s, v), past) == NULL);
+  CHECK(expect_err(GRAFT_ERR_DEVICE, msg, NULL));
   CHECK(graft_to_device(mkv(GRAFT_F32, 2, s, v), -1) == NULL);
-  CHECK(expect_err(GRAFT_ERR_DEVICE, NULL, NULL));
+  CHECK(expect_err(GRAFT_ERR_DEVICE, "no device -1", NULL));
   END();
 }
 
@@ -460,7 +479,7 @@ TEST(test_to_host_and_item) {
     const int64_t st[2] = {1, 2}, li[2] = {2, 3};
     CHECK(graft_item(graft_slice(a, st, li, NULL), &x) == GRAFT_OK && x == v[5]);
   }
-  graft_tensor *z = graft_zeros(GRAFT_F32, 1, (const int64_t[]){0});
+  graft_tensor *z = graft_zeros_on(GRAFT_F32, 1, (const int64_t[]){0}, dev);
   CHECK(z && graft_numel(z) == 0 && graft_to_host(z, NULL, 0) == GRAFT_OK);
   CHECK(graft_item(z, &x) == GRAFT_ERR_SHAPE);
   CHECK(expect_err(GRAFT_ERR_SHAPE, "[0]", NULL));
@@ -473,7 +492,7 @@ TEST(test_to_host_and_item) {
 TEST(test_huge_sizes) {
   BEGIN();
   const int64_t M = INT64_MAX, s23[2] = {2, 3}, z[2] = {0, 0}, e56[1] = {INT64_C(1) << 56};
-  graft_tensor *a = graft_full(1, GRAFT_F32, 2, s23);
+  graft_tensor *a = graft_full_on(1, GRAFT_F32, 2, s23, dev);
   CHECK(graft_pad(a, (int64_t[]){M, 0}, (int64_t[]){M, 0}, 0) == NULL);
   CHECK(expect_err(GRAFT_ERR_SHAPE, "[2,3]", "9223372036854775807"));
   CHECK(graft_pad_ex(a, z, z, (int64_t[]){0, M}, 0) == NULL); /* 2 gaps of M */
@@ -483,7 +502,7 @@ TEST(test_huge_sizes) {
   /* a huge stride takes one element: [2,1] */
   graft_tensor *sl = graft_slice(a, z, s23, (int64_t[]){M, M});
   CHECK(sl && graft_dim(sl, 0) == 1 && graft_dim(sl, 1) == 1);
-  graft_tensor *h = graft_full(0, GRAFT_F32, 1, e56), *ts[200];
+  graft_tensor *h = graft_full_on(0, GRAFT_F32, 1, e56, dev), *ts[200];
   for (int i = 0; i < 200; i++) ts[i] = h;
   CHECK(graft_concat(ts, 200, 0) == NULL);
   CHECK(expect_err(GRAFT_ERR_SHAPE, "concat", "[72057594037927936]"));
@@ -491,9 +510,9 @@ TEST(test_huge_sizes) {
   CHECK(expect_err(GRAFT_ERR_SHAPE, "[2,3]", "[-1,1099511627776,1099511627776]"));
   CHECK(graft_reshape(a, 3, (int64_t[]){M, M, 0}) == NULL);
   CHECK(expect_err(GRAFT_ERR_SHAPE, "[2,3]", NULL));
-  CHECK(graft_full(0, GRAFT_F32, 2, (int64_t[]){M, M}) == NULL);
+  CHECK(graft_full_on(0, GRAFT_F32, 2, (int64_t[]){M, M}, dev) == NULL);
   CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
-  CHECK(graft_iota(GRAFT_I64, 2, (int64_t[]){M, 2}, 0) == NULL);
+  CHECK(graft_iota_on(GRAFT_I64, 2, (int64_t[]){M, 2}, 0, dev) == NULL);
   CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
   CHECK(graft_broadcast_to(a, 3, (int64_t[]){M, 2, 3}) == NULL);
   CHECK(expect_err(GRAFT_ERR_SHAPE, NULL, NULL));
@@ -515,8 +534,9 @@ static int starts_with_fn(const char *fn, graft_status st) {
 TEST(test_errors_name_the_function_called) {
   BEGIN();
   const int64_t s23[2] = {2, 3}, s4[1] = {4}, z[2] = {0, 0}, neg[2] = {-1, 0};
-  graft_tensor *a = graft_full(1, GRAFT_F32, 2, s23), *ai = graft_full(1, GRAFT_I32, 2, s23);
-  graft_tensor *a64 = graft_full(1, GRAFT_F64, 2, (int64_t[]){3, 2});
+  graft_tensor *a = graft_full_on(1, GRAFT_F32, 2, s23, dev);
+  graft_tensor *ai = graft_full_on(1, GRAFT_I32, 2, s23, dev);
+  graft_tensor *a64 = graft_full_on(1, GRAFT_F64, 2, (int64_t[]){3, 2}, dev);
   CHECK(!graft_exp(ai) && starts_with_fn("graft_exp", GRAFT_ERR_DTYPE));
   CHECK(!graft_add(a, ai) && starts_with_fn("graft_add", GRAFT_ERR_DTYPE));
   CHECK(!graft_matmul(a, a64) && starts_with_fn("graft_matmul", GRAFT_ERR_DTYPE));
@@ -524,14 +544,15 @@ TEST(test_errors_name_the_function_called) {
   CHECK(!graft_reshape(a, 1, s4) && starts_with_fn("graft_reshape", GRAFT_ERR_SHAPE));
   CHECK(!graft_pad(a, neg, z, 0) && starts_with_fn("graft_pad", GRAFT_ERR_SHAPE));
   CHECK(!graft_pad_ex(a, neg, z, z, 0) && starts_with_fn("graft_pad_ex", GRAFT_ERR_SHAPE));
-  CHECK(!graft_zeros(GRAFT_F32, 1, (int64_t[]){-1}) && starts_with_fn("graft_zeros",
+  CHECK(!graft_zeros_on(GRAFT_F32, 1, (int64_t[]){-1}, dev) && starts_with_fn("graft_zeros_on",
                                                                      GRAFT_ERR_SHAPE));
-  CHECK(!graft_sum(graft_full(0, GRAFT_BOOL, 1, s4), NULL, 0, false) &&
+  CHECK(!graft_sum(graft_full_on(0, GRAFT_BOOL, 1, s4, dev), NULL, 0, false) &&
         starts_with_fn("graft_sum", GRAFT_ERR_DTYPE));
-  CHECK(!graft_max_pool2d(graft_full(0, GRAFT_F32, 2, s23), (int[]){3, 3}, NULL, NULL) &&
+  CHECK(!graft_max_pool2d(graft_full_on(0, GRAFT_F32, 2, s23, dev), (int[]){3, 3}, NULL, NULL) &&
         starts_with_fn("graft_max_pool2d", GRAFT_ERR_SHAPE));
-  CHECK(!graft_conv2d(graft_full(0, GRAFT_F32, 4, (int64_t[]){1, 1, 2, 2}),
-                      graft_full(0, GRAFT_F32, 4, (int64_t[]){1, 1, 3, 3}), NULL, NULL, NULL, 1) &&
+  CHECK(!graft_conv2d(graft_full_on(0, GRAFT_F32, 4, (int64_t[]){1, 1, 2, 2}, dev),
+                      graft_full_on(0, GRAFT_F32, 4, (int64_t[]){1, 1, 3, 3}, dev), NULL, NULL,
+                      NULL, 1) &&
         starts_with_fn("graft_conv2d", GRAFT_ERR_SHAPE));
   /* the first error survives a chain; a new error after an old one names its own call */
   CHECK(!graft_exp(graft_neg(graft_add(a, ai))) && starts_with_fn("graft_add", GRAFT_ERR_DTYPE));
@@ -541,6 +562,7 @@ TEST(test_errors_name_the_function_called) {
 }
 
 int main(void) {
+  if (ops_device_init("test_ops_shape")) return 2;
   RUN(test_broadcast_to);
   RUN(test_reshape);
   RUN(test_transpose);

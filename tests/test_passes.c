@@ -25,7 +25,7 @@ static void run(const exec_program *p, int k, void *out, size_t bytes) {
   exec_buffer **params = malloc(sizeof *params * ((size_t)p->nparams + 1));
   exec_buffer **outs = calloc((size_t)p->noutputs + 1, sizeof *outs);
   for (int i = 0; i < p->nparams; i++) params[i] = cap.params[i]->data;
-  CHECK(graph_backend(BACKEND_REFERENCE)->execute((void *)p, p, params, outs) == 0);
+  CHECK(graph_backend(p->device, BACKEND_REFERENCE)->execute((void *)p, p, params, outs) == 0);
   CHECK(outs[k] && outs[k]->bytes == bytes);
   if (outs[k]) memcpy(out, outs[k]->ptr, bytes);
   for (int i = 0; i < p->noutputs; i++) buffer_release(outs[i]);
