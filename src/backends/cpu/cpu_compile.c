@@ -1,14 +1,14 @@
 /* From source text to a loaded object: the system compiler ($GRAFT_CC, default "cc"), a
  * per-user disk cache, dlopen.
  *
- * Disk cache: $XDG_CACHE_HOME/graft, else $HOME/.cache/graft, created 0700 and used only when
- * it is a directory owned by this user that neither group nor others can write
- * (GRAFT_DISK_CACHE=0 turns it off); a refused or read-only folder is said once on stderr and
- * compiling goes on in a private temporary folder. An entry is <key>.so plus <key>.meta ("size checksum"),
+ * Disk cache (src/backends/dcache.h: the folder and its safety rules, shared with the OpenCL
+ * backend); a refused or read-only folder is said once on stderr and compiling goes on in a
+ * private temporary folder. An entry is <key>.so plus <key>.meta ("size checksum"),
  * key = hash of (source, compiler identity = first line of `cc --version`, flags, graft
  * version). Both files are written under temporary names and renamed into place; an entry whose
  * size or checksum does not match its .meta is recompiled, never loaded. */
 #include "cpu_internal.h"
+#include "../dcache.h"
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -112,46 +112,6 @@ static void cpu_compiler_id(char *out, size_t n) {
   pthread_mutex_unlock(&cpu_cc_mu);
 }
 
-/* Reads a whole file; returns malloc'd bytes (size in *n) or NULL. */
-static unsigned char *cpu_read_file(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  unsigned char *buf = NULL;
-  size_t cap = 0, len = 0;
-  for (;;) {
-    if (len == cap) {
-      cap = cap ? cap * 2 : 65536;
-      unsigned char *b = realloc(buf, cap);
-      if (!b) { free(buf); fclose(f); return NULL; }
-      buf = b;
-    }
-    size_t k = fread(buf + len, 1, cap - len, f);
-    len += k;
-    if (k == 0) break;
-  }
-  fclose(f);
-  *n = len;
-  return buf;
-}
-
-static int cpu_write_file(const char *path, const void *data, size_t n) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0) return -1;
-  const char *p = data;
-  while (n) {
-    ssize_t k = write(fd, p, n);
-    if (k <= 0) { close(fd); return -1; }
-    p += k;
-    n -= (size_t)k;
-  }
-  return close(fd);
-}
-
-static int cpu_mkdir_private(const char *path) {
-  if (mkdir(path, 0700) && errno != EEXIST) return -1;
-  return 0;
-}
-
 /* Each reason the disk cache is not used is said once per process, on stderr. */
 typedef enum { CPU_WARN_REFUSED, CPU_WARN_NOT_WRITABLE, CPU_WARN_COUNT } cpu_warning;
 static atomic_int cpu_warned[CPU_WARN_COUNT];
@@ -164,30 +124,11 @@ static void cpu_warn_once(cpu_warning w, const char *dir, const char *why) {
 
 /* The cache directory, or "" when disabled or unsafe (counted in disk_refused, said once). */
 static void cpu_cache_dir(char *out, size_t n) {
+  const char *why;
+  if (!dcache_dir(out, n, &why)) return;
+  cpu_stats.disk_refused++;
+  cpu_warn_once(CPU_WARN_REFUSED, out, why);
   out[0] = 0;
-  const char *off = getenv("GRAFT_DISK_CACHE");
-  if (off && !strcmp(off, "0")) return;
-  const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-  char base[900];
-  if (x && *x) snprintf(base, sizeof base, "%s", x);
-  else if (h && *h) {
-    snprintf(base, sizeof base, "%s/.cache", h);
-    cpu_mkdir_private(base);
-  } else return;
-  char dir[1000];
-  snprintf(dir, sizeof dir, "%s/graft", base);
-  struct stat st;
-  const char *why = NULL;
-  if (cpu_mkdir_private(dir)) why = "cannot be created";
-  else if (lstat(dir, &st) || !S_ISDIR(st.st_mode)) why = "is not a directory";
-  else if (st.st_uid != geteuid()) why = "belongs to another user";
-  else if (st.st_mode & 022) why = "is writable by group or others";
-  if (why) {
-    cpu_stats.disk_refused++;
-    cpu_warn_once(CPU_WARN_REFUSED, dir, why);
-    return;
-  }
-  snprintf(out, n, "%s", dir);
 }
 
 static int cpu_dlopen(const char *path, cpu_object *obj) {
@@ -208,28 +149,9 @@ static int cpu_dlopen(const char *path, cpu_object *obj) {
   return 0;
 }
 
-/* 1 when path holds exactly what meta describes. */
-static int cpu_entry_valid(const char *so, const char *meta) {
-  size_t mn, n;
-  unsigned char *m = cpu_read_file(meta, &mn);
-  if (!m) return 0;
-  char txt[128];
-  size_t k = mn < sizeof txt - 1 ? mn : sizeof txt - 1;
-  memcpy(txt, m, k);
-  txt[k] = 0;
-  free(m);
-  unsigned long long want_n, want_h;
-  if (sscanf(txt, "%llu %llx", &want_n, &want_h) != 2) return 0;
-  unsigned char *b = cpu_read_file(so, &n);
-  if (!b) return 0;
-  int ok = n == want_n && cpu_hash_bytes(b, n, 7) == want_h;
-  free(b);
-  return ok;
-}
-
 static void cpu_tail(const char *path, char *out, size_t n) {
   size_t len;
-  unsigned char *b = cpu_read_file(path, &len);
+  unsigned char *b = dcache_read_file(path, &len);
   out[0] = 0;
   if (!b) return;
   size_t from = len > n - 1 ? len - (n - 1) : 0;
@@ -286,7 +208,7 @@ int cpu_compile_source(const char *src, cpu_object *obj) {
     snprintf(so, sizeof so, "%s/%s.so", dir, key);
     snprintf(meta, sizeof meta, "%s/%s.meta", dir, key);
     if (access(so, F_OK) == 0) {
-      if (cpu_entry_valid(so, meta) && !cpu_dlopen(so, obj)) {
+      if (dcache_valid(so, meta) && !cpu_dlopen(so, obj)) {
         cpu_stats.disk_hits++;
         return 0;
       }
@@ -309,7 +231,7 @@ int cpu_compile_source(const char *src, cpu_object *obj) {
   char out[1300];
   snprintf(out, sizeof out, "%s/k.so", work);
   int rc = -1;
-  if (cpu_write_file(tmp, src, sn)) {
+  if (dcache_write_file(tmp, src, sn)) {
     err_set(GRAFT_ERR_COMPILE, "cpu: cannot write %s: %s", tmp, strerror(errno));
     goto done;
   }
@@ -327,13 +249,13 @@ int cpu_compile_source(const char *src, cpu_object *obj) {
   cpu_stats.compiles++;
   if (dir[0]) {
     size_t n;
-    unsigned char *b = cpu_read_file(out, &n);
+    unsigned char *b = dcache_read_file(out, &n);
     char mtxt[96], mtmp[1300];
     if (b) {
       snprintf(mtxt, sizeof mtxt, "%zu %" PRIx64 "\n", n, cpu_hash_bytes(b, n, 7));
       free(b);
       snprintf(mtmp, sizeof mtmp, "%s/meta", work);
-      if (!cpu_write_file(mtmp, mtxt, strlen(mtxt)) && !rename(out, so) && !rename(mtmp, meta)) {
+      if (!dcache_write_file(mtmp, mtxt, strlen(mtxt)) && !rename(out, so) && !rename(mtmp, meta)) {
         rc = cpu_dlopen(so, obj);
         goto done;
       }

@@ -1,5 +1,6 @@
 /* Small utilities for code generation: a growable string, a string arena, a byte hash. */
 #include "cpu_internal.h"
+#include "../dcache.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,15 +82,4 @@ void cpu_arena_free(cpu_arena *a) {
   memset(a, 0, sizeof *a);
 }
 
-uint64_t cpu_hash_bytes(const void *p, size_t n, uint64_t seed) {
-  const unsigned char *c = p;
-  uint64_t h = 0xcbf29ce484222325ull ^ seed;
-  for (size_t i = 0; i < n; i++) {
-    h ^= c[i];
-    h *= 0x100000001b3ull;
-  }
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdull;
-  h ^= h >> 33;
-  return h;
-}
+uint64_t cpu_hash_bytes(const void *p, size_t n, uint64_t seed) { return dcache_hash(p, n, seed); }

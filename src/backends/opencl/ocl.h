@@ -52,9 +52,11 @@ typedef struct {
 ocl_device *ocl_device_get(int id);
 /* A readable name for an OpenCL status code ("CL_OUT_OF_RESOURCES"). */
 const char *ocl_status_str(cl_int st);
-/* Builds source for d with options; on failure NULL with the error set to the build log's
- * head (GRAFT_ERR_COMPILE). what names the program in messages. */
-cl_program ocl_build(ocl_device *d, const char *source, const char *options, const char *what);
+/* Builds source for d with options, or loads its binary from the disk cache (*disk_hit); a
+ * built program's binary is stored there. On failure NULL with the error set to the build
+ * log's first error (GRAFT_ERR_COMPILE); what names the program in messages. */
+cl_program ocl_build(ocl_device *d, const char *source, const char *options, const char *what,
+                     bool *disk_hit);
 #endif
 
 /* Registers every OpenCL device found (GRAFT_OPENCL=0: none); called once by device discovery. */

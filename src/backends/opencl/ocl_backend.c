@@ -92,7 +92,8 @@ static void *ocl_compile(const exec_program *p) {
   char what[64];
   snprintf(what, sizeof what, "the kernels of graph %016" PRIx64, p->hash);
   ocl_dump_source(p, x->gp.source);
-  if (x->gp.nkernels && (!(x->prog = ocl_build(d, x->gp.source, "-cl-std=CL1.2", what)) ||
+  bool disk_hit = false;
+  if (x->gp.nkernels && (!(x->prog = ocl_build(d, x->gp.source, "-cl-std=CL1.2", what, &disk_hit)) ||
                          ocl_make_kernels(x))) {
     ocl_free(x);
     return NULL;
@@ -107,6 +108,7 @@ static void *ocl_compile(const exec_program *p) {
   }
   pthread_mutex_lock(&ocl_stats_mu);
   ocl_counters.compiles++;
+  ocl_counters.disk_hits += disk_hit;
   pthread_mutex_unlock(&ocl_stats_mu);
   return x;
 }

@@ -4,6 +4,7 @@
 #include "device.h"
 #include "error.h"
 #include "graft.h"
+#include "../dcache.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@ void ocl_discover(void) {}
 void ocl_shutdown(void) {}
 #else
 #include <dlfcn.h>
+#include <inttypes.h>
 
 ocl_api ocl;
 static void *ocl_lib;
@@ -158,7 +160,8 @@ void ocl_shutdown(void) {
   for (int i = 0; i < ocl_ndevs; i++) ocl.clFinish(ocl_devs[i].queue);
 }
 
-cl_program ocl_build(ocl_device *d, const char *source, const char *options, const char *what) {
+static cl_program ocl_build_source(ocl_device *d, const char *source, const char *options,
+                                   const char *what) {
   cl_int st;
   cl_program prog = ocl.clCreateProgramWithSource(d->ctx, 1, &source, NULL, &st);
   if (st != CL_SUCCESS) {
@@ -177,5 +180,57 @@ cl_program ocl_build(ocl_device *d, const char *source, const char *options, con
           d->id, d->name, what, ocl_status_str(st), err ? err : log && log[0] ? log : "(empty)");
   free(log);
   return NULL;
+}
+
+/* ---- the disk cache of program binaries (dcache.h's folder and rules) ---- */
+static void ocl_cache_name(ocl_device *d, const char *source, const char *options, char *out, size_t n) {
+  uint64_t h = dcache_hash(source, strlen(source), 11);
+  const char *tags[] = {d->name, d->version, options, GRAFT_VERSION};
+  for (size_t t = 0; t < sizeof tags / sizeof *tags; t++) h = dcache_hash(tags[t], strlen(tags[t]), h);
+  snprintf(out, n, "ocl-%016" PRIx64, h);
+}
+
+static cl_program ocl_from_binary(ocl_device *d, const unsigned char *bin, size_t n, const char *options) {
+  cl_int st, bst;
+  cl_program prog = ocl.clCreateProgramWithBinary(d->ctx, 1, &d->dev, &n, &bin, &bst, &st);
+  if (st != CL_SUCCESS || bst != CL_SUCCESS) {
+    if (prog) ocl.clReleaseProgram(prog);
+    return NULL;
+  }
+  if (ocl.clBuildProgram(prog, 1, &d->dev, options, NULL, NULL) != CL_SUCCESS) {
+    ocl.clReleaseProgram(prog);
+    return NULL;
+  }
+  return prog;
+}
+
+static void ocl_store_binary(cl_program prog, const char *dir, const char *name) {
+  size_t n = 0;
+  if (ocl.clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL) != CL_SUCCESS || !n)
+    return;
+  unsigned char *bin = malloc(n);
+  if (bin && ocl.clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) == CL_SUCCESS)
+    (void)dcache_store(dir, name, "clbin", bin, n); /* best effort: a later run builds again */
+  free(bin);
+}
+
+cl_program ocl_build(ocl_device *d, const char *source, const char *options, const char *what,
+                     bool *disk_hit) {
+  char dir[1100], name[64];
+  const char *why;
+  *disk_hit = false;
+  if (dcache_dir(dir, sizeof dir, &why)) dir[0] = 0; /* refused: the CPU backend warns about it */
+  ocl_cache_name(d, source, options, name, sizeof name);
+  size_t n = 0;
+  unsigned char *bin = dir[0] ? dcache_load(dir, name, "clbin", &n) : NULL;
+  cl_program prog = bin ? ocl_from_binary(d, bin, n, options) : NULL;
+  free(bin);
+  if (prog) {
+    *disk_hit = true;
+    return prog;
+  }
+  prog = ocl_build_source(d, source, options, what);
+  if (prog && dir[0]) ocl_store_binary(prog, dir, name);
+  return prog;
 }
 #endif
