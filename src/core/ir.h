@@ -59,6 +59,8 @@ typedef struct {
 extern const ir_opinfo ir_ops[IR_OP_COUNT];
 /* OPS_MATH_* per op: whether ops.def gives it a float math line (M1 or M2). */
 extern const unsigned char ir_op_math[IR_OP_COUNT];
+/* ops.def's math lines as C functions of double, gm_op_<ENUM> (text for generated kernels). */
+extern const char ir_op_math_src[];
 
 #define IR_MAX_ATTRS 40
 typedef struct {

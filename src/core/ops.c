@@ -15,6 +15,14 @@ const unsigned char ir_op_math[IR_OP_COUNT] = {
 #include "ops.def"
 };
 
+/* The M lines as C functions of double (gm_op_<ENUM>): generated kernels that compute an op's
+ * math line in double (ops.def's CPU_WIDE) include this text, so their code is the reference's. */
+const char ir_op_math_src[] =
+#define M1(e, expr) "static inline double gm_op_" #e "(double v) { return " #expr "; }\n"
+#define M2(e, expr) "static inline double gm_op_" #e "(double a, double b) { return " #expr "; }\n"
+#include "ops.def"
+    "";
+
 /* Every attribute field fits in ir_attrs.a (ND: one entry per dim). */
 #define ND GRAFT_MAX_DIMS
 #define ATTR(layout, field, off, count)                                                         \

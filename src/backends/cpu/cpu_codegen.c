@@ -21,15 +21,6 @@
 #define CPU_NT_BLOCK 2048               /* elements per streamed block of a flat kernel */
 #define CPU_ROW_SCRATCH_BYTES (64 << 10) /* per-row scratch (stack) of one kernel, at most */
 
-
-/* ops.def's float math lines as functions of the generated source (gm_op_<ENUM>); CPU_WIDE ops
- * call them (cpu_expr.c), so their compiled code computes what the reference kernel does. */
-static const char cpu_op_math_src[] =
-#define M1(e, expr) "static inline double gm_op_" #e "(double v) { return " #expr "; }\n"
-#define M2(e, expr) "static inline double gm_op_" #e "(double a, double b) { return " #expr "; }\n"
-#include "ops.def"
-    "";
-
 static const char cpu_prelude[] =
     "#include <stdint.h>\n#include <math.h>\n"
     "static inline int64_t gc_d2i(double v) { return v != v ? 0 : v >= 9223372036854775808.0 ? "
@@ -578,7 +569,7 @@ static void cpu_gen_prelude(cpu_sb *out) {
   cpu_sb_puts(out, "\n");
   cpu_sb_puts(out, ops_math_src);
   cpu_sb_puts(out, "\n");
-  cpu_sb_puts(out, cpu_op_math_src);
+  cpu_sb_puts(out, ir_op_math_src);
   cpu_sb_puts(out, "\n");
 }
 

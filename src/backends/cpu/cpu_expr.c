@@ -3,6 +3,7 @@
  * movement ops transform the position (index arithmetic); materialized ones are loads.
  * Values are memoized per (instruction, position) within one loop body. */
 #include "cpu_codegen.h"
+#include "../kexpr.h"
 #include "dtype.h"
 #include <inttypes.h>
 #include <math.h>
@@ -10,15 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *cpu_ctype(graft_dtype dt) {
-  switch (dt) {
-  case GRAFT_F32: return "float";
-  case GRAFT_F64: return "double";
-  case GRAFT_I32: return "int32_t";
-  case GRAFT_I64: return "int64_t";
-  default: return "uint8_t";
-  }
-}
+const char *cpu_ctype(graft_dtype dt) { return kx_ctype(dt); }
 
 static char *cpu_tmp(cpu_cg *g) { return cpu_fmt(&g->ar, "t%d", g->ntmp++); }
 
@@ -30,18 +23,11 @@ static const char *cpu_def(cpu_cg *g, graft_dtype dt, const char *expr) {
 }
 
 /* Row-major strides. */
-static void cpu_strides(int nd, const int64_t *shape, int64_t *st) {
-  int64_t s = 1;
-  for (int d = nd - 1; d >= 0; d--) {
-    st[d] = s;
-    s *= shape[d];
-  }
-}
 
 void cpu_pos_coords(cpu_cg *g, cpu_pos *pos) {
   if (pos->has_c) return;
   int64_t st[GRAFT_MAX_DIMS];
-  cpu_strides(pos->nd, pos->shape, st);
+  kx_strides(pos->nd, pos->shape, st);
   for (int d = 0; d < pos->nd; d++) {
     if (pos->shape[d] == 1) {
       pos->c[d] = "0";
@@ -62,20 +48,8 @@ void cpu_pos_coords(cpu_cg *g, cpu_pos *pos) {
 }
 
 const char *cpu_pos_lin(cpu_cg *g, cpu_pos *pos) {
-  if (pos->lin) return pos->lin;
-  int64_t st[GRAFT_MAX_DIMS];
-  cpu_strides(pos->nd, pos->shape, st);
-  cpu_sb e = {0};
-  for (int d = 0; d < pos->nd; d++) {
-    if (pos->shape[d] == 1) continue;
-    if (e.n) cpu_sb_puts(&e, " + ");
-    if (st[d] == 1) cpu_sb_printf(&e, "%s", pos->c[d]);
-    else cpu_sb_printf(&e, "%s * %" PRId64, pos->c[d], st[d]);
-  }
-  char *r = cpu_fmt(&g->ar, "(%s)", e.n ? e.s : "0");
-  cpu_sb_free(&e);
-  pos->lin = r;
-  return r;
+  if (!pos->lin) pos->lin = kx_lin(&g->ar, pos->nd, pos->shape, pos->c);
+  return pos->lin;
 }
 
 static const char *cpu_pos_key(cpu_cg *g, const cpu_pos *pos) {
@@ -109,11 +83,8 @@ static const char *cpu_literal(cpu_cg *g, graft_dtype dt, double v) {
   }
 }
 
-/* An int64 expression narrowed (wrapping) to dtype dt. */
 static const char *cpu_narrow(cpu_cg *g, graft_dtype dt, const char *e64) {
-  if (dt == GRAFT_BOOL) return cpu_fmt(&g->ar, "(uint8_t)((%s) != 0)", e64);
-  if (dt == GRAFT_I64) return cpu_fmt(&g->ar, "(int64_t)(%s)", e64);
-  return cpu_fmt(&g->ar, "(%s)(uint64_t)(%s)", cpu_ctype(dt), e64);
+  return kx_narrow(&g->ar, dt, e64);
 }
 
 /* The op's enum name, as the generated gm_op_<ENUM> math functions are named. */
@@ -153,20 +124,7 @@ static const char *cpu_unary(cpu_cg *g, const exec_instr *ins, const char *a) {
     default: return NULL;
     }
   }
-  const char *e;
-  switch (ins->op) {
-  case IR_NEG: e = cpu_fmt(&g->ar, "(int64_t)(0ull - (uint64_t)(int64_t)%s)", a); break;
-  case IR_ABS:
-    e = cpu_fmt(&g->ar, "((int64_t)%s < 0 ? (int64_t)(0ull - (uint64_t)(int64_t)%s) : (int64_t)%s)",
-                a, a, a);
-    break;
-  case IR_SIGN: e = cpu_fmt(&g->ar, "(int64_t)((%s > 0) - (%s < 0))", a, a); break;
-  case IR_NOT:
-    e = dt == GRAFT_BOOL ? cpu_fmt(&g->ar, "(int64_t)!%s", a) : cpu_fmt(&g->ar, "~(int64_t)%s", a);
-    break;
-  default: return NULL;
-  }
-  return cpu_narrow(g, dt, e);
+  return kx_int_unary(&g->ar, ins->op, dt, a);
 }
 
 static const char *cpu_convert(cpu_cg *g, graft_dtype from, graft_dtype to, const char *a) {
@@ -190,41 +148,13 @@ static const char *cpu_binary(cpu_cg *g, const exec_instr *ins, const char *a, c
     if (ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_BINARY)
       return cpu_fmt(&g->ar, "%s(gm_op_%s(gc_wide(%s), gc_wide(%s)))", cast, cpu_op_enum[ins->op],
                      a, b);
-    switch (ins->op) {
-    case IR_ADD: return cpu_fmt(&g->ar, "%s + %s", a, b);
-    case IR_SUB: return cpu_fmt(&g->ar, "%s - %s", a, b);
-    case IR_MUL: return cpu_fmt(&g->ar, "%s * %s", a, b);
-    case IR_DIV: return cpu_fmt(&g->ar, "%s / %s", a, b);
-    case IR_MAX:
-      return cpu_fmt(&g->ar, "(%s != %s ? %s : %s != %s ? %s : %s > %s ? %s : %s)", a, a, a, b, b,
-                     b, a, b, a, b);
-    case IR_MIN:
-      return cpu_fmt(&g->ar, "(%s != %s ? %s : %s != %s ? %s : %s < %s ? %s : %s)", a, a, a, b, b,
-                     b, a, b, a, b);
-    default: return NULL;
-    }
+    return kx_float_binary(&g->ar, ins->op, a, b);
   }
-  const char *e;
-  switch (ins->op) {
-  case IR_ADD: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s + (uint64_t)(int64_t)%s)", a, b); break;
-  case IR_SUB: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s - (uint64_t)(int64_t)%s)", a, b); break;
-  case IR_MUL: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s * (uint64_t)(int64_t)%s)", a, b); break;
-  case IR_DIV: e = cpu_fmt(&g->ar, "gc_idiv(%s, %s)", a, b); break;
-  case IR_REM: e = cpu_fmt(&g->ar, "gc_irem(%s, %s)", a, b); break;
-  case IR_MAX: e = cpu_fmt(&g->ar, "(int64_t)(%s > %s ? %s : %s)", a, b, a, b); break;
-  case IR_MIN: e = cpu_fmt(&g->ar, "(int64_t)(%s < %s ? %s : %s)", a, b, a, b); break;
-  case IR_AND: e = cpu_fmt(&g->ar, "((int64_t)%s & (int64_t)%s)", a, b); break;
-  case IR_OR: e = cpu_fmt(&g->ar, "((int64_t)%s | (int64_t)%s)", a, b); break;
-  case IR_XOR: e = cpu_fmt(&g->ar, "((int64_t)%s ^ (int64_t)%s)", a, b); break;
-  default: return NULL;
-  }
-  return cpu_narrow(g, dt, e);
+  return kx_int_binary(&g->ar, ins->op, dt, a, b);
 }
 
 static const char *cpu_compare(cpu_cg *g, ir_op op, const char *a, const char *b) {
-  const char *o = op == IR_EQ ? "==" : op == IR_NE ? "!=" : op == IR_LT ? "<" : op == IR_LE ? "<="
-                : op == IR_GT ? ">" : ">=";
-  return cpu_fmt(&g->ar, "(uint8_t)(%s %s %s)", a, o, b);
+  return kx_compare(&g->ar, op, a, b);
 }
 
 /* Load of materialized slot s at pos; records the read; checks row-locality inside a group. */
@@ -253,15 +183,6 @@ static const char *cpu_clamp(cpu_cg *g, const char *q, int64_t n) {
   return t;
 }
 
-static bool cpu_only_unit_dims_differ(const exec_instr *a, const exec_instr *b) {
-  int i = 0, j = 0;
-  for (;;) {
-    while (i < a->ndim && a->shape[i] == 1) i++;
-    while (j < b->ndim && b->shape[j] == 1) j++;
-    if (i == a->ndim || j == b->ndim) return i == a->ndim && j == b->ndim;
-    if (a->shape[i++] != b->shape[j++]) return false;
-  }
-}
 
 /* A group whose dims refine to common factors (output [64,64] and source [8,512] share
  * [8,8,64]): each source coordinate is a sum of output digits, (c / inner) % f, so the inner
@@ -477,7 +398,7 @@ static cpu_pos cpu_move_pos(cpu_cg *g, const exec_instr *ins, const exec_instr *
     break;
   }
   case IR_RESHAPE:
-    if (pos->has_c && cpu_only_unit_dims_differ(ins, x)) {
+    if (pos->has_c && kx_only_unit_dims_differ(ins, x)) {
       int j = 0;
       for (int d = 0; d < x->ndim; d++) {
         if (x->shape[d] == 1) { q.c[d] = "0"; continue; }

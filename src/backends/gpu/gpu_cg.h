@@ -58,6 +58,9 @@ const char *gpu_red_final(gpu_cg *g, const exec_instr *ins, const gpu_red *r, co
 /* Work-group size and launch for n outputs; *guard: gid may pass n (check it). */
 void gpu_launch_shape(int64_t n, gpu_step *st, bool *guard);
 void gpu_kernel_index(gpu_cg *g, cpu_sb *out, int64_t n, bool guard);
+/* Ends a kernel: with n > 0 the index of a work-item per output (launch sized in st), then the
+ * body (freed) and the closing brace. */
+void gpu_kernel_close(gpu_cg *g, cpu_sb *out, cpu_sb *body, int64_t n, gpu_step *st);
 /* Writes kernel k<kernel>'s signature: output slot s, then the slots in g->reads. */
 void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *st);
 void gpu_scope_begin(gpu_cg *g, cpu_sb *body);

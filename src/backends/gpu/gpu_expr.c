@@ -4,6 +4,7 @@
  * the reference kernels (integer wrap, float->int saturation, NaN-propagating max/min) as the
  * CPU generator does; the spelling that differs between languages lives in the dialect. */
 #include "gpu_cg.h"
+#include "../kexpr.h"
 #include "dtype.h"
 #include <inttypes.h>
 #include <math.h>
@@ -12,15 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-const char *gpu_ctype(graft_dtype dt) {
-  switch (dt) {
-  case GRAFT_F32: return "float";
-  case GRAFT_F64: return "double";
-  case GRAFT_I32: return "int32_t";
-  case GRAFT_I64: return "int64_t";
-  default: return "uint8_t";
-  }
-}
+const char *gpu_ctype(graft_dtype dt) { return kx_ctype(dt); }
 
 void gpu_fail(gpu_cg *g, const char *fmt, ...) {
   if (g->failed) return;
@@ -39,18 +32,11 @@ const char *gpu_def(gpu_cg *g, graft_dtype dt, const char *expr) {
   return t;
 }
 
-static void gpu_strides(int nd, const int64_t *shape, int64_t *st) {
-  int64_t s = 1;
-  for (int d = nd - 1; d >= 0; d--) {
-    st[d] = s;
-    s *= shape[d];
-  }
-}
 
 void gpu_pos_coords(gpu_cg *g, gpu_pos *pos) {
   if (pos->has_c) return;
   int64_t st[GRAFT_MAX_DIMS];
-  gpu_strides(pos->nd, pos->shape, st);
+  kx_strides(pos->nd, pos->shape, st);
   for (int d = 0; d < pos->nd; d++) {
     if (pos->shape[d] == 1) {
       pos->c[d] = "0";
@@ -70,18 +56,7 @@ void gpu_pos_coords(gpu_cg *g, gpu_pos *pos) {
 }
 
 const char *gpu_pos_lin(gpu_cg *g, gpu_pos *pos) {
-  if (pos->lin) return pos->lin;
-  int64_t st[GRAFT_MAX_DIMS];
-  gpu_strides(pos->nd, pos->shape, st);
-  cpu_sb e = {0};
-  for (int d = 0; d < pos->nd; d++) {
-    if (pos->shape[d] == 1) continue;
-    if (e.n) cpu_sb_puts(&e, " + ");
-    if (st[d] == 1) cpu_sb_printf(&e, "%s", pos->c[d]);
-    else cpu_sb_printf(&e, "%s * %" PRId64, pos->c[d], st[d]);
-  }
-  pos->lin = cpu_fmt(&g->ar, "(%s)", e.n ? e.s : "0");
-  cpu_sb_free(&e);
+  if (!pos->lin) pos->lin = kx_lin(&g->ar, pos->nd, pos->shape, pos->c);
   return pos->lin;
 }
 
@@ -114,11 +89,8 @@ static const char *gpu_literal(gpu_cg *g, graft_dtype dt, double v) {
   }
 }
 
-/* An int64 expression narrowed (wrapping) to dtype dt. */
 static const char *gpu_narrow(gpu_cg *g, graft_dtype dt, const char *e64) {
-  if (dt == GRAFT_BOOL) return cpu_fmt(&g->ar, "(uint8_t)((%s) != 0)", e64);
-  if (dt == GRAFT_I64) return cpu_fmt(&g->ar, "(int64_t)(%s)", e64);
-  return cpu_fmt(&g->ar, "(%s)(uint64_t)(%s)", gpu_ctype(dt), e64);
+  return kx_narrow(&g->ar, dt, e64);
 }
 
 static const char *const gpu_op_enum[IR_OP_COUNT] = {
@@ -156,20 +128,7 @@ static const char *gpu_unary_float(gpu_cg *g, const exec_instr *ins, const char 
 static const char *gpu_unary(gpu_cg *g, const exec_instr *ins, const char *a) {
   graft_dtype dt = ins->dtype;
   if (dt == GRAFT_F32 || dt == GRAFT_F64) return gpu_unary_float(g, ins, a);
-  const char *e;
-  switch (ins->op) {
-  case IR_NEG: e = cpu_fmt(&g->ar, "(int64_t)(0UL - (uint64_t)(int64_t)%s)", a); break;
-  case IR_ABS:
-    e = cpu_fmt(&g->ar, "((int64_t)%s < 0 ? (int64_t)(0UL - (uint64_t)(int64_t)%s) : (int64_t)%s)",
-                a, a, a);
-    break;
-  case IR_SIGN: e = cpu_fmt(&g->ar, "(int64_t)(((int64_t)%s > 0) - ((int64_t)%s < 0))", a, a); break;
-  case IR_NOT:
-    e = dt == GRAFT_BOOL ? cpu_fmt(&g->ar, "(int64_t)!%s", a) : cpu_fmt(&g->ar, "~(int64_t)%s", a);
-    break;
-  default: return NULL;
-  }
-  return gpu_narrow(g, dt, e);
+  return kx_int_unary(&g->ar, ins->op, dt, a);
 }
 
 static const char *gpu_convert(gpu_cg *g, graft_dtype from, graft_dtype to, const char *a) {
@@ -189,41 +148,13 @@ static const char *gpu_binary(gpu_cg *g, const exec_instr *ins, const char *a, c
     if (ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_BINARY)
       return cpu_fmt(&g->ar, "(%s)gm_op_%s((double)%s, (double)%s)", gpu_ctype(dt),
                      gpu_op_enum[ins->op], a, b);
-    switch (ins->op) {
-    case IR_ADD: return cpu_fmt(&g->ar, "%s + %s", a, b);
-    case IR_SUB: return cpu_fmt(&g->ar, "%s - %s", a, b);
-    case IR_MUL: return cpu_fmt(&g->ar, "%s * %s", a, b);
-    case IR_DIV: return cpu_fmt(&g->ar, "%s / %s", a, b);
-    case IR_MAX:
-      return cpu_fmt(&g->ar, "(%s != %s ? %s : %s != %s ? %s : %s > %s ? %s : %s)", a, a, a, b, b,
-                     b, a, b, a, b);
-    case IR_MIN:
-      return cpu_fmt(&g->ar, "(%s != %s ? %s : %s != %s ? %s : %s < %s ? %s : %s)", a, a, a, b, b,
-                     b, a, b, a, b);
-    default: return NULL;
-    }
+    return kx_float_binary(&g->ar, ins->op, a, b);
   }
-  const char *e;
-  switch (ins->op) {
-  case IR_ADD: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s + (uint64_t)(int64_t)%s)", a, b); break;
-  case IR_SUB: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s - (uint64_t)(int64_t)%s)", a, b); break;
-  case IR_MUL: e = cpu_fmt(&g->ar, "(int64_t)((uint64_t)(int64_t)%s * (uint64_t)(int64_t)%s)", a, b); break;
-  case IR_DIV: e = cpu_fmt(&g->ar, "gc_idiv(%s, %s)", a, b); break;
-  case IR_REM: e = cpu_fmt(&g->ar, "gc_irem(%s, %s)", a, b); break;
-  case IR_MAX: e = cpu_fmt(&g->ar, "(int64_t)(%s > %s ? %s : %s)", a, b, a, b); break;
-  case IR_MIN: e = cpu_fmt(&g->ar, "(int64_t)(%s < %s ? %s : %s)", a, b, a, b); break;
-  case IR_AND: e = cpu_fmt(&g->ar, "((int64_t)%s & (int64_t)%s)", a, b); break;
-  case IR_OR: e = cpu_fmt(&g->ar, "((int64_t)%s | (int64_t)%s)", a, b); break;
-  case IR_XOR: e = cpu_fmt(&g->ar, "((int64_t)%s ^ (int64_t)%s)", a, b); break;
-  default: return NULL;
-  }
-  return gpu_narrow(g, dt, e);
+  return kx_int_binary(&g->ar, ins->op, dt, a, b);
 }
 
 static const char *gpu_compare(gpu_cg *g, ir_op op, const char *a, const char *b) {
-  const char *o = op == IR_EQ ? "==" : op == IR_NE ? "!=" : op == IR_LT ? "<" : op == IR_LE ? "<="
-                : op == IR_GT ? ">" : ">=";
-  return cpu_fmt(&g->ar, "(uint8_t)(%s %s %s)", a, o, b);
+  return kx_compare(&g->ar, op, a, b);
 }
 
 static const char *gpu_load(gpu_cg *g, int s, gpu_pos *pos) {
@@ -235,15 +166,6 @@ static const char *gpu_load(gpu_cg *g, int s, gpu_pos *pos) {
   return gpu_def(g, src->dtype, e);
 }
 
-static bool gpu_only_unit_dims_differ(const exec_instr *a, const exec_instr *b) {
-  int i = 0, j = 0;
-  for (;;) {
-    while (i < a->ndim && a->shape[i] == 1) i++;
-    while (j < b->ndim && b->shape[j] == 1) j++;
-    if (i == a->ndim || j == b->ndim) return i == a->ndim && j == b->ndim;
-    if (a->shape[i++] != b->shape[j++]) return false;
-  }
-}
 
 /* The operand position a broadcast, reshape, transpose or slice reads for output position pos. */
 static gpu_pos gpu_move_pos(gpu_cg *g, const exec_instr *ins, const exec_instr *x, gpu_pos *pos) {
@@ -261,7 +183,7 @@ static gpu_pos gpu_move_pos(gpu_cg *g, const exec_instr *ins, const exec_instr *
     break;
   }
   case IR_RESHAPE:
-    if (pos->has_c && gpu_only_unit_dims_differ(ins, x)) {
+    if (pos->has_c && kx_only_unit_dims_differ(ins, x)) {
       int j = 0;
       for (int d = 0; d < x->ndim; d++) {
         if (x->shape[d] == 1) { q.c[d] = "0"; continue; }

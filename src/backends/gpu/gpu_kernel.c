@@ -14,12 +14,6 @@ enum {
   GPU_RED_COOP_MIN = 2048 /* reduced elements per output from which a work-group shares one */
 };
 
-/* ops.def's float math lines as double functions (gm_op_<ENUM>), for the ops computed wide. */
-static const char gpu_op_math_src[] =
-#define M1(e, expr) "static inline double gm_op_" #e "(double v) { return " #expr "; }\n"
-#define M2(e, expr) "static inline double gm_op_" #e "(double a, double b) { return " #expr "; }\n"
-#include "ops.def"
-    "";
 
 static const char gpu_helpers_fp64[] =
     "static inline int64_t gc_d2i(double v) { return v != v ? 0 : v >= 9223372036854775808.0 ? "
@@ -88,6 +82,18 @@ void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *st) {
   cpu_sb_puts(out, ") {\n");
 }
 
+void gpu_kernel_close(gpu_cg *g, cpu_sb *out, cpu_sb *body, int64_t n, gpu_step *st) {
+  if (n) {
+    bool guard;
+    gpu_launch_shape(n, st, &guard);
+    gpu_kernel_index(g, out, n, guard);
+  }
+  cpu_sb_puts(out, body->s ? body->s : "");
+  cpu_sb_puts(out, "}\n");
+  if (body->oom) gpu_fail(g, "out of memory");
+  cpu_sb_free(body);
+}
+
 /* gid: this work-item's output; past n (a rounded-up launch) it does nothing. */
 void gpu_kernel_index(gpu_cg *g, cpu_sb *out, int64_t n, bool guard) {
   cpu_sb_printf(out, "  const gi_t gid = (gi_t)%s;\n", g->d->global_id);
@@ -110,13 +116,7 @@ static void gpu_kernel_map(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *
   const char *v = gpu_value(g, s, pos);
   cpu_sb_printf(&body, "  p%d[gid] = %s;\n", s, v);
   gpu_signature(g, out, s, kernel, st);
-  bool guard;
-  gpu_launch_shape(ins->numel, st, &guard);
-  gpu_kernel_index(g, out, ins->numel, guard);
-  cpu_sb_puts(out, body.s ? body.s : "");
-  cpu_sb_puts(out, "}\n");
-  if (body.oom) gpu_fail(g, "out of memory");
-  cpu_sb_free(&body);
+  gpu_kernel_close(g, out, &body, ins->numel, st);
 }
 
 gpu_red gpu_red_kind(const gpu_cg *g, const exec_instr *ins) {
@@ -259,15 +259,10 @@ static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_ste
                   g->d->local_id);
     st->local = GPU_RED_WG;
     st->global = ins->numel * GPU_RED_WG;
+    gpu_kernel_close(g, out, &body, 0, st);
   } else {
-    bool guard;
-    gpu_launch_shape(ins->numel, st, &guard);
-    gpu_kernel_index(g, out, ins->numel, guard);
+    gpu_kernel_close(g, out, &body, ins->numel, st);
   }
-  cpu_sb_puts(out, body.s ? body.s : "");
-  cpu_sb_puts(out, "}\n");
-  if (body.oom) gpu_fail(g, "out of memory");
-  cpu_sb_free(&body);
 }
 
 /* The source's head: the dialect's prelude, the helpers, the math the kernels call. */
@@ -299,7 +294,7 @@ static void gpu_source_head(const exec_program *p, const gpu_dialect *d, const g
   if (caps->fp64) {
     cpu_sb_puts(out, ops_math_src);
     cpu_sb_puts(out, "\n");
-    cpu_sb_puts(out, gpu_op_math_src);
+    cpu_sb_puts(out, ir_op_math_src);
   }
 }
 

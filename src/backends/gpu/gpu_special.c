@@ -137,11 +137,5 @@ void gpu_kernel_special(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st)
     out->s[out->n] = 0;
     cpu_sb_printf(out, ", %s int64_t *%s status) {\n", g->d->global, g->d->restrict_);
   }
-  bool guard;
-  gpu_launch_shape(ins->numel, st, &guard);
-  gpu_kernel_index(g, out, ins->numel, guard);
-  cpu_sb_puts(out, body.s ? body.s : "");
-  cpu_sb_puts(out, "}\n");
-  if (body.oom) gpu_fail(g, "out of memory");
-  cpu_sb_free(&body);
+  gpu_kernel_close(g, out, &body, ins->numel, st);
 }
