@@ -68,7 +68,10 @@ def device(kind=0, ordinal=None):
             raise ValueError("graft.device(%r, %r): the ordinal is given twice" % (kind, ordinal))
         kind, ordinal = kind.split(":", 1)
         ordinal = int(ordinal)
-    return torch.device(DEVICE_TYPE, _ops.device_find(kind, 0 if ordinal is None else int(ordinal)))
+    ordinal = 0 if ordinal is None else int(ordinal)
+    if kind == "cpu" and 0 <= ordinal < CPU_DEVICES:
+        return torch.device(DEVICE_TYPE, ordinal)  # cpu:i is device i (no accelerator lookup)
+    return torch.device(DEVICE_TYPE, _ops.device_find(kind, ordinal))
 
 
 def is_graft(t):
