@@ -204,6 +204,55 @@ static int64_t prod(const std::vector<int64_t> &s) {
   return n;
 }
 
+// The index constants that read a view out of its root ("r": the root positions of its elements)
+// or write it in ("w": per root position, the view element it takes and whether it takes one),
+// on the root's device. They depend only on the view's geometry, so each geometry's are uploaded
+// once and kept: a steady training step (in-place ops on chunks of an LSTM's gates) uploads none.
+// Past kViewConstBytes the cache is emptied (a steady loop refills it once).
+static std::vector<G> view_consts(const GraftImpl *g, bool wr) {
+  static constexpr size_t kViewConstBytes = 64u << 20;
+  struct Cache {
+    std::unordered_map<std::string, std::vector<G>> m;
+    size_t bytes = 0;
+  };
+  static Cache *cache = new Cache;  // never destroyed: graft may be shut down at exit
+  int dev = graft_device(g->store->val);
+  int64_t total = prod(g->store->shape);
+  std::ostringstream key;
+  key << (wr ? 'w' : 'r') << dev << ':' << total << ':' << g->storage_offset();
+  for (auto v : g->sizes()) key << ',' << v;
+  key << ';';
+  for (auto v : g->strides()) key << ',' << v;
+  auto it = cache->m.find(key.str());
+  if (it != cache->m.end()) return it->second;
+
+  auto idx = view_indices(g);
+  int64_t n = (int64_t)idx.size();
+  std::vector<G> consts;
+  size_t bytes;
+  if (!wr) {
+    consts.push_back(chk(graft_from_host(idx.data(), GRAFT_I64, 1, &n, dev), "view"));
+    bytes = (size_t)n * 8;
+  } else {
+    // Overlapping views: each root position takes the LAST view element mapping to it (as on CPU).
+    std::vector<uint8_t> mask((size_t)total, 0);
+    std::vector<int64_t> src((size_t)total, 0);
+    for (int64_t k = 0; k < n; ++k) {
+      mask[(size_t)idx[(size_t)k]] = 1;
+      src[(size_t)idx[(size_t)k]] = k;
+    }
+    consts.push_back(chk(graft_from_host(src.data(), GRAFT_I64, 1, &total, dev), "view write"));
+    consts.push_back(chk(graft_from_host(mask.data(), GRAFT_BOOL, 1, &total, dev), "view write"));
+    bytes = (size_t)total * 9;
+  }
+  if (cache->bytes + bytes > kViewConstBytes) {
+    cache->m.clear();
+    cache->bytes = 0;
+  }
+  cache->bytes += bytes;
+  return cache->m[key.str()] = std::move(consts);
+}
+
 G value(const at::Tensor &t) {
   GraftImpl *g = gimpl(t);
   if (g->is_identity()) {
@@ -220,12 +269,9 @@ G value(const at::Tensor &t) {
     return out;
   }
   // Stale or never computed: gather from the root.
-  auto idx = view_indices(g);
-  int64_t n = (int64_t)idx.size();
   int64_t total = prod(g->store->shape);
   G flat = chk(graft_reshape(g->store->val, 1, &total), "view");
-  G gi = chk(graft_from_host(idx.data(), GRAFT_I64, 1, &n, graft_device(g->store->val)), "view");
-  G out = chk(graft_gather(flat.get(), 0, gi.get()), "view");
+  G out = chk(graft_gather(flat.get(), 0, view_consts(g, false)[0].get()), "view");  // the view's positions
   auto sz = g->sizes().vec();
   out = chk(graft_reshape(out.get(), (int)sz.size(), sz.data()), "view");
   if (g->cache) graft_release(g->cache);
@@ -287,22 +333,13 @@ void write(const at::Tensor &dst, G v) {
   }
   // Write the view's new values into the root: each root position a view element maps to takes
   // the value of the LAST such element (overlapping views: last write wins, as on CPU).
-  auto idx = view_indices(g);
-  int64_t n = (int64_t)idx.size();
+  int64_t n = dst.numel();
   int64_t total = prod(g->store->shape);
-  std::vector<uint8_t> mask((size_t)total, 0);
-  std::vector<int64_t> src((size_t)total, 0);
-  for (int64_t k = 0; k < n; ++k) {
-    mask[(size_t)idx[(size_t)k]] = 1;
-    src[(size_t)idx[(size_t)k]] = k;
-  }
+  std::vector<G> c = view_consts(g, true);  // the source element of each root position, the mask
   G flat = chk(graft_reshape(g->store->val, 1, &total), "view write");
   G vflat = chk(graft_reshape(v.get(), 1, &n), "view write");
-  int dev = graft_device(g->store->val);
-  G gi = chk(graft_from_host(src.data(), GRAFT_I64, 1, &total, dev), "view write");
-  G gm = chk(graft_from_host(mask.data(), GRAFT_BOOL, 1, &total, dev), "view write");
-  G picked = n ? chk(graft_gather(vflat.get(), 0, gi.get()), "view write") : flat;
-  G nb = chk(graft_where(gm.get(), picked.get(), flat.get()), "view write");
+  G picked = n ? chk(graft_gather(vflat.get(), 0, c[0].get()), "view write") : flat;
+  G nb = chk(graft_where(c[1].get(), picked.get(), flat.get()), "view write");
   nb = chk(graft_reshape(nb.get(), (int)g->store->shape.size(), g->store->shape.data()), "view write");
   set_root(g, std::move(nb), std::move(v));
 }
