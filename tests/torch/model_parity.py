@@ -5,7 +5,9 @@ trajectories diverge from float32 rounding alone, so parity is judged per step).
 
 The compile mode is read by graft from GRAFT_COMPILE when it loads, so each mode runs in its own
 process: `python3 model_parity.py CASE...` (CASE = model:opt) prints one JSON line per step and
-one per finished case; test_model_parity.py starts it once per mode and judges the lines.
+one per finished case; test_model_parity.py starts it once per mode and device and judges the
+lines. GRAFT_PARITY_DEVICE names the graft device the models train on: "cpu" (graft's cpu:0, the
+default) or "opencl".
 """
 import copy
 import json
@@ -200,7 +202,8 @@ def init_state(opt):
 
 def run_case(model_name, opt_name, steps=STEPS):
     import graft
-    dev = graft.device()
+    kind = os.environ.get("GRAFT_PARITY_DEVICE", "cpu")
+    dev = graft.device(kind)
     build, batch, loss_fn = dict(MODELS, **EXTRA_MODELS)[model_name]
     torch.manual_seed(0)
     model = build().train()
@@ -235,7 +238,7 @@ def run_case(model_name, opt_name, steps=STEPS):
         t2 = time.time()
         rows, tot = grad_errors(names, gg, g32, g64)
         print(json.dumps({
-            "model": model_name, "opt": opt_name, "mode": mode, "step": i,
+            "model": model_name, "opt": opt_name, "mode": mode, "device": kind, "step": i,
             "secs": [round(t1 - t0, 3), round(t2 - t1, 3)],  # the CPU references, graft
             "compiled": graft.metrics()["compiled_executions"] > compiled,
             "loss": [lg, l32, l64], "tot": tot, "params": rows,

@@ -1,5 +1,6 @@
 """Every op PyTorch's OpInfo database describes, on its own float32 sample inputs: graft's result
-(lowered, or through the counted CPU fallback) must match the CPU result.
+(lowered, or through the counted CPU fallback) must match the CPU result, on graft's cpu device and
+on its OpenCL device when graft.devices() lists one (the `dev` parameter; devices.py).
 
 PyTorch's test helpers import `expecttest`, which Debian lacks: tests/torch/expecttest.py is a
 stand-in. Native compiles are switched off here (GRAFT_COMPILE=off): hundreds of one-off graphs
@@ -13,12 +14,12 @@ import pytest
 import torch
 
 import graft
+from devices import device_params
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the expecttest stand-in
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 
-DEV = graft.device()
 MAX_SAMPLES = 16
 
 # OpInfos whose results cannot be compared or that graft does not support, with the reason.
@@ -87,16 +88,18 @@ def _no_native_compiles():
         os.environ["GRAFT_COMPILE"] = old
 
 
-def _to_dev(x):
-    return x.to(DEV) if isinstance(x, torch.Tensor) else x
+@pytest.fixture(params=device_params())
+def dev(request):
+    """The graft device the test runs on (torch.device)."""
+    return graft.device(request.param)
 
 
 def _to_cpu(x):
     return x.cpu() if isinstance(x, torch.Tensor) else x
 
 
-def _run(op):
-    """Runs op's samples on CPU and graft; returns (compared, fallback op names)."""
+def _run(op, dev):
+    """Runs op's samples on CPU and on graft device dev; returns (compared, fallback op names)."""
     torch.manual_seed(0)  # sample values come from the global generator: make them repeatable
     if op.name in SKIP:
         pytest.skip(SKIP[op.name])
@@ -114,7 +117,8 @@ def _run(op):
                                  if isinstance(ref, (tuple, list)) else [])):
             pytest.skip(COMPLEX_REASON)
         graft.reset_metrics()
-        inp, args, kwargs = tree_map(_to_dev, (s.input, s.args, s.kwargs))
+        inp, args, kwargs = tree_map(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x,
+                                     (s.input, s.args, s.kwargs))
         try:
             out = op(inp, *args, **kwargs)
         except RuntimeError as e:
@@ -130,18 +134,18 @@ def _run(op):
 
 
 @pytest.mark.parametrize("op", _ops())
-def test_opinfo_matches_cpu(op):
-    compared, _ = _run(op)
+def test_opinfo_matches_cpu(op, dev):
+    compared, _ = _run(op, dev)
     if compared == 0:
         pytest.skip("no sample the CPU accepts")
 
 
 @pytest.mark.parametrize("name", MUST_LOWER)
-def test_core_opinfos_run_without_fallback(name):
+def test_core_opinfos_run_without_fallback(name, dev):
     ops = [op for op in op_db if op.name == name]
     assert ops, name
     for op in ops:
-        compared, fallbacks = _run(op)
+        compared, fallbacks = _run(op, dev)
         assert compared > 0
         assert not fallbacks, f"{name}: fell back to CPU kernels for {sorted(fallbacks)}"
 
@@ -151,7 +155,7 @@ def _grad_ops():
 
 
 @pytest.mark.parametrize("op", _grad_ops())
-def test_opinfo_gradients_match_cpu(op):
+def test_opinfo_gradients_match_cpu(op, dev):
     """Backward ops (lowered or falling back) on the first samples: input gradients of
     sum(outputs * random weights) match the CPU's."""
     if op.name in SKIP:
@@ -177,11 +181,11 @@ def test_opinfo_gradients_match_cpu(op):
             continue
         if any(o.is_complex() for o in outs):
             pytest.skip(COMPLEX_REASON)
-        dev = tree_map(lambda t: t.detach().to(DEV).requires_grad_(t.requires_grad)
-                       if isinstance(t, torch.Tensor) else t, (s.input, s.args, s.kwargs))
-        dleaves = [t for t in tree_flatten(dev)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+        on = tree_map(lambda t: t.detach().to(dev).requires_grad_(t.requires_grad)
+                      if isinstance(t, torch.Tensor) else t, (s.input, s.args, s.kwargs))
+        dleaves = [t for t in tree_flatten(on)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
         try:
-            out = op(dev[0], *dev[1], **dev[2])
+            out = op(on[0], *on[1], **on[2])
             gouts = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.requires_grad]
             gg = torch.autograd.grad(sum((o * w.to(o.device)).sum() for o, w in zip(gouts, ws)), dleaves,
                                      allow_unused=True)

@@ -50,7 +50,7 @@ struct GraftImpl : public c10::TensorImpl {
   uint64_t cache_gen = ~0ull;
 
   GraftImpl(std::shared_ptr<GStore> s, caffe2::TypeMeta dt, c10::IntArrayRef sizes,
-            c10::IntArrayRef strides, int64_t offset);
+            c10::IntArrayRef strides, int64_t offset, int device);
   ~GraftImpl() override;
 
   bool is_identity() const;
@@ -64,6 +64,29 @@ struct GraftImpl : public c10::TensorImpl {
 };
 
 std::recursive_mutex &bridge_mutex();
+
+// Devices: torch.device('xla', N) is graft device N (0..3 the CPU devices, then accelerators).
+// The current device is thread-local (the device guard's; 0 by default); the boxed kernel sets it
+// to the op's device for the op's duration, so the creators below make their values there.
+int cur_device();
+int gdevice(const at::Tensor &t);  // a graft tensor's device
+// "xla:4 (graft opencl:0)": a tensor's device, for error messages
+std::string device_desc(const at::Tensor &t);
+inline graft_tensor *dev_scalar(double v, graft_dtype dt) { return graft_scalar_on(v, dt, cur_device()); }
+inline graft_tensor *dev_full(double v, graft_dtype dt, int nd, const int64_t *sh) {
+  return graft_full_on(v, dt, nd, sh, cur_device());
+}
+inline graft_tensor *dev_zeros(graft_dtype dt, int nd, const int64_t *sh) { return graft_zeros_on(dt, nd, sh, cur_device()); }
+inline graft_tensor *dev_ones(graft_dtype dt, int nd, const int64_t *sh) { return graft_ones_on(dt, nd, sh, cur_device()); }
+inline graft_tensor *dev_iota(graft_dtype dt, int nd, const int64_t *sh, int axis) {
+  return graft_iota_on(dt, nd, sh, axis, cur_device());
+}
+inline graft_tensor *dev_rand_uniform(graft_dtype dt, int nd, const int64_t *sh) {
+  return graft_rand_uniform_on(dt, nd, sh, cur_device());
+}
+inline graft_tensor *dev_rand_normal(graft_dtype dt, int nd, const int64_t *sh) {
+  return graft_rand_normal_on(dt, nd, sh, cur_device());
+}
 
 graft_dtype to_gdt(at::ScalarType st);
 at::ScalarType to_st(graft_dtype dt);
@@ -83,9 +106,9 @@ void write_resize(const at::Tensor &dst, G v);
 at::Tensor make_view(const at::Tensor &base, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                      int64_t offset, G v);
 
-// CPU <-> graft copies.
+// CPU <-> graft copies (from_cpu: onto graft device `device`).
 at::Tensor to_cpu(const at::Tensor &t);
-G from_cpu(const at::Tensor &cpu);
+G from_cpu(const at::Tensor &cpu, int device);
 
 // Fallback counters.
 void count_fallback(const std::string &name);

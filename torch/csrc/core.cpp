@@ -12,6 +12,7 @@
 #include <map>
 #include <unordered_map>
 #include <sstream>
+#include <tuple>
 
 namespace graftpt {
 
@@ -79,8 +80,9 @@ static std::vector<int64_t> contig_strides(c10::IntArrayRef sizes) {
 
 // ---------------------------------------------------------------- tensor impl
 GraftImpl::GraftImpl(std::shared_ptr<GStore> s, caffe2::TypeMeta dt, c10::IntArrayRef sizes,
-                     c10::IntArrayRef strides, int64_t offset)
-    : c10::TensorImpl(c10::DispatchKeySet(kKey), dt, c10::Device(kDevType, 0)), store(std::move(s)) {
+                     c10::IntArrayRef strides, int64_t offset, int device)
+    : c10::TensorImpl(c10::DispatchKeySet(kKey), dt, c10::Device(kDevType, (c10::DeviceIndex)device)),
+      store(std::move(s)) {
   set_storage_access_should_throw();
   set_sizes_and_strides(sizes, strides);
   set_storage_offset(offset);
@@ -121,7 +123,8 @@ bool GraftImpl::is_full_reshape() const {
 
 c10::intrusive_ptr<c10::TensorImpl> GraftImpl::shallow_copy_and_detach(
     const c10::VariableVersion &vc, bool allow) const {
-  auto impl = c10::make_intrusive<GraftImpl>(store, dtype(), sizes(), strides(), storage_offset());
+  auto impl = c10::make_intrusive<GraftImpl>(store, dtype(), sizes(), strides(), storage_offset(),
+                                             device().index());
   copy_tensor_metadata(this, impl.get(), vc, allow);
   if (cache && cache_gen == store->gen) {
     impl->cache = graft_retain(cache);
@@ -132,7 +135,8 @@ c10::intrusive_ptr<c10::TensorImpl> GraftImpl::shallow_copy_and_detach(
 
 c10::intrusive_ptr<c10::TensorImpl> GraftImpl::shallow_copy_and_detach(c10::VariableVersion &&vc,
                                                                        bool allow) const {
-  auto impl = c10::make_intrusive<GraftImpl>(store, dtype(), sizes(), strides(), storage_offset());
+  auto impl = c10::make_intrusive<GraftImpl>(store, dtype(), sizes(), strides(), storage_offset(),
+                                             device().index());
   copy_tensor_metadata(this, impl.get(), std::move(vc), allow);
   if (cache && cache_gen == store->gen) {
     impl->cache = graft_retain(cache);
@@ -152,6 +156,20 @@ void GraftImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl> &imp
 }
 
 bool is_graft(const at::Tensor &t) { return t.defined() && t.device().type() == kDevType; }
+
+int gdevice(const at::Tensor &t) { return t.device().index(); }
+
+std::string device_desc(const at::Tensor &t) {
+  std::ostringstream os;
+  os << t.device();
+  if (is_graft(t)) {
+    const char *kind = graft_device_kind(gdevice(t));
+    int ord = 0;  // the ordinal among the devices of its kind
+    for (int i = 0; kind && i < gdevice(t); ++i) ord += !strcmp(graft_device_kind(i), kind);
+    os << " (graft " << (kind ? kind : "?") << ":" << ord << ")";
+  }
+  return os.str();
+}
 
 GraftImpl *gimpl(const at::Tensor &t) {
   auto *g = dynamic_cast<GraftImpl *>(t.unsafeGetTensorImpl());
@@ -186,6 +204,55 @@ static int64_t prod(const std::vector<int64_t> &s) {
   return n;
 }
 
+// The index constants that read a view out of its root ("r": the root positions of its elements)
+// or write it in ("w": per root position, the view element it takes and whether it takes one),
+// on the root's device. They depend only on the view's geometry, so each geometry's are uploaded
+// once and kept: a steady training step (in-place ops on chunks of an LSTM's gates) uploads none.
+// Past kViewConstBytes the cache is emptied (a steady loop refills it once).
+static std::vector<G> view_consts(const GraftImpl *g, bool wr) {
+  static constexpr size_t kViewConstBytes = 64u << 20;
+  struct Cache {
+    std::unordered_map<std::string, std::vector<G>> m;
+    size_t bytes = 0;
+  };
+  static Cache *cache = new Cache;  // never destroyed: graft may be shut down at exit
+  int dev = graft_device(g->store->val);
+  int64_t total = prod(g->store->shape);
+  std::ostringstream key;
+  key << (wr ? 'w' : 'r') << dev << ':' << total << ':' << g->storage_offset();
+  for (auto v : g->sizes()) key << ',' << v;
+  key << ';';
+  for (auto v : g->strides()) key << ',' << v;
+  auto it = cache->m.find(key.str());
+  if (it != cache->m.end()) return it->second;
+
+  auto idx = view_indices(g);
+  int64_t n = (int64_t)idx.size();
+  std::vector<G> consts;
+  size_t bytes;
+  if (!wr) {
+    consts.push_back(chk(graft_from_host(idx.data(), GRAFT_I64, 1, &n, dev), "view"));
+    bytes = (size_t)n * 8;
+  } else {
+    // Overlapping views: each root position takes the LAST view element mapping to it (as on CPU).
+    std::vector<uint8_t> mask((size_t)total, 0);
+    std::vector<int64_t> src((size_t)total, 0);
+    for (int64_t k = 0; k < n; ++k) {
+      mask[(size_t)idx[(size_t)k]] = 1;
+      src[(size_t)idx[(size_t)k]] = k;
+    }
+    consts.push_back(chk(graft_from_host(src.data(), GRAFT_I64, 1, &total, dev), "view write"));
+    consts.push_back(chk(graft_from_host(mask.data(), GRAFT_BOOL, 1, &total, dev), "view write"));
+    bytes = (size_t)total * 9;
+  }
+  if (cache->bytes + bytes > kViewConstBytes) {
+    cache->m.clear();
+    cache->bytes = 0;
+  }
+  cache->bytes += bytes;
+  return cache->m[key.str()] = std::move(consts);
+}
+
 G value(const at::Tensor &t) {
   GraftImpl *g = gimpl(t);
   if (g->is_identity()) {
@@ -202,12 +269,9 @@ G value(const at::Tensor &t) {
     return out;
   }
   // Stale or never computed: gather from the root.
-  auto idx = view_indices(g);
-  int64_t n = (int64_t)idx.size();
   int64_t total = prod(g->store->shape);
   G flat = chk(graft_reshape(g->store->val, 1, &total), "view");
-  G gi = chk(graft_from_host(idx.data(), GRAFT_I64, 1, &n, 0), "view");
-  G out = chk(graft_gather(flat.get(), 0, gi.get()), "view");
+  G out = chk(graft_gather(flat.get(), 0, view_consts(g, false)[0].get()), "view");  // the view's positions
   auto sz = g->sizes().vec();
   out = chk(graft_reshape(out.get(), (int)sz.size(), sz.data()), "view");
   if (g->cache) graft_release(g->cache);
@@ -223,10 +287,11 @@ at::Tensor wrap(G v) {
   auto st = std::make_shared<GStore>();
   st->shape.assign(shape, shape + nd);
   auto dt = to_st(graft_get_dtype(v.get()));
+  int dev = graft_device(v.get());
   st->val = v.release();
   auto strides = contig_strides(st->shape);
   return at::Tensor(c10::make_intrusive<GraftImpl>(st, caffe2::TypeMeta::fromScalarType(dt),
-                                                   st->shape, strides, 0));
+                                                   st->shape, strides, 0, dev));
 }
 
 static G fit(const at::Tensor &dst, G v) {
@@ -268,21 +333,13 @@ void write(const at::Tensor &dst, G v) {
   }
   // Write the view's new values into the root: each root position a view element maps to takes
   // the value of the LAST such element (overlapping views: last write wins, as on CPU).
-  auto idx = view_indices(g);
-  int64_t n = (int64_t)idx.size();
+  int64_t n = dst.numel();
   int64_t total = prod(g->store->shape);
-  std::vector<uint8_t> mask((size_t)total, 0);
-  std::vector<int64_t> src((size_t)total, 0);
-  for (int64_t k = 0; k < n; ++k) {
-    mask[(size_t)idx[(size_t)k]] = 1;
-    src[(size_t)idx[(size_t)k]] = k;
-  }
+  std::vector<G> c = view_consts(g, true);  // the source element of each root position, the mask
   G flat = chk(graft_reshape(g->store->val, 1, &total), "view write");
   G vflat = chk(graft_reshape(v.get(), 1, &n), "view write");
-  G gi = chk(graft_from_host(src.data(), GRAFT_I64, 1, &total, 0), "view write");
-  G gm = chk(graft_from_host(mask.data(), GRAFT_BOOL, 1, &total, 0), "view write");
-  G picked = n ? chk(graft_gather(vflat.get(), 0, gi.get()), "view write") : flat;
-  G nb = chk(graft_where(gm.get(), picked.get(), flat.get()), "view write");
+  G picked = n ? chk(graft_gather(vflat.get(), 0, c[0].get()), "view write") : flat;
+  G nb = chk(graft_where(c[1].get(), picked.get(), flat.get()), "view write");
   nb = chk(graft_reshape(nb.get(), (int)g->store->shape.size(), g->store->shape.data()), "view write");
   set_root(g, std::move(nb), std::move(v));
 }
@@ -310,7 +367,7 @@ void write_resize(const at::Tensor &dst, G v) {
 at::Tensor make_view(const at::Tensor &base, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                      int64_t offset, G v) {
   GraftImpl *b = gimpl(base);
-  auto impl = c10::make_intrusive<GraftImpl>(b->store, base.dtype(), sizes, strides, offset);
+  auto impl = c10::make_intrusive<GraftImpl>(b->store, base.dtype(), sizes, strides, offset, gdevice(base));
   if (v && !impl->is_identity()) {
     impl->cache = v.release();
     impl->cache_gen = b->store->gen;
@@ -326,15 +383,15 @@ at::Tensor to_cpu(const at::Tensor &t) {
   return out;
 }
 
-G from_cpu(const at::Tensor &cpu) {
+G from_cpu(const at::Tensor &cpu, int device) {
   graft_dtype dt = to_gdt(cpu.scalar_type());
   auto sz = cpu.sizes().vec();
   TORCH_CHECK(sz.size() <= GRAFT_MAX_DIMS, "graft: at most ", GRAFT_MAX_DIMS, " dims are supported");
   // No data to copy: empty tensors and PyTorch's storage-less zero tensors (_efficientzerotensor).
   if (cpu.numel() == 0 || cpu._is_zerotensor())
-    return chk(graft_zeros(dt, (int)sz.size(), sz.data()), "copy to device");
+    return chk(graft_zeros_on(dt, (int)sz.size(), sz.data(), device), "copy to device");
   at::Tensor c = cpu.contiguous();
-  return chk(graft_from_host(c.data_ptr(), dt, (int)sz.size(), sz.data(), 0), "copy to device");
+  return chk(graft_from_host(c.data_ptr(), dt, (int)sz.size(), sz.data(), device), "copy to device");
 }
 
 // ---------------------------------------------------------------- fallback counters
@@ -433,7 +490,8 @@ static at::Tensor fallback_view(const c10::FunctionSchema &schema, const c10::Ar
     GraftImpl *gi = gimpl(fa.orig[i]);
     if ((gi->is_identity() || gi->is_full_reshape()) && t.is_alias_of(fa.cpu_of[i]) &&
         t.scalar_type() == fa.orig[i].scalar_type())
-      return make_view(fa.orig[i], t.sizes(), t.strides(), t.storage_offset(), from_cpu(t));
+      return make_view(fa.orig[i], t.sizes(), t.strides(), t.storage_offset(),
+                       from_cpu(t, gdevice(fa.orig[i])));
     break;
   }
   return at::Tensor();
@@ -447,13 +505,13 @@ static c10::IValue fallback_output(const c10::FunctionSchema &schema, const c10:
     at::Tensor g = fallback_mutated_alias(schema, ret, fa);
     if (!g.defined()) g = fallback_view(schema, ret, t, fa);
     if (g.defined()) return g;
-    if (t.defined() && fa.any_graft && t.device().type() == c10::DeviceType::CPU) return wrap(from_cpu(t));
+    if (t.defined() && fa.any_graft && t.device().type() == c10::DeviceType::CPU) return wrap(from_cpu(t, cur_device()));
   } else if (iv.isTensorList() && fa.any_graft) {
     auto lst = iv.toTensorList();
     c10::List<at::Tensor> nl;
     for (size_t k = 0; k < lst.size(); ++k) {
       at::Tensor t = lst.get(k);
-      nl.push_back(t.defined() ? wrap(from_cpu(t)) : t);
+      nl.push_back(t.defined() ? wrap(from_cpu(t, cur_device())) : t);
     }
     return nl;
   }
@@ -475,15 +533,15 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   torch::jit::drop(*stack, nargs);
   FallbackArgs fa = fallback_args_to_cpu(args);
   TORCH_CHECK(!(fa.any_graft && fa.any_cpu) || copy_like(name),
-              "Expected all tensors to be on the same device, but found at least two devices, "
-              "xla:0 (graft) and cpu! (in ", schema.operator_name(), ")");
+              "Expected all tensors to be on the same device, but found at least two devices, xla:",
+              cur_device(), " (graft) and cpu! (in ", schema.operator_name(), ")");
 
   count_fallback(name);
   for (auto &iv : args) stack->push_back(std::move(iv));
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
   for (size_t i = 0; i < nargs; ++i)  // mutated arguments back into their graft tensors
-    if (fa.orig[i].defined() && arg_mutated(schema.arguments()[i])) write_resize(fa.orig[i], from_cpu(fa.cpu_of[i]));
+    if (fa.orig[i].defined() && arg_mutated(schema.arguments()[i])) write_resize(fa.orig[i], from_cpu(fa.cpu_of[i], gdevice(fa.orig[i])));
   const auto &rets = schema.returns();
   auto outs = torch::jit::last(*stack, rets.size()).vec();
   torch::jit::drop(*stack, rets.size());
@@ -506,8 +564,56 @@ static Resolved lookup(const c10::OperatorHandle &op) {
   return r;
 }
 
+// The current device (see bridge.h).
+static thread_local int tl_device = 0;
+int cur_device() { return tl_device; }
+
+struct DeviceScope {
+  int prev;
+  explicit DeviceScope(int d) : prev(tl_device) { tl_device = d; }
+  ~DeviceScope() { tl_device = prev; }
+};
+
+// The device an op runs on: its graft tensor arguments' (they must share one; a copy between two
+// devices runs on the destination's), else its device argument's, else the current one.
+static int op_device(const c10::OperatorHandle &op, const torch::jit::Stack &stack) {
+  const auto &schema = op.schema();
+  size_t n = schema.arguments().size(), base = stack.size() - n;
+  at::Tensor first, other;
+  auto see = [&](const at::Tensor &t) {
+    if (!is_graft(t)) return;
+    if (!first.defined()) first = t;
+    else if (!other.defined() && gdevice(t) != gdevice(first)) other = t;
+  };
+  int devarg = -1;
+  for (size_t i = base; i < stack.size(); ++i) {
+    const c10::IValue &iv = stack[i];
+    if (iv.isTensor()) {
+      see(iv.toTensor());
+    } else if (iv.isTensorList()) {
+      auto lst = iv.toTensorList();
+      for (size_t k = 0; k < lst.size(); ++k) see(lst.get(k));
+    } else if (iv.isList()) {
+      for (const auto &e : iv.toListRef())
+        if (e.isTensor()) see(e.toTensor());
+    } else if (iv.isDevice() && iv.toDevice().type() == kDevType && iv.toDevice().has_index()) {
+      devarg = iv.toDevice().index();
+    }
+  }
+  if (other.defined()) {
+    const std::string &name = schema.name();
+    if (name == "aten::_copy_from" || name == "aten::_copy_from_and_resize") return gdevice(stack[base + 1].toTensor());
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                device_desc(first), " and ", device_desc(other), "! (in ", schema.operator_name(),
+                "; .to(device) moves a tensor)");
+  }
+  if (devarg >= 0) return devarg;
+  return first.defined() ? gdevice(first) : tl_device;
+}
+
 static void graft_kernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  DeviceScope scope(op_device(op, *stack));
   Resolved r = lookup(op);
   if (r.fn) return run_lowering(r, op, stack);
   cpu_fallback(op, stack);
@@ -516,17 +622,26 @@ static void graft_kernel(const c10::OperatorHandle &op, torch::jit::Stack *stack
 // ---------------------------------------------------------------- device guard
 struct GraftGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kDevType; }
-  c10::Device exchangeDevice(c10::Device) const override { return c10::Device(kDevType, 0); }
-  c10::Device getDevice() const override { return c10::Device(kDevType, 0); }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    c10::Device old = getDevice();
+    setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(kDevType, (c10::DeviceIndex)tl_device); }
   void setDevice(c10::Device d) const override {
     TORCH_CHECK(d.type() == kDevType, "graft: bad device type");
+    if (d.has_index()) tl_device = d.index();
   }
-  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.has_index()) tl_device = d.index();
+  }
   c10::Stream getStream(c10::Device d) const noexcept override {
     return c10::Stream(c10::Stream::DEFAULT, d);
   }
   c10::Stream exchangeStream(c10::Stream s) const noexcept override { return s; }
-  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  // An upper bound, not graft_device_count(): counting loads the accelerator runtimes, and the
+  // autograd engine asks at its first backward (it starts one thread per device id).
+  c10::DeviceIndex deviceCount() const noexcept override { return GRAFT_MAX_DEVICES; }
   void record(void **, const c10::Stream &, const c10::DeviceIndex, const c10::EventFlag) const override {}
   void block(void *, const c10::Stream &) const override {}
   bool queryEvent(void *) const override { return true; }
@@ -625,6 +740,20 @@ static void py_wait() {
   chk_status(graft_wait(), "wait");
 }
 
+static int64_t py_device_count() { return graft_device_count(); }
+
+static int64_t py_device_find(const std::string &kind, int64_t ordinal) {
+  int id = graft_device_find(kind.c_str(), (int)ordinal);
+  if (id < 0) chk_status(GRAFT_ERR_DEVICE, "device");
+  return id;
+}
+
+// (kind, name, memory bytes) of device id; kind "" when there is no such device.
+static std::tuple<std::string, std::string, int64_t> py_device_info(int64_t id) {
+  const char *kind = graft_device_kind((int)id), *name = graft_device_name((int)id);
+  return {kind ? kind : "", name ? name : "", (int64_t)graft_device_memory((int)id)};
+}
+
 static std::string py_last_compile_reason() { return graft_last_compile_reason(); }
 
 static void py_manual_seed(int64_t s) {
@@ -649,4 +778,7 @@ TORCH_LIBRARY(graft, m) {
   m.def("is_pending(Tensor t) -> bool", &py_is_pending);
   m.def("wait_compiles() -> ()", &py_wait_compiles);
   m.def("wait() -> ()", &py_wait);
+  m.def("device_count() -> int", &py_device_count);
+  m.def("device_find(str kind, int ordinal) -> int", &py_device_find);
+  m.def("device_info(int id) -> (str, str, int)", &py_device_info);
 }

@@ -17,7 +17,7 @@ void fall_back(const c10::OperatorHandle &op, Stack *s, Args &a) {
 }
 
 G fullc(double v, graft_dtype dt, std::vector<int64_t> shape) {
-  return chk(graft_full(v, dt, (int)shape.size(), shape.data()), "constant");
+  return chk(dev_full(v, dt, (int)shape.size(), shape.data()), "constant");
 }
 
 at::ScalarType default_float() { return c10::get_default_dtype_as_scalartype(); }
@@ -25,8 +25,8 @@ at::ScalarType default_float() { return c10::get_default_dtype_as_scalartype(); 
 // Operand helpers (lower.h) --------------------------------------------------------------------
 void check_device(const at::Tensor &t) {
   TORCH_CHECK(is_graft(t) || t.dim() == 0,
-              "Expected all tensors to be on the same device, but found at least two devices, "
-              "xla:0 (graft) and ", t.device(), "!");
+              "Expected all tensors to be on the same device, but found at least two devices, xla:",
+              cur_device(), " (graft) and ", t.device(), "!");
 }
 
 at::ScalarType promote(std::initializer_list<const c10::IValue *> ivs) {
@@ -48,20 +48,20 @@ G operand(const c10::IValue &iv, at::ScalarType st) {
     const at::Tensor &t = iv.toTensor();
     if (!is_graft(t)) {
       check_device(t);
-      return chk(graft_scalar(t.item().toDouble(), dt), "scalar");
+      return chk(dev_scalar(t.item().toDouble(), dt), "scalar");
     }
     G v = value(t);
     if (graft_get_dtype(v.get()) != dt) v = chk(graft_convert(v.get(), dt), "convert");
     return v;
   }
   TORCH_CHECK(iv.isScalar(), "graft: expected a tensor or a number");
-  return chk(graft_scalar(iv.toScalar().toDouble(), dt), "scalar");
+  return chk(dev_scalar(iv.toScalar().toDouble(), dt), "scalar");
 }
 
 G tv(const at::Tensor &t) {
   if (!is_graft(t)) {
     check_device(t);
-    return chk(graft_scalar(t.item().toDouble(), to_gdt(t.scalar_type())), "scalar");
+    return chk(dev_scalar(t.item().toDouble(), to_gdt(t.scalar_type())), "scalar");
   }
   return value(t);
 }
@@ -72,7 +72,7 @@ G conv(G v, at::ScalarType st) {
   return v;
 }
 
-G scal(double x, at::ScalarType st) { return chk(graft_scalar(x, to_gdt(st)), "scalar"); }
+G scal(double x, at::ScalarType st) { return chk(dev_scalar(x, to_gdt(st)), "scalar"); }
 
 at::ScalarType gst(const G &v) { return to_st(graft_get_dtype(v.get())); }
 
@@ -118,21 +118,21 @@ void empty_mf(const c10::OperatorHandle &op, Stack *s) {  // empty.memory_format
   auto sz = a.il(0);
   for (auto v : sz) TORCH_CHECK(v >= 0, "Trying to create tensor with negative dimension ", v, ": ", sz);
   TORCH_CHECK(sz.size() <= GRAFT_MAX_DIMS, "graft: at most ", GRAFT_MAX_DIMS, " dims");
-  push(s, wrap(chk(graft_zeros(to_gdt(dtype_arg(a, 1)), (int)sz.size(), sz.data()), "empty")));
+  push(s, wrap(chk(dev_zeros(to_gdt(dtype_arg(a, 1)), (int)sz.size(), sz.data()), "empty")));
 }
 
 void empty_strided(const c10::OperatorHandle &op, Stack *s) {  // (size, stride, dtype, layout, device, pin)
   Args a(op, s);
   auto sz = a.il(0);
   TORCH_CHECK(sz.size() <= GRAFT_MAX_DIMS, "graft: at most ", GRAFT_MAX_DIMS, " dims");
-  push(s, wrap(chk(graft_zeros(to_gdt(dtype_arg(a, 2)), (int)sz.size(), sz.data()), "empty_strided")));
+  push(s, wrap(chk(dev_zeros(to_gdt(dtype_arg(a, 2)), (int)sz.size(), sz.data()), "empty_strided")));
 }
 
 void zero_(const c10::OperatorHandle &op, Stack *s) {
   Args a(op, s);
   const at::Tensor &t = a.t(0);
   auto sz = t.sizes().vec();
-  write(t, chk(graft_zeros(to_gdt(t.scalar_type()), (int)sz.size(), sz.data()), "zero_"));
+  write(t, chk(dev_zeros(to_gdt(t.scalar_type()), (int)sz.size(), sz.data()), "zero_"));
   push(s, t);
 }
 
@@ -148,7 +148,7 @@ void new_empty_strided(const c10::OperatorHandle &op, Stack *s) {  // (self, siz
   Args a(op, s);
   auto sz = a.il(1);
   at::ScalarType st = a.none(3) ? a.t(0).scalar_type() : (at::ScalarType)a.i(3);
-  push(s, wrap(chk(graft_zeros(to_gdt(st), (int)sz.size(), sz.data()), "new_empty_strided")));
+  push(s, wrap(chk(dev_zeros(to_gdt(st), (int)sz.size(), sz.data()), "new_empty_strided")));
 }
 
 // Copies ------------------------------------------------------------------------
@@ -159,7 +159,8 @@ void copy_from(const c10::OperatorHandle &op, Stack *s) {
   const at::Tensor &src = a.t(0);
   const at::Tensor &dst = a.t(1);
   if (is_graft(dst)) {
-    G v = is_graft(src) ? value(src) : from_cpu(src);
+    G v = is_graft(src) ? value(src) : from_cpu(src, gdevice(dst));
+    if (graft_device(v.get()) != gdevice(dst)) v = chk(graft_to_device(v.get(), gdevice(dst)), "copy between devices");
     if (Resize) write_resize(dst, std::move(v));
     else write(dst, std::move(v));
   } else {

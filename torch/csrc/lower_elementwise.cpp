@@ -200,7 +200,7 @@ void threshold_backward(const c10::OperatorHandle &op, Stack *s) {  // (grad_out
   G x = tv(a.t(1));
   at::ScalarType st = gst(g);
   G le = chk(graft_le(x.get(), scal(a.d(2), gst(x)).get()), "threshold_backward");
-  G z = chk(graft_zeros(to_gdt(st), 0, nullptr), "threshold_backward");
+  G z = chk(dev_zeros(to_gdt(st), 0, nullptr), "threshold_backward");
   push(s, wrap(chk(graft_where(le.get(), z.get(), g.get()), "threshold_backward")));
 }
 
@@ -219,7 +219,7 @@ G pass_between(const G &g, const G &x, double lo, double hi, const char *fn) {
   G below = chk(graft_le(x.get(), scal(lo, xs).get()), fn);
   G above = chk(graft_ge(x.get(), scal(hi, xs).get()), fn);
   G out = chk(graft_logical_or(below.get(), above.get()), fn);
-  G z = chk(graft_zeros(graft_get_dtype(g.get()), 0, nullptr), fn);
+  G z = chk(dev_zeros(graft_get_dtype(g.get()), 0, nullptr), fn);
   return chk(graft_where(out.get(), z.get(), g.get()), fn);
 }
 
@@ -285,7 +285,7 @@ void hardswish_backward(const c10::OperatorHandle &op, Stack *s) {
   G le3 = chk(graft_le(x.get(), scal(3.0, st).get()), fn);
   G r = chk(graft_where(le3.get(), gm.get(), g.get()), fn);
   G lt = chk(graft_lt(x.get(), scal(-3.0, st).get()), fn);
-  G z = chk(graft_zeros(graft_get_dtype(r.get()), 0, nullptr), fn);
+  G z = chk(dev_zeros(graft_get_dtype(r.get()), 0, nullptr), fn);
   push(s, wrap(chk(graft_where(lt.get(), z.get(), r.get()), fn)));
 }
 
@@ -297,11 +297,11 @@ void tri(const c10::OperatorHandle &op, Stack *s) {
   TORCH_CHECK(a.t(0).dim() >= 2, fn, ": input must have at least 2 dims, got ", a.t(0).dim());
   G x = tv(a.t(0));
   int64_t rc[2] = {a.t(0).size(-2), a.t(0).size(-1)};
-  G row = chk(graft_iota(GRAFT_I64, 2, rc, 0), fn), col = chk(graft_iota(GRAFT_I64, 2, rc, 1), fn);
+  G row = chk(dev_iota(GRAFT_I64, 2, rc, 0), fn), col = chk(dev_iota(GRAFT_I64, 2, rc, 1), fn);
   G off = chk(graft_sub(col.get(), row.get()), fn);
   G d = scal((double)a.i(1), at::kLong);
   G keep = chk(Upper ? graft_ge(off.get(), d.get()) : graft_le(off.get(), d.get()), fn);
-  G z = chk(graft_zeros(graft_get_dtype(x.get()), 0, nullptr), fn);
+  G z = chk(dev_zeros(graft_get_dtype(x.get()), 0, nullptr), fn);
   push(s, wrap(chk(graft_where(keep.get(), x.get(), z.get()), fn)));
 }
 
@@ -406,19 +406,19 @@ void rand_fill(Stack *s, const at::Tensor &t, double scale, double shift, const 
 
 void normal_(const c10::OperatorHandle &op, Stack *s) {  // normal_(self, mean, std, generator)
   Args a(op, s);
-  rand_fill<graft_rand_normal>(s, a.t(0), a.d(2), a.d(1), "normal_");
+  rand_fill<dev_rand_normal>(s, a.t(0), a.d(2), a.d(1), "normal_");
 }
 
 void uniform_(const c10::OperatorHandle &op, Stack *s) {  // uniform_(self, from, to, generator)
   Args a(op, s);
-  rand_fill<graft_rand_uniform>(s, a.t(0), a.d(2) - a.d(1), a.d(1), "uniform_");
+  rand_fill<dev_rand_uniform>(s, a.t(0), a.d(2) - a.d(1), a.d(1), "uniform_");
 }
 
 void bernoulli_f(const c10::OperatorHandle &op, Stack *s) {  // bernoulli_.float(self, p, generator)
   Args a(op, s);
   const at::Tensor &t = a.t(0);
   auto sz = t.sizes().vec();
-  G r = chk(graft_rand_uniform(GRAFT_F32, (int)sz.size(), sz.data()), "bernoulli_");
+  G r = chk(dev_rand_uniform(GRAFT_F32, (int)sz.size(), sz.data()), "bernoulli_");
   r = chk(graft_lt(r.get(), scal(a.d(1), at::kFloat).get()), "bernoulli_");
   write(t, std::move(r));
   push(s, t);
@@ -433,14 +433,14 @@ void native_dropout(const c10::OperatorHandle &op, Stack *s) {  // (input, p, tr
   auto sz = t.sizes().vec();
   if (!train || p == 0) {
     push(s, wrap(x));
-    push(s, wrap(chk(graft_ones(GRAFT_BOOL, (int)sz.size(), sz.data()), "dropout")));
+    push(s, wrap(chk(dev_ones(GRAFT_BOOL, (int)sz.size(), sz.data()), "dropout")));
     return;
   }
-  G u = chk(graft_rand_uniform(GRAFT_F32, (int)sz.size(), sz.data()), "dropout");
+  G u = chk(dev_rand_uniform(GRAFT_F32, (int)sz.size(), sz.data()), "dropout");
   G keep = chk(graft_ge(u.get(), scal(p, at::kFloat).get()), "dropout");
   double scale = p >= 1 ? 0.0 : 1.0 / (1.0 - p);
   G xs = chk(graft_mul(x.get(), scal(scale, t.scalar_type()).get()), "dropout");
-  G z = chk(graft_zeros(to_gdt(t.scalar_type()), 0, nullptr), "dropout");
+  G z = chk(dev_zeros(to_gdt(t.scalar_type()), 0, nullptr), "dropout");
   push(s, wrap(chk(graft_where(keep.get(), xs.get(), z.get()), "dropout")));
   push(s, wrap(std::move(keep)));
 }

@@ -362,8 +362,8 @@ void max_pool2d_with_indices(const c10::OperatorHandle &op, Stack *s) {
   auto os = gshape(mw.out);
   int nd = (int)os.size();
   std::vector<int64_t> sp = {os[nd - 2], os[nd - 1]};
-  G rows = chk(graft_iota(GRAFT_I64, 2, sp.data(), 0), "max_pool2d");
-  G cols = chk(graft_iota(GRAFT_I64, 2, sp.data(), 1), "max_pool2d");
+  G rows = chk(dev_iota(GRAFT_I64, 2, sp.data(), 0), "max_pool2d");
+  G cols = chk(dev_iota(GRAFT_I64, 2, sp.data(), 1), "max_pool2d");
   rows = chk(graft_mul(rows.get(), fullc((double)pa.st[0] * x.size(-1), GRAFT_I64).get()), "max_pool2d");
   cols = chk(graft_mul(cols.get(), fullc(pa.st[1], GRAFT_I64).get()), "max_pool2d");
   G base = chk(graft_add(rows.get(), cols.get()), "max_pool2d");  // (oh*s0)*W + ow*s1
@@ -420,8 +420,8 @@ void max_pool2d_with_indices_backward(const c10::OperatorHandle &op, Stack *s) {
 // pooling matrix P [m, n] (built from iota in the graph, so constant-folded) and P x P^T.
 G adaptive_matrix(int64_t n, int64_t m, graft_dtype dt) {
   std::vector<int64_t> sh = {m, n};
-  G io = chk(graft_iota(GRAFT_I64, 2, sh.data(), 0), "adaptive_avg_pool2d");
-  G ih = chk(graft_iota(GRAFT_I64, 2, sh.data(), 1), "adaptive_avg_pool2d");
+  G io = chk(dev_iota(GRAFT_I64, 2, sh.data(), 0), "adaptive_avg_pool2d");
+  G ih = chk(dev_iota(GRAFT_I64, 2, sh.data(), 1), "adaptive_avg_pool2d");
   G N = fullc((double)n, GRAFT_I64), M = fullc((double)m, GRAFT_I64);
   G start = chk(graft_mul(io.get(), N.get()), "adaptive_avg_pool2d");
   start = chk(graft_div(start.get(), M.get()), "adaptive_avg_pool2d");

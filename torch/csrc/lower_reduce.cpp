@@ -70,7 +70,7 @@ void minmax_dim(const c10::OperatorHandle &op, Stack *s) {  // max.dim(self, dim
   G x = tv(t);
   if (t.dim() == 0) {
     push(s, wrap(x));
-    push(s, wrap(chk(graft_zeros(GRAFT_I64, 0, nullptr), "max")));
+    push(s, wrap(chk(dev_zeros(GRAFT_I64, 0, nullptr), "max")));
     return;
   }
   G vals = chk(Max ? graft_max(x.get(), &d, 1, keep) : graft_min(x.get(), &d, 1, keep), "max.dim");
@@ -96,7 +96,7 @@ void argmaxmin(const c10::OperatorHandle &op, Stack *s) {  // argmax/argmin(self
   }
   int d = (int)c10::maybe_wrap_dim(a.i(1), t.dim());
   if (t.dim() == 0) {
-    push(s, wrap(chk(graft_zeros(GRAFT_I64, 0, nullptr), "argmax")));
+    push(s, wrap(chk(dev_zeros(GRAFT_I64, 0, nullptr), "argmax")));
     return;
   }
   push(s, wrap(chk((Max ? graft_argmax : graft_argmin)(x.get(), d, keep), "argmax")));
@@ -133,7 +133,7 @@ void softmax_fwd(const c10::OperatorHandle &op, Stack *s) {
   G x = tv(t);
   if (a.b(2)) x = conv(std::move(x), at::kFloat);
   if (t.dim() == 0) {  // log_softmax of one element is 0, softmax 1
-    push(s, wrap(chk((Log ? graft_zeros : graft_ones)(graft_get_dtype(x.get()), 0, nullptr), what)));
+    push(s, wrap(chk((Log ? dev_zeros : dev_ones)(graft_get_dtype(x.get()), 0, nullptr), what)));
     return;
   }
   push(s, wrap(chk((Log ? graft_log_softmax : graft_softmax)(x.get(), d), what)));
@@ -188,7 +188,7 @@ NllParts nll_parts(const Args &a, int k) {
   G t = conv(tv(target), at::kLong);
   G ig = scal((double)ignore_index, at::kLong);
   G keep = chk(graft_ne(t.get(), ig.get()), "nll_loss");
-  G z = chk(graft_zeros(GRAFT_I64, 0, nullptr), "nll_loss");
+  G z = chk(dev_zeros(GRAFT_I64, 0, nullptr), "nll_loss");
   tsafe = chk(graft_where(keep.get(), t.get(), z.get()), "nll_loss");
   if (weight.isTensor() && weight.toTensor().defined()) {
     G gw = conv(tv(weight.toTensor()), st);
@@ -197,10 +197,10 @@ NllParts nll_parts(const Args &a, int k) {
     w = chk(graft_gather(gw.get(), 0, tf.get()), "nll_loss");
     w = reshape_to(w, gshape(tsafe));
   } else {
-    w = chk(graft_ones(to_gdt(st), 0, nullptr), "nll_loss");
+    w = chk(dev_ones(to_gdt(st), 0, nullptr), "nll_loss");
     w = chk(graft_broadcast_to(w.get(), graft_ndim(tsafe.get()), gshape(tsafe).data()), "nll_loss");
   }
-  G zf = chk(graft_zeros(to_gdt(st), 0, nullptr), "nll_loss");
+  G zf = chk(dev_zeros(to_gdt(st), 0, nullptr), "nll_loss");
   w = chk(graft_where(keep.get(), w.get(), zf.get()), "nll_loss");
   return r;
 }
@@ -254,16 +254,16 @@ void nll_loss_backward(const c10::OperatorHandle &op, Stack *s) {
   G onehot, c2;
   if (x.dim() == 2) {
     int64_t n = xs[0];
-    G io = chk(graft_iota(GRAFT_I64, 2, xs.data(), 1), "nll_loss_backward");
+    G io = chk(dev_iota(GRAFT_I64, 2, xs.data(), 1), "nll_loss_backward");
     G ti = reshape_to(ts, {n, 1});
     onehot = chk(graft_eq(io.get(), ti.get()), "nll_loss_backward");
     c2 = reshape_to(coef, {n, 1});
   } else {
-    G io = chk(graft_iota(GRAFT_I64, 1, xs.data(), 0), "nll_loss_backward");
+    G io = chk(dev_iota(GRAFT_I64, 1, xs.data(), 0), "nll_loss_backward");
     onehot = chk(graft_eq(io.get(), ts.get()), "nll_loss_backward");
     c2 = coef;
   }
-  G z = chk(graft_zeros(to_gdt(st), 0, nullptr), "nll_loss_backward");
+  G z = chk(dev_zeros(to_gdt(st), 0, nullptr), "nll_loss_backward");
   push(s, wrap(chk(graft_where(onehot.get(), c2.get(), z.get()), "nll_loss_backward")));
 }
 
@@ -480,8 +480,8 @@ void native_batch_norm(const c10::OperatorHandle &op, Stack *s) {
     G dx = chk(graft_sub(gx.get(), rm.get()), "batch_norm");
     y = chk(graft_mul(dx.get(), is.get()), "batch_norm");
     int64_t zero = 0;  // PyTorch returns empty save_mean / save_invstd in eval mode
-    mean = chk(graft_zeros(to_gdt(st), 1, &zero), "batch_norm");
-    invstd = chk(graft_zeros(to_gdt(st), 1, &zero), "batch_norm");
+    mean = chk(dev_zeros(to_gdt(st), 1, &zero), "batch_norm");
+    invstd = chk(dev_zeros(to_gdt(st), 1, &zero), "batch_norm");
   }
   if (!a.none(1) && a.t(1).defined()) y = chk(graft_mul(y.get(), reshape_to(tv(a.t(1)), bshape).get()), "batch_norm");
   if (!a.none(2) && a.t(2).defined()) y = chk(graft_add(y.get(), reshape_to(tv(a.t(2)), bshape).get()), "batch_norm");

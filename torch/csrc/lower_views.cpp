@@ -267,7 +267,7 @@ void slice_backward(const c10::OperatorHandle &op, Stack *s) {
   auto gs = gshape(g);
   int64_t L = gs[d];
   if (L == 0) {
-    push(s, wrap(chk(graft_zeros(graft_get_dtype(g.get()), (int)nd, in.data()), "slice_backward")));
+    push(s, wrap(chk(dev_zeros(graft_get_dtype(g.get()), (int)nd, in.data()), "slice_backward")));
     return;
   }
   int64_t span = L;
@@ -306,7 +306,7 @@ void cat(const c10::OperatorHandle &op, Stack *s) {  // cat(Tensor[] tensors, di
   at::ScalarType st = at::native::result_type(rs);
   if (use.empty()) {  // only empty 1-D tensors: an empty 1-D result
     int64_t zero = 0;
-    push(s, wrap(chk(graft_zeros(to_gdt(st), 1, &zero), "cat")));
+    push(s, wrap(chk(dev_zeros(to_gdt(st), 1, &zero), "cat")));
     return;
   }
   int d = (int)c10::maybe_wrap_dim(a.i(1), use[0].dim());
@@ -328,7 +328,7 @@ void gather(const c10::OperatorHandle &op, Stack *s) {  // gather(self, dim, ind
   if (a.t(2).numel() == 0) {
     c10::maybe_wrap_dim(a.i(1), std::max<int64_t>(t.dim(), 1));
     auto is = a.t(2).sizes().vec();
-    push(s, wrap(chk(graft_zeros(to_gdt(t.scalar_type()), (int)is.size(), is.data()), "gather")));
+    push(s, wrap(chk(dev_zeros(to_gdt(t.scalar_type()), (int)is.size(), is.data()), "gather")));
     return;
   }
   if (ist != at::kLong && ist != at::kInt) return fall_back(op, s, a);
@@ -339,7 +339,7 @@ void gather(const c10::OperatorHandle &op, Stack *s) {  // gather(self, dim, ind
     auto is = a.t(2).sizes().vec();
     int64_t n = a.t(2).numel();
     if (n == 0) {
-      push(s, wrap(chk(graft_zeros(to_gdt(t.scalar_type()), (int)is.size(), is.data()), "gather")));
+      push(s, wrap(chk(dev_zeros(to_gdt(t.scalar_type()), (int)is.size(), is.data()), "gather")));
       return;
     }
     G x = reshape_to(tv(t), {t.numel()}), idx = reshape_to(tv(a.t(2)), {n});
@@ -420,13 +420,13 @@ void embedding_dense_backward(const c10::OperatorHandle &op, Stack *s) {
   G idx = reshape_to(conv(tv(a.t(1)), at::kLong), {n, 1});
   if (pad >= 0) {
     G keep = chk(graft_ne(idx.get(), scal((double)pad, at::kLong).get()), "embedding_backward");
-    G z = chk(graft_zeros(to_gdt(go.scalar_type()), 0, nullptr), "embedding_backward");
+    G z = chk(dev_zeros(to_gdt(go.scalar_type()), 0, nullptr), "embedding_backward");
     g = chk(graft_where(keep.get(), g.get(), z.get()), "embedding_backward");
   }
   int64_t bs[2] = {n, D};
   idx = chk(graft_broadcast_to(idx.get(), 2, bs), "embedding_backward");
   int64_t zs[2] = {V, D};
-  G z = chk(graft_zeros(to_gdt(go.scalar_type()), 2, zs), "embedding_backward");
+  G z = chk(dev_zeros(to_gdt(go.scalar_type()), 2, zs), "embedding_backward");
   push(s, wrap(chk(graft_scatter_add(z.get(), 0, idx.get(), g.get()), "embedding_backward")));
 }
 
@@ -458,7 +458,7 @@ bool plan_index(const at::Tensor &x, const c10::IValue &ilist, IndexPlan &p) {
   for (int d : p.dims) {
     stride /= x.size(d);
     // Index tensors may live on the CPU (as PyTorch allows for accelerator tensors).
-    G i = conv(is_graft(idx[d]) ? value(idx[d]) : from_cpu(idx[d]), at::kLong);
+    G i = conv(is_graft(idx[d]) ? value(idx[d]) : from_cpu(idx[d], cur_device()), at::kLong);
     G n = fullc((double)x.size(d), GRAFT_I64), z = fullc(0, GRAFT_I64);
     G neg = chk(graft_lt(i.get(), z.get()), "index");
     G iw = chk(graft_add(i.get(), n.get()), "index");
@@ -589,7 +589,7 @@ void repeat(const c10::OperatorHandle &op, Stack *s) {
   std::vector<int64_t> out;
   for (int64_t i = 0; i < nr; ++i) out.push_back(xs[i] * r[i]);
   if (x.numel() == 0 || c10::multiply_integers(out) == 0) {
-    push(s, wrap(chk(graft_zeros(to_gdt(x.scalar_type()), (int)out.size(), out.data()), "repeat")));
+    push(s, wrap(chk(dev_zeros(to_gdt(x.scalar_type()), (int)out.size(), out.data()), "repeat")));
     return;
   }
   if (2 * nr > GRAFT_MAX_DIMS) return fall_back(op, s, a);

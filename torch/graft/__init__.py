@@ -7,6 +7,7 @@
     graft.step()              # cut the pending graph, compile once, run
     print(graft.metrics_report())
 """
+import collections
 import json
 import os
 
@@ -31,13 +32,46 @@ def _load():
 _LIB = _load()
 _ops = torch.ops.graft
 
-# graft registers on the XLA dispatch key: its tensors live on device 'xla:0'.
+# graft registers on the XLA dispatch key: graft device N is torch.device('xla', N).
 DEVICE_TYPE = "xla"
+CPU_DEVICES = 4  # graft devices 0..3 are virtual CPU devices; accelerators (OpenCL) follow
 
 
-def device(index=0):
-    """The torch.device of graft."""
-    return torch.device(DEVICE_TYPE, index)
+class Device(collections.namedtuple("Device", "index kind ordinal name memory device")):
+    """One graft device: index (graft's device id), kind ("cpu", "opencl"), ordinal (among its
+    kind), name, memory (bytes of its own memory; 0 for the CPUs) and its torch.device."""
+
+
+def devices():
+    """Every graft device (asking looks for accelerators once: it loads the OpenCL runtime)."""
+    out, seen = [], {}
+    for i in range(_ops.device_count()):
+        kind, name, memory = _ops.device_info(i)
+        out.append(Device(i, kind, seen.get(kind, 0), name, memory, torch.device(DEVICE_TYPE, i)))
+        seen[kind] = seen.get(kind, 0) + 1
+    return out
+
+
+def device(kind=0, ordinal=None):
+    """The torch.device of a graft device. device() / device(i): graft device i (0..3: the CPU
+    devices). device("opencl"), device("opencl", 1), device("cpu", 2), device("opencl:1"): the
+    ordinal-th device of that kind. A missing device raises RuntimeError saying what is missing."""
+    if isinstance(kind, int) and ordinal is None:
+        if not 0 <= kind < CPU_DEVICES and not _ops.device_info(kind)[0]:
+            raise RuntimeError("graft: no device %d (devices: %s)" % (
+                kind, ", ".join("%d %s:%d" % (d.index, d.kind, d.ordinal) for d in devices())))
+        return torch.device(DEVICE_TYPE, kind)
+    if not isinstance(kind, str):
+        raise TypeError("graft.device: kind is a string ('cpu', 'opencl') or a device id, got %r" % (kind,))
+    if ":" in kind:
+        if ordinal is not None:
+            raise ValueError("graft.device(%r, %r): the ordinal is given twice" % (kind, ordinal))
+        kind, ordinal = kind.split(":", 1)
+        ordinal = int(ordinal)
+    ordinal = 0 if ordinal is None else int(ordinal)
+    if kind == "cpu" and 0 <= ordinal < CPU_DEVICES:
+        return torch.device(DEVICE_TYPE, ordinal)  # cpu:i is device i (no accelerator lookup)
+    return torch.device(DEVICE_TYPE, _ops.device_find(kind, ordinal))
 
 
 def is_graft(t):
@@ -205,5 +239,5 @@ def is_pending(t):
     return _ops.is_pending(t)
 
 
-__all__ = ["device", "step", "sync", "metrics", "fallbacks", "reset_metrics", "metrics_report",
+__all__ = ["device", "devices", "Device", "step", "sync", "metrics", "fallbacks", "reset_metrics", "metrics_report",
            "set_dump_dir", "manual_seed", "save", "wait_compiles", "wait", "is_pending", "last_compile_reason", "is_graft"]
