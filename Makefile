@@ -119,7 +119,7 @@ check-compiled: $(COMPILED_TESTS:%=build/asan/tests/%)
 # fuzzer calls both itself, and its training seeds force sync, so it runs once). A machine
 # where graft finds no OpenCL device skips it, saying why in one line (test_device --probe).
 # pocl's and LLVM's own leaks at exit are suppressed here only (tests/lsan-opencl.supp says why).
-OPENCL_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad
+OPENCL_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad test_device
 OPENCL_ENV   := GRAFT_TEST_DEVICE=opencl ASAN_OPTIONS=detect_leaks=1 \
                 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan-opencl.supp
 

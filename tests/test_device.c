@@ -9,11 +9,12 @@
  *                                with that variable set, before any graft call of its own). */
 #include "graft.h"
 #include "check.h"
+#include "../src/backends/opencl/ocl.h" /* ocl_build: a kernel that does not build */
 #include <stdint.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int ocl = -1; /* the first OpenCL device, or -1 when graft finds none */
+static int ocl_dev = -1; /* the first OpenCL device, or -1 when graft finds none */
 
 /* The thread's error is st and its message contains s1 and s2 (when not NULL); clears it. */
 static bool err_is(graft_status st, const char *s1, const char *s2) {
@@ -30,7 +31,7 @@ static bool err_is(graft_status st, const char *s1, const char *s2) {
 /* Skips an OpenCL test (counted as passed) when there is no OpenCL device, saying so. */
 #define NEED_OPENCL(name)                                                                   \
   do {                                                                                      \
-    if (ocl < 0) {                                                                          \
+    if (ocl_dev < 0) {                                                                          \
       printf("  %s: skipped (no OpenCL device)\n", name);                                  \
       return;                                                                               \
     }                                                                                       \
@@ -74,7 +75,7 @@ TEST(cpu_devices) {
  * missing for one. */
 TEST(find_opencl) {
   int d = graft_device_find("opencl", 0);
-  CHECK(d == ocl);
+  CHECK(d == ocl_dev);
   if (d < 0) {
     CHECK(err_is(GRAFT_ERR_DEVICE, "no opencl device 0", "OpenCL runtime"));
     printf("  no OpenCL device: the OpenCL tests below are skipped\n");
@@ -107,7 +108,7 @@ static bool no_such_device(graft_tensor *t, const char *fn, int id, const char *
  * devices there are. */
 TEST(invalid_ids) {
   char list[128];
-  if (ocl >= 0) snprintf(list, sizeof list, "devices: 0..3 cpu, %d opencl:0", ocl);
+  if (ocl_dev >= 0) snprintf(list, sizeof list, "devices: 0..3 cpu, %d opencl:0", ocl_dev);
   else snprintf(list, sizeof list, "devices: 0..3 cpu; no accelerator found");
   const int ids[3] = {-1, GRAFT_MAX_DEVICES, graft_device_count()};
   const float v[2] = {1, 2};
@@ -127,8 +128,8 @@ TEST(mixed_devices) {
   NEED_OPENCL("mixed_devices");
   graft_scope_begin();
   const float v[3] = {1, 2, 3};
-  graft_tensor *a = f32_on(ocl, 3, v), *b = f32_on(1, 3, v);
-  CHECK(a && b && graft_device(a) == ocl && graft_device(b) == 1);
+  graft_tensor *a = f32_on(ocl_dev, 3, v), *b = f32_on(1, 3, v);
+  CHECK(a && b && graft_device(a) == ocl_dev && graft_device(b) == 1);
   CHECK(!graft_add(a, b) && err_is(GRAFT_ERR_DEVICE, "opencl:0", "cpu:1"));
   CHECK(!graft_mul(b, a) && err_is(GRAFT_ERR_DEVICE, "cpu:1", "opencl:0"));
   graft_scope_end();
@@ -154,9 +155,9 @@ TEST(round_trip_every_dtype) {
     unsigned char in[35 * 8], out[35 * 8];
     pattern(in, bytes, dt, 1000 + (uint64_t)d);
     graft_tensor *h = graft_from_host(in, dt, 2, shape, 0);
-    graft_tensor *o = graft_to_device(h, ocl);
+    graft_tensor *o = graft_to_device(h, ocl_dev);
     graft_tensor *back = graft_to_device(o, 2);
-    CHECK(o && graft_device(o) == ocl && graft_get_dtype(o) == dt && graft_numel(o) == 35);
+    CHECK(o && graft_device(o) == ocl_dev && graft_get_dtype(o) == dt && graft_numel(o) == 35);
     CHECK(back && graft_device(back) == 2);
     CHECK(graft_to_host(back, out, bytes) == GRAFT_OK && !memcmp(in, out, bytes));
     memset(out, 0, sizeof out); /* read straight from the device too */
@@ -180,8 +181,8 @@ TEST(transfer_counters) {
   CHECK(m1.device_uploads == m0.device_uploads && m1.device_upload_bytes == m0.device_upload_bytes);
   CHECK(m1.device_downloads == m0.device_downloads &&
         m1.device_download_bytes == m0.device_download_bytes);
-  if (ocl >= 0) {
-    graft_tensor *o = f32_on(ocl, 40, v);
+  if (ocl_dev >= 0) {
+    graft_tensor *o = f32_on(ocl_dev, 40, v);
     graft_metrics m2 = M();
     CHECK(m2.device_uploads == m1.device_uploads + 1 &&
           m2.device_upload_bytes == m1.device_upload_bytes + N);
@@ -202,22 +203,22 @@ TEST(memory_limit_on_device) {
   NEED_OPENCL("memory_limit_on_device");
   graft_scope_begin();
   const float v[4] = {1, 2, 3, 4}, w[4] = {2, 4, 6, 8};
-  graft_tensor *keep = f32_on(ocl, 4, v);
+  graft_tensor *keep = f32_on(ocl_dev, 4, v);
   graft_tensor *pending = graft_add(keep, keep);
   const int64_t big = 1 << 20; /* 4 MiB of f32 */
   float *host = calloc((size_t)big, sizeof(float));
   graft_set_memory_limit(M().bytes_in_use + 4096);
-  CHECK(!graft_from_host(host, GRAFT_F32, 1, &big, ocl));
+  CHECK(!graft_from_host(host, GRAFT_F32, 1, &big, ocl_dev));
   CHECK(err_is(GRAFT_ERR_OOM, "out of memory", "limit"));
-  graft_tensor *full = graft_full_on(1.5, GRAFT_F32, 1, &big, ocl);
+  graft_tensor *full = graft_full_on(1.5, GRAFT_F32, 1, &big, ocl_dev);
   CHECK(full && graft_to_host(full, host, (size_t)big * sizeof(float)) == GRAFT_ERR_OOM);
   CHECK(err_is(GRAFT_ERR_OOM, "out of memory", NULL));
   CHECK(reads(keep, 4, v) && reads(pending, 4, w)); /* small work still fits */
   graft_set_memory_limit(0);
   CHECK(graft_to_host(full, host, (size_t)big * sizeof(float)) == GRAFT_OK);
   CHECK(host[0] == 1.5f && host[big - 1] == 1.5f);
-  graft_tensor *up = graft_from_host(host, GRAFT_F32, 1, &big, ocl);
-  CHECK(up && graft_device(up) == ocl);
+  graft_tensor *up = graft_from_host(host, GRAFT_F32, 1, &big, ocl_dev);
+  CHECK(up && graft_device(up) == ocl_dev);
   free(host);
   graft_scope_end();
 }
@@ -229,18 +230,37 @@ TEST(failing_step_on_device) {
   graft_scope_begin();
   const float v[4] = {10, 20, 30, 40}, sq[4] = {100, 400, 900, 1600}, g[3] = {40, 10, 20};
   const int64_t bad[3] = {0, 4, 1}, good[3] = {3, 0, 1}, n3 = 3;
-  graft_tensor *a = f32_on(ocl, 4, v);
+  graft_tensor *a = f32_on(ocl_dev, 4, v);
   graft_tensor *other = graft_mul(a, a); /* pending, not part of the failing step */
-  graft_tensor *ix = graft_from_host(bad, GRAFT_I64, 1, &n3, ocl);
+  graft_tensor *ix = graft_from_host(bad, GRAFT_I64, 1, &n3, ocl_dev);
   graft_tensor *fail = graft_gather(a, 0, ix);
-  CHECK(fail && graft_device(fail) == ocl); /* recorded lazily; fails at the read */
+  CHECK(fail && graft_device(fail) == ocl_dev); /* recorded lazily; fails at the read */
   float out[3];
   CHECK(graft_to_host(fail, out, sizeof out) == GRAFT_ERR_ARG);
   CHECK(err_is(GRAFT_ERR_ARG, "4", NULL));
   CHECK(graft_numel(fail) == 3 && graft_get_dtype(fail) == GRAFT_F32);
   CHECK(reads(a, 4, v) && reads(other, 4, sq));
-  CHECK(reads(graft_gather(a, 0, graft_from_host(good, GRAFT_I64, 1, &n3, ocl)), 3, g));
+  CHECK(reads(graft_gather(a, 0, graft_from_host(good, GRAFT_I64, 1, &n3, ocl_dev)), 3, g));
   graft_scope_end();
+}
+
+/* A program that does not build fails with GRAFT_ERR_COMPILE, and the message carries the
+ * compiler's first error from the build log (the line and the reason), not just a status code. */
+TEST(build_failure_names_the_log) {
+  NEED_OPENCL("build_failure_names_the_log");
+#ifdef GRAFT_HAVE_OPENCL_HEADERS
+  ocl_device *d = ocl_device_get(ocl_dev);
+  bool hit = true;
+  CHECK(d && !ocl_build(d, "__kernel void k0(__global float *p) { p[0] = no_such_fn(1.0f); }\n",
+                        "-cl-std=CL1.2", "a test kernel", &hit));
+  CHECK(!hit);
+  CHECK(err_is(GRAFT_ERR_COMPILE, "building a test kernel failed", "no_such_fn"));
+  /* the device still builds and runs graphs */
+  const float v[2] = {1, 2}, w[2] = {2, 4};
+  graft_scope_begin();
+  CHECK(reads(graft_add(f32_on(ocl_dev, 2, v), f32_on(ocl_dev, 2, v)), 2, w));
+  graft_scope_end();
+#endif
 }
 
 /* ---- GRAFT_OPENCL=0, in a fresh process ---- */
@@ -294,7 +314,7 @@ int main(int argc, char **argv) {
     graft_shutdown();
     return failed != 0;
   }
-  ocl = graft_device_find("opencl", 0);
+  ocl_dev = graft_device_find("opencl", 0);
   graft_clear_error();
   RUN(cpu_devices);
   RUN(find_opencl);
@@ -305,6 +325,7 @@ int main(int argc, char **argv) {
   RUN(transfer_counters);
   RUN(memory_limit_on_device);
   RUN(failing_step_on_device);
+  RUN(build_failure_names_the_log);
   RUN(opencl_hidden_by_env);
   RUN(no_live_tensors);
   graft_shutdown();
