@@ -27,6 +27,10 @@ HOSTBRIDGE_BACKEND(ocl_first_backend, "opencl-first-tier (host)", cpu_interp_bac
 HOSTBRIDGE_BACKEND(ocl_backend, "opencl", cpu_backend);
 #else
 
+/* OpenCL C 1.2; no warnings (generated code compares a value with itself to find NaN, and the
+ * like: as the CPU backend's -w). */
+#define OCL_BUILD_OPTIONS "-cl-std=CL1.2 -w"
+
 static pthread_mutex_t ocl_stats_mu = PTHREAD_MUTEX_INITIALIZER;
 static backend_stats ocl_counters;
 
@@ -93,7 +97,7 @@ static void *ocl_compile(const exec_program *p) {
   snprintf(what, sizeof what, "the kernels of graph %016" PRIx64, p->hash);
   ocl_dump_source(p, x->gp.source);
   bool disk_hit = false;
-  if (x->gp.nkernels && (!(x->prog = ocl_build(d, x->gp.source, "-cl-std=CL1.2", what, &disk_hit)) ||
+  if (x->gp.nkernels && (!(x->prog = ocl_build(d, x->gp.source, OCL_BUILD_OPTIONS, what, &disk_hit)) ||
                          ocl_make_kernels(x))) {
     ocl_free(x);
     return NULL;
