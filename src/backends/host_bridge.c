@@ -37,6 +37,16 @@ void hostbridge_free(const backend *inner, void *exe) {
   free(x);
 }
 
+/* Inputs donated to this run are released when it fails before taking them (the contract of
+ * backend.execute: donated inputs are released either way). */
+static void hostbridge_release_donated(const exec_program *p, exec_buffer *const *params) {
+  for (int j = 0; j < p->nparams; j++)
+    if (params[j]->donated) {
+      params[j]->donated = 0;
+      buffer_release(params[j]);
+    }
+}
+
 /* Host copies of the device inputs; a donated input is ours to drop once copied, and its copy is
  * then donated to the host backend in turn. */
 static int hostbridge_inputs(const exec_program *p, exec_buffer *const *params, exec_buffer **h) {
@@ -44,11 +54,7 @@ static int hostbridge_inputs(const exec_program *p, exec_buffer *const *params, 
     h[k] = buffer_to_device(params[k], 0, "a host backend's input");
     if (!h[k]) {
       while (k--) buffer_release(h[k]);
-      for (int j = 0; j < p->nparams; j++)
-        if (params[j]->donated) { /* given to us: released either way */
-          params[j]->donated = 0;
-          buffer_release(params[j]);
-        }
+      hostbridge_release_donated(p, params);
       return -1;
     }
   }
@@ -74,8 +80,10 @@ int hostbridge_execute(const backend *inner, void *exe, const exec_program *p,
   exec_buffer **h = calloc(n, sizeof *h);
   unsigned char *given = calloc(n, 1);
   int rc = -1;
-  if (!h || !given) err_set(GRAFT_ERR_OOM, "out of memory running a graph on the host");
-  else if (!hostbridge_inputs(p, params, h)) {
+  if (!h || !given) {
+    err_set(GRAFT_ERR_OOM, "out of memory running a graph on the host");
+    hostbridge_release_donated(p, params);
+  } else if (!hostbridge_inputs(p, params, h)) {
     exec_buffer **houts = h + p->nparams;
     for (int k = 0; k < p->nparams; k++) given[k] = (unsigned char)h[k]->donated;
     rc = inner->execute(x->inner_exe, &x->hp, h, houts);

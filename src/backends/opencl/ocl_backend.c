@@ -260,22 +260,25 @@ static int ocl_execute(void *e, const exec_program *p, exec_buffer *const *param
   ocl_run r = {.x = x, .p = p};
   r.B = calloc((size_t)p->ninstr + 1, sizeof *r.B);
   r.own = calloc((size_t)p->ninstr + 1, 1);
-  int rc = -1;
-  if (!r.B || !r.own) err_set(GRAFT_ERR_OOM, "opencl: out of memory running a graph");
+  if (!r.B || !r.own) {
+    err_set(GRAFT_ERR_OOM, "opencl: out of memory running a graph");
+    for (int k = 0; k < p->nparams; k++)
+      if (params[k]->donated) buffer_release(params[k]); /* given to this run: released either way */
+    free(r.B);
+    free(r.own);
+    return -1;
+  }
   for (int k = 0; k < p->nparams; k++) {
-    if (r.B) r.B[p->param_slot[k]] = params[k];
-    if (r.own) r.own[p->param_slot[k]] = (unsigned char)params[k]->donated;
-    else if (params[k]->donated) buffer_release(params[k]);
+    r.B[p->param_slot[k]] = params[k];
+    r.own[p->param_slot[k]] = (unsigned char)params[k]->donated;
   }
-  if (r.B && r.own) {
-    rc = ocl_status_reset(x);
-    for (int k = 0; k < x->gp.nsteps && !rc; k++) rc = ocl_step(&r, k);
-    cl_int st = ocl.clFinish(x->dev->queue); /* the graph's one wait */
-    if (!rc && st != CL_SUCCESS)
-      rc = -1, err_set(GRAFT_ERR_INTERNAL, "opencl device %d: running graph %016" PRIx64 ": %s",
-                       x->dev->id, p->hash, ocl_status_str(st));
-    if (!rc) rc = ocl_status_check(x, p);
-  }
+  int rc = ocl_status_reset(x);
+  for (int k = 0; k < x->gp.nsteps && !rc; k++) rc = ocl_step(&r, k);
+  cl_int st = ocl.clFinish(x->dev->queue); /* the graph's one wait */
+  if (!rc && st != CL_SUCCESS)
+    rc = -1, err_set(GRAFT_ERR_INTERNAL, "opencl device %d: running graph %016" PRIx64 ": %s",
+                     x->dev->id, p->hash, ocl_status_str(st));
+  if (!rc) rc = ocl_status_check(x, p);
   for (int k = 0; k < p->noutputs; k++) {
     int s = p->output_slot[k];
     outs[k] = NULL;
@@ -285,7 +288,7 @@ static int ocl_execute(void *e, const exec_program *p, exec_buffer *const *param
       else buffer_retain(outs[k]);
     }
   }
-  for (int s = 0; r.B && r.own && s < p->ninstr; s++)
+  for (int s = 0; s < p->ninstr; s++)
     if (r.B[s]) ocl_drop(&r, s);
   free(r.B);
   free(r.own);
