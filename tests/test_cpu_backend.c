@@ -592,6 +592,30 @@ TEST(dot_blas_and_fallback) {
       CHECK(strstr(cpu_last_source(), want) != NULL);
       release_all();
     }
+  /* reshaped operands (a conv weight [O,I,kh,kw] read as [O,I*kh*kw], also transposed, also
+   * through two reshapes, also computed): the GEMM reads the buffer under the reshapes, so
+   * nothing is copied and a graph of data inputs has no kernel at all */
+  for (int m = 0; m < 4; m++) {
+    int64_t w4[4] = {6, 2, 3, 5}, w3[3] = {6, 6, 5}, w2[2] = {6, 30}, x2[2] = {30, 7};
+    ir_node *W = data(GRAFT_F32, 4, w4);
+    if (m == 3) W = u1(IR_TANH, W); /* computed: W's own kernel, then read as a view */
+    ir_node *A = m == 2 ? reshape(reshape(W, 3, w3), 2, w2) : reshape(W, 2, w2);
+    ir_node *X = data(GRAFT_F32, 2, x2);
+    ir_node *in[2] = {A, X};
+    if (m == 1) { /* [6,30]^T [6,7]: the transpose of a reshape */
+      ir_attrs tp = {0};
+      tp.a[0] = 1;
+      in[0] = mk(IR_TRANSPOSE, 1, &A, &tp, 0, 0, NULL);
+      in[1] = data(GRAFT_F32, 2, (int64_t[]){6, 7});
+    }
+    ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+    ir_node *r[2] = {y, u1(IR_NEG, A)}; /* the reshape also read by a kernel */
+    CHECK(compare(r, m == 3 ? 2 : 1, 1e-5) == 0);
+    const char *src = cpu_last_source();
+    CHECK(strstr(src, m == 1 ? "gemm(0, 112, 111," : "gemm(0, 111, 111,") != NULL);
+    if (m < 3) CHECK(strstr(src, "static void k0") == NULL); /* no copy of W */
+    release_all();
+  }
   /* products big enough to split over threads: by columns (wide) and by rows (tall) */
   int64_t wide[2][2] = {{16, 300}, {300, 700}}, tall[2][2] = {{700, 300}, {300, 16}};
   for (int t = 0; t < 2; t++) {

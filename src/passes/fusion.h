@@ -10,12 +10,14 @@
  * library call (BLAS, CLBlast) reads whole buffers; FALLBACK: the reference kernel runs it;
  * PARAM: a bound input; DEAD: no output depends on it. */
 enum { FUSE_INLINE = 0, FUSE_PARAM, FUSE_KERNEL, FUSE_REDUCE, FUSE_LIBRARY, FUSE_FALLBACK, FUSE_DEAD };
+enum { FUSE_VIEW_TRANSPOSE = 1, FUSE_VIEW_RESHAPE = 2 };
 typedef struct {
   int n;
   unsigned char *role; /* FUSE_* per instruction */
   int *nuse;           /* consumers per instruction */
-  unsigned char *tview;/* an inlined transpose of the last two dims read by a library GEMM: it
-                          reads its operand with the transpose flag (no copy) */
+  unsigned char *tview;/* FUSE_VIEW_* bits of an inlined value a library GEMM reads as a view of
+                          a buffer (no copy): a transpose of the last two dims (BLAS's transpose
+                          flag) and, under it, reshapes (the same bytes) */
 } fuse_plan;
 /* What a backend can do with live instruction i: FUSE_INLINE (it generates the op: kernels or
  * inlined), FUSE_REDUCE, FUSE_LIBRARY or FUSE_FALLBACK. */
