@@ -616,6 +616,18 @@ TEST(dot_blas_and_fallback) {
     if (m < 3) CHECK(strstr(src, "static void k0") == NULL); /* no copy of W */
     release_all();
   }
+  /* an output that is a reshape of a buffer (a conv weight's gradient, a view of an input)
+   * shares that buffer: no copy kernel; also when a kernel reads the reshape too */
+  for (int m = 0; m < 3; m++) {
+    int64_t a2[2] = {6, 4}, b2[2] = {4, 30}, y4[4] = {6, 2, 3, 5};
+    ir_node *in[2] = {data(GRAFT_F32, 2, a2), data(GRAFT_F32, 2, b2)};
+    ir_node *src = m == 2 ? in[1] : mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+    ir_node *v = reshape(src, m == 2 ? 2 : 4, m == 2 ? (int64_t[]){2, 60} : y4);
+    ir_node *r[3] = {v, u1(IR_NEG, v), src};
+    CHECK(compare(r, m == 1 ? 3 : 1, 1e-5) == 0);
+    if (m != 1) CHECK(strstr(cpu_last_source(), "static void k0") == NULL);
+    release_all();
+  }
   /* products big enough to split over threads: by columns (wide) and by rows (tall) */
   int64_t wide[2][2] = {{16, 300}, {300, 700}}, tall[2][2] = {{700, 300}, {300, 16}};
   for (int t = 0; t < 2; t++) {

@@ -121,6 +121,15 @@ static ir_node *example_special(ir_op op, graft_dtype dt) {
     for (int d = 0; d < 4; d++) at.a[8 + d] = at.a[16 + d] = d < 2 ? 1 : 2;
     return node(op, 1, &x, &at, dt, 0, NULL);
   }
+  case IR_MAX_POOL_GRAD: { /* 3x3 windows, stride 2, padding 1: overlaps and pads */
+    ir_node *in[2] = {leaf(dt, 4, (int64_t[]){1, 2, 5, 5}, 0), leaf(dt, 4, (int64_t[]){1, 2, 3, 3}, 0)};
+    for (int d = 0; d < 4; d++) {
+      at.a[8 + d] = d < 2 ? 1 : 3;
+      at.a[16 + d] = d < 2 ? 1 : 2;
+      at.a[24 + d] = at.a[32 + d] = d < 2 ? 0 : 1;
+    }
+    return node(op, 2, in, &at, dt, 0, NULL);
+  }
   default: return example_movement(op, dt);
   }
 }

@@ -130,21 +130,46 @@ graft_tensor *graft_scatter_add(graft_tensor *a, int axis, graft_tensor *index, 
   return err_named(t, mark, fn);
 }
 
+/* The window attributes of pooling over the last two dims of n; 0, or -1 with the error set. */
+static int pool_attrs(const char *fn, int kind, const ir_node *n, const int *kernel,
+                      const int *stride, const int *padding, ir_attrs *at) {
+  if (n->ndim < 2)
+    return err_set(GRAFT_ERR_SHAPE, "%s: needs at least 2 dims ([N,C,H,W]), got %d", fn, n->ndim), -1;
+  if (!kernel) return err_set(GRAFT_ERR_NULL, "%s: kernel is NULL", fn), -1;
+  *at = (ir_attrs){.a[IR_ATTR_WINDOW_kind] = kind};
+  for (int i = 0; i < n->ndim; i++) {
+    int d = i - (n->ndim - 2);
+    IR_ATTR_AT(*at, WINDOW, window, i) = d >= 0 ? kernel[d] : 1;
+    IR_ATTR_AT(*at, WINDOW, stride, i) = d >= 0 ? (stride ? stride[d] : kernel[d]) : 1;
+    IR_ATTR_AT(*at, WINDOW, pad_lo, i) = IR_ATTR_AT(*at, WINDOW, pad_hi, i) =
+        d >= 0 && padding ? padding[d] : 0;
+  }
+  return 0;
+}
+
 /* Pooling over the last two dims as a reduce_window (lock held). */
 static ir_node *pool_node(const char *fn, int kind, ir_node *n, const int *kernel,
                           const int *stride, const int *padding) {
-  if (n->ndim < 2)
-    return err_set(GRAFT_ERR_SHAPE, "%s: needs at least 2 dims ([N,C,H,W]), got %d", fn, n->ndim);
-  if (!kernel) return err_set(GRAFT_ERR_NULL, "%s: kernel is NULL", fn);
-  ir_attrs at = {.a[IR_ATTR_WINDOW_kind] = kind};
-  for (int i = 0; i < n->ndim; i++) {
-    int d = i - (n->ndim - 2);
-    IR_ATTR_AT(at, WINDOW, window, i) = d >= 0 ? kernel[d] : 1;
-    IR_ATTR_AT(at, WINDOW, stride, i) = d >= 0 ? (stride ? stride[d] : kernel[d]) : 1;
-    IR_ATTR_AT(at, WINDOW, pad_lo, i) = IR_ATTR_AT(at, WINDOW, pad_hi, i) =
-        d >= 0 && padding ? padding[d] : 0;
-  }
+  ir_attrs at;
+  if (pool_attrs(fn, kind, n, kernel, stride, padding, &at)) return NULL;
   return ir_make(IR_REDUCE_WINDOW, 1, &n, &at, n->dtype, 0, NULL);
+}
+
+/* One max_pool_grad (XLA's select-and-scatter): a pass over the windows, not a decomposition
+ * into k*k compare/select/pad passes (resnet18's stem gradient: 9% of its step that way). */
+graft_tensor *graft_max_pool2d_backward(graft_tensor *x, graft_tensor *dy, const int *kernel,
+                                        const int *stride, const int *padding) {
+  unsigned mark = err_count();
+  const char *fn = "graft_max_pool2d_backward";
+  tensor_lock();
+  ir_node *in[2] = {api_in(x, fn), NULL};
+  in[1] = in[0] ? api_in(dy, fn) : NULL;
+  ir_attrs at;
+  graft_tensor *t = NULL;
+  if (in[1] && !pool_attrs(fn, 0, in[0], kernel, stride, padding, &at))
+    t = api_node(ir_make(IR_MAX_POOL_GRAD, 2, in, &at, in[0]->dtype, 0, NULL));
+  tensor_unlock();
+  return err_named(t, mark, fn);
 }
 
 graft_tensor *graft_max_pool2d(graft_tensor *x, const int *kernel, const int *stride,

@@ -467,6 +467,24 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
     }
     return 0;
   }
+  case IR_MAX_POOL_GRAD: {
+    const ir_node *dy = n->in[1];
+    if (IR_ATTR(*at, WINDOW, kind) != 0)
+      return err_set(GRAFT_ERR_ARG, "max_pool_grad: kind must be 0 (max)"), -1;
+    if (dy->dtype != a->dtype)
+      return err_set(GRAFT_ERR_DTYPE, "max_pool_grad: dtypes differ (%s vs %s)",
+                     graft_dtype_name(a->dtype), graft_dtype_name(dy->dtype)), -1;
+    bool fits = dy->ndim == a->ndim;
+    for (int i = 0; i < a->ndim; i++) {
+      int64_t o;
+      if (ir_window_dim(a, at, i, &o)) return -1;
+      fits = fits && dy->shape[i] == o;
+    }
+    if (!fits)
+      return err_set(GRAFT_ERR_SHAPE, "max_pool_grad: dy %s is not the pooled shape of x %s",
+                     SHP(dy->ndim, dy->shape), SHP(a->ndim, a->shape)), -1;
+    return 0;
+  }
   case IR_REDUCE_WINDOW:
     if (IR_ATTR(*at, WINDOW, kind) != 0 && IR_ATTR(*at, WINDOW, kind) != 1)
       return err_set(GRAFT_ERR_ARG, "reduce_window: unknown kind %" PRId64,
@@ -573,7 +591,7 @@ void ir_attr_fmt(ir_op op, const ir_attrs *attr, int nd, char *buf, size_t size)
     LIST(CONV2D, stride, 2); LIST(CONV2D, pad_lo, 2); LIST(CONV2D, pad_hi, 2);
     LIST(CONV2D, dilation, 2); LIST(CONV2D, lhs_dilation, 2);
     PUT("groups=%" PRId64, IR_ATTR(*at, CONV2D, groups)); break;
-  case IR_REDUCE_WINDOW:
+  case IR_MAX_POOL_GRAD: case IR_REDUCE_WINDOW:
     PUT("kind=%s ", IR_ATTR(*at, WINDOW, kind) ? "sum" : "max"); LIST(WINDOW, window, nd);
     LIST(WINDOW, stride, nd); LIST(WINDOW, pad_lo, nd); LIST(WINDOW, pad_hi, nd); break;
   default: break;

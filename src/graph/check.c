@@ -90,6 +90,7 @@ static int check_op_class(const exec_instr *ins) {
   case IR_REDUCE_SUM: case IR_REDUCE_PROD: case IR_DOT: case IR_CONV2D: case IR_SCATTER_ADD:
     return OPC_LOOSE;
   case IR_REDUCE_WINDOW: return IR_ATTR(ins->attr, WINDOW, kind) ? OPC_LOOSE : OPC_TIGHT; /* sum : max */
+  case IR_MAX_POOL_GRAD: return OPC_LOOSE; /* sums of dy where windows overlap */
   case IR_CONVERT: case IR_GATHER: case IR_RNG: return OPC_EXACT;
   default: break;
   }

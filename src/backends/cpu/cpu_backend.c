@@ -19,6 +19,7 @@ typedef struct {
   int nkernels;
   uint64_t hash;
   cpu_profile prof; /* GRAFT_PROFILE: time per kernel and GEMM call site */
+  int *out_buf;     /* per output: the slot whose buffer it is (cpu_plan_buffer_of) */
 } cpu_exe;
 
 typedef struct {
@@ -71,10 +72,14 @@ static void *cpu_compile_locked(const exec_program *p) {
   cpu_sb src = {0};
   int nk = 0;
   int rc = cpu_codegen(p, &pl, &src, &nk, NULL);
+  int *out_buf = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
+  for (int k = 0; out_buf && k < p->noutputs; k++)
+    out_buf[k] = cpu_plan_buffer_of(p, &pl, p->output_slot[k]);
   fuse_plan_free(&pl);
-  if (rc) {
+  if (rc || !out_buf) {
     cpu_sb_free(&src);
-    return NULL;
+    free(out_buf);
+    return rc ? NULL : err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   }
   free(cpu_last_src);
   cpu_last_src = strdup(src.s);
@@ -91,11 +96,14 @@ static void *cpu_compile_locked(const exec_program *p) {
   cpu_exe *e = calloc(1, sizeof *e);
   if (!e) {
     cpu_sb_free(&src);
+    free(out_buf);
     return err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   }
+  e->out_buf = out_buf;
   rc = cpu_compile_source(src.s, &e->obj);
   cpu_sb_free(&src);
   if (rc) {
+    free(out_buf);
     free(e);
     return NULL;
   }
@@ -235,7 +243,7 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
   if (prof) cpu_profile_run(&e->prof, e->hash, cpu_profile_now() - t0);
   if (rc && !err_pending()) err_set(GRAFT_ERR_INTERNAL, "cpu: generated code failed");
   for (int k = 0; k < p->noutputs && !rc; k++) {
-    outs[k] = run.B[p->output_slot[k]];
+    outs[k] = run.B[e->out_buf[k]];
     if (outs[k]) buffer_retain(outs[k]);
     else {
       rc = -1;
@@ -279,8 +287,11 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
   if (!ok) goto done; /* the report just says less (the caller restores the error state) */
   size_t k = 0;
 #define PUT(...) (k += (size_t)snprintf(buf + k, k < n ? n - k : 0, __VA_ARGS__))
-  int role = pl.role[slot];
-  if (role == FUSE_LIBRARY) {
+  int role = pl.role[slot], under = cpu_plan_buffer_of(p, &pl, slot);
+  if (under != slot) {
+    PUT("the buffer of %s %%%d (this output is a reshape of it and shares it)",
+        ir_ops[p->instr[under].op].name, under);
+  } else if (role == FUSE_LIBRARY) {
     PUT("a BLAS GEMM call in cpu_entry of graph_%016" PRIx64 ".c (dot %%%d x %%%d)", e->hash,
         ins->in[0], ins->in[1]);
   } else if (role == FUSE_FALLBACK) {
@@ -338,6 +349,7 @@ static void cpu_free_exe(void *exe) {
   if (!e) return;
   cpu_profile_free(&e->prof);
   cpu_object_close(&e->obj);
+  free(e->out_buf);
   free(e);
 }
 

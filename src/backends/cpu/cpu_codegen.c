@@ -763,6 +763,8 @@ int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_sb *out, int *nk
   cpu_gen_prelude(out);
   cpu_sb_puts(&entry, "int cpu_entry(const cpu_rt *rt) {\n  void **S = rt->S;\n  (void)S;\n");
   int nk = 0, nsteps = cpu_gen_steps(g, inst, last_step, kernel_of, &kern, &entry, &nk);
+  for (int k = 0; k < p->noutputs; k++) /* a buffer an output shares lives past the run */
+    last_step[cpu_plan_buffer_of(p, pl, p->output_slot[k])] = -1;
   cpu_sb_puts(&entry, "  return 0;\n}\n");
   cpu_sb_puts(out, kern.s ? kern.s : "");
   cpu_finish_entry(g, last_step, nsteps, &entry, out);

@@ -29,6 +29,9 @@ uint64_t cpu_hash_bytes(const void *p, size_t n, uint64_t seed);
 
 /* ---- cpu_plan.c: the fusion plan (src/passes/fusion.h) with what this backend generates ---- */
 int cpu_plan_build(const exec_program *p, bool have_blas, fuse_plan *pl);
+/* The slot whose buffer holds s's bytes: s, or the value under an inlined chain of reshapes
+ * (an output such a chain shares that value's buffer). */
+int cpu_plan_buffer_of(const exec_program *p, const fuse_plan *pl, int s);
 bool cpu_op_generated(const exec_program *p, int i, bool have_blas);
 
 /* ---- cpu_codegen.c: the translation unit ---- */

@@ -127,23 +127,40 @@ static int cpu_k_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
   return 0;
 }
 
-/* ---- reduce_window over the last two dims (pooling); leading dims are planes ---- */
+/* ---- pooling over the last two dims; leading dims are planes ---- */
+typedef struct {
+  int64_t H, W, OH, OW, KH, KW, SH, SW, PH, PW, planes;
+} cpu_window;
+
+/* The window geometry of x (input) pooled to pooled's shape. */
+static cpu_window cpu_window_of(const exec_instr *ins, const ref_arg *x, const int64_t *pooled) {
+  const ir_attrs *a = &ins->attr;
+  int nd = x->ndim;
+  cpu_window w = {x->shape[nd - 2], x->shape[nd - 1], pooled[nd - 2], pooled[nd - 1],
+                  IR_ATTR_AT(*a, WINDOW, window, nd - 2), IR_ATTR_AT(*a, WINDOW, window, nd - 1),
+                  IR_ATTR_AT(*a, WINDOW, stride, nd - 2), IR_ATTR_AT(*a, WINDOW, stride, nd - 1),
+                  IR_ATTR_AT(*a, WINDOW, pad_lo, nd - 2), IR_ATTR_AT(*a, WINDOW, pad_lo, nd - 1), 0};
+  w.planes = w.H && w.W ? x->numel / (w.H * w.W) : 0;
+  return w;
+}
+
+/* reduce_window: max or sum pooling */
 #define POOL_BODY(T)                                                                             \
   do {                                                                                           \
     const T *x = in[0].data;                                                                     \
     T *y = out;                                                                                  \
-    for (int64_t p = 0; p < planes; p++, x += H * W)                                             \
-      for (int64_t oh = 0; oh < OH; oh++)                                                        \
-        for (int64_t ow = 0; ow < OW; ow++) {                                                    \
+    for (int64_t p = 0; p < win.planes; p++, x += win.H * win.W)                                 \
+      for (int64_t oh = 0; oh < win.OH; oh++)                                                    \
+        for (int64_t ow = 0; ow < win.OW; ow++) {                                                \
           T acc = is_max ? (T)-INFINITY : (T)0;                                                  \
           int nan = 0;                                                                           \
-          for (int64_t kh = 0; kh < KH; kh++) {                                                  \
-            int64_t h = oh * SH + kh - PH;                                                       \
-            if (h < 0 || h >= H) continue;                                                       \
-            for (int64_t kw = 0; kw < KW; kw++) {                                                \
-              int64_t w = ow * SW + kw - PW;                                                     \
-              if (w < 0 || w >= W) continue;                                                     \
-              T v = x[h * W + w];                                                                \
+          for (int64_t kh = 0; kh < win.KH; kh++) {                                              \
+            int64_t h = oh * win.SH + kh - win.PH;                                               \
+            if (h < 0 || h >= win.H) continue;                                                   \
+            for (int64_t kw = 0; kw < win.KW; kw++) {                                            \
+              int64_t w = ow * win.SW + kw - win.PW;                                             \
+              if (w < 0 || w >= win.W) continue;                                                 \
+              T v = x[h * win.W + w];                                                            \
               if (is_max) { nan |= v != v; acc = v > acc ? v : acc; }                            \
               else acc += v;                                                                     \
             }                                                                                    \
@@ -152,17 +169,50 @@ static int cpu_k_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
         }                                                                                        \
   } while (0)
 
+/* ---- max_pool_grad: each window's dy to its first maximum (ref_max_pool_grad's rule) ---- */
+#define POOL_TAP(T)                                                                              \
+  int64_t h = oh * win.SH + kh - win.PH, w = ow * win.SW + kw - win.PW;                          \
+  bool in_ = h >= 0 && h < win.H && w >= 0 && w < win.W;                                         \
+  T v = in_ ? x[h * win.W + w] : (T)-INFINITY
+#define POOL_GRAD_BODY(T)                                                                        \
+  do {                                                                                           \
+    const T *x = in[0].data, *g = in[1].data;                                                    \
+    T *y = out;                                                                                  \
+    memset(y, 0, (size_t)ins->numel * sizeof(T));                                                \
+    for (int64_t p = 0; p < win.planes; p++, x += win.H * win.W, y += win.H * win.W)             \
+      for (int64_t oh = 0; oh < win.OH; oh++)                                                    \
+        for (int64_t ow = 0; ow < win.OW; ow++, g++) {                                           \
+          T m = (T)-INFINITY;                                                                    \
+          int nan = 0;                                                                           \
+          for (int64_t kh = 0; kh < win.KH; kh++)                                                \
+            for (int64_t kw = 0; kw < win.KW; kw++) {                                            \
+              POOL_TAP(T);                                                                       \
+              nan |= v != v;                                                                     \
+              m = v > m ? v : m;                                                                 \
+            }                                                                                    \
+          for (int64_t kh = 0; kh < win.KH && !nan; kh++)                                        \
+            for (int64_t kw = 0; kw < win.KW; kw++) {                                            \
+              POOL_TAP(T);                                                                       \
+              if (v != m) continue;                                                              \
+              if (in_) y[h * win.W + w] += *g;                                                   \
+              kh = win.KH; /* the first maximum takes it */                                      \
+              break;                                                                             \
+            }                                                                                    \
+        }                                                                                        \
+  } while (0)
+
 static int cpu_k_pool(const exec_instr *ins, const ref_arg *in, void *out) {
-  const ir_attrs *a = &ins->attr;
-  int nd = in[0].ndim, is_max = IR_ATTR(*a, WINDOW, kind) == 0;
-  int64_t H = in[0].shape[nd - 2], W = in[0].shape[nd - 1];
-  int64_t OH = ins->shape[nd - 2], OW = ins->shape[nd - 1];
-  int64_t KH = IR_ATTR_AT(*a, WINDOW, window, nd - 2), KW = IR_ATTR_AT(*a, WINDOW, window, nd - 1);
-  int64_t SH = IR_ATTR_AT(*a, WINDOW, stride, nd - 2), SW = IR_ATTR_AT(*a, WINDOW, stride, nd - 1);
-  int64_t PH = IR_ATTR_AT(*a, WINDOW, pad_lo, nd - 2), PW = IR_ATTR_AT(*a, WINDOW, pad_lo, nd - 1);
-  int64_t planes = H && W ? in[0].numel / (H * W) : 0;
+  int is_max = IR_ATTR(ins->attr, WINDOW, kind) == 0;
+  cpu_window win = cpu_window_of(ins, &in[0], ins->shape);
   if (ins->dtype == GRAFT_F32) POOL_BODY(float);
   else POOL_BODY(double);
+  return 0;
+}
+
+static int cpu_k_pool_grad(const exec_instr *ins, const ref_arg *in, void *out) {
+  cpu_window win = cpu_window_of(ins, &in[0], in[1].shape);
+  if (ins->dtype == GRAFT_F32) POOL_GRAD_BODY(float);
+  else POOL_GRAD_BODY(double);
   return 0;
 }
 
@@ -272,6 +322,7 @@ cpu_host_fn cpu_host_kernel(const exec_instr *ins, const ref_arg *in) {
     return fl && bl->sgemm && bl->dgemm ? cpu_k_conv2d : NULL;
   }
   case IR_REDUCE_WINDOW: return fl && cpu_pool_ok(ins, in) ? cpu_k_pool : NULL;
+  case IR_MAX_POOL_GRAD: return fl && cpu_pool_ok(ins, in) ? cpu_k_pool_grad : NULL;
   case IR_GATHER: return in[0].ndim ? cpu_k_gather : NULL;
   case IR_SCATTER_ADD: return fl && in[0].ndim ? cpu_k_scatter_add : NULL;
   default: return NULL;

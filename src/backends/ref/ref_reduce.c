@@ -2,7 +2,9 @@
  * reduce_window (max/sum pooling of any rank). Floats accumulate in double, integers in
  * wrapping int64; max/min of floats propagate NaN. */
 #include "ref_util.h"
+#include "error.h"
 #include <math.h>
+#include <stdlib.h>
 
 /* Running accumulator for one output element. */
 typedef struct {
@@ -144,5 +146,54 @@ int ref_reduce_window(const exec_instr *ins, const ref_arg *in, void *out) {
     }
     ref_acc_store(&acc, dt, out, oi);
   }
+  return 0;
+}
+
+/* Offset in x of window offset wc of the window at oc, or -1 on padding. */
+static int64_t ref_window_at(int nd, const int64_t *oc, const int64_t *wc, const int64_t *stride,
+                             const int64_t *lo, const int64_t *shape, const int64_t *st) {
+  int64_t si = 0;
+  for (int d = 0; d < nd; d++) {
+    int64_t p = oc[d] * stride[d] + wc[d] - lo[d];
+    if (p < 0 || p >= shape[d]) return -1;
+    si += p * st[d];
+  }
+  return si;
+}
+
+/* Each window's dy goes to its first element equal to the window's max (pads are -inf and
+ * drop what they receive; a NaN max selects nothing). Sums in double, rounded once. */
+int ref_max_pool_grad(const exec_instr *ins, const ref_arg *in, void *out) {
+  const ref_arg *x = &in[0], *dy = &in[1];
+  int nd = x->ndim;
+  const int64_t *win = &IR_ATTR_AT(ins->attr, WINDOW, window, 0);
+  const int64_t *stride = &IR_ATTR_AT(ins->attr, WINDOW, stride, 0);
+  const int64_t *lo = &IR_ATTR_AT(ins->attr, WINDOW, pad_lo, 0);
+  int64_t st[GRAFT_MAX_DIMS], oc[GRAFT_MAX_DIMS], wc[GRAFT_MAX_DIMS], wcount = 1;
+  double *acc = calloc((size_t)x->numel + 1, sizeof(double));
+  if (!acc) return err_set(GRAFT_ERR_OOM, "max_pool_grad: out of memory"), -1;
+  ref_strides(nd, x->shape, st);
+  for (int d = 0; d < nd; d++) wcount *= win[d];
+  for (int64_t oi = 0; oi < dy->numel; oi++) {
+    ref_unravel(oi, nd, dy->shape, oc);
+    double m = -INFINITY;
+    bool nan = false;
+    for (int64_t w = 0; w < wcount; w++) {
+      ref_unravel(w, nd, win, wc);
+      int64_t si = ref_window_at(nd, oc, wc, stride, lo, x->shape, st);
+      double v = si < 0 ? -INFINITY : dtype_load(x->data, x->dtype, si);
+      nan |= isnan(v);
+      if (v > m) m = v;
+    }
+    for (int64_t w = 0; w < wcount && !nan; w++) {
+      ref_unravel(w, nd, win, wc);
+      int64_t si = ref_window_at(nd, oc, wc, stride, lo, x->shape, st);
+      if ((si < 0 ? -INFINITY : dtype_load(x->data, x->dtype, si)) != m) continue;
+      if (si >= 0) acc[si] += dtype_load(dy->data, dy->dtype, oi);
+      break;
+    }
+  }
+  for (int64_t i = 0; i < x->numel; i++) dtype_store(out, ins->dtype, i, acc[i]);
+  free(acc);
   return 0;
 }

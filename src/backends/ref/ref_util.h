@@ -68,6 +68,7 @@ int ref_pad(const exec_instr *ins, const ref_arg *in, void *out);
 int ref_reduce(const exec_instr *ins, const ref_arg *in, void *out);
 int ref_argmax(const exec_instr *ins, const ref_arg *in, void *out);
 int ref_reduce_window(const exec_instr *ins, const ref_arg *in, void *out);
+int ref_max_pool_grad(const exec_instr *ins, const ref_arg *in, void *out);
 /* ref_contract.c */
 int ref_dot(const exec_instr *ins, const ref_arg *in, void *out);
 int ref_conv2d(const exec_instr *ins, const ref_arg *in, void *out);
