@@ -722,6 +722,34 @@ TEST(compiler_failure_is_an_error) {
 
 static char cache_root[256];
 
+/* An output that is a view of a donated input takes over its buffer: the buffer must not stay
+ * marked donated, or a later graph that reads the output (not donating it) would release it
+ * (outputs are bound to the backend's buffers directly when steps run synchronously). */
+TEST(output_view_of_a_donated_input) {
+  setenv("GRAFT_ASYNC", "0", 1);
+  int64_t sh[1] = {4096}, sh2[2] = {64, 64};
+  float *h = malloc(sizeof(float) * 4096), back[4096];
+  for (int i = 0; i < 4096; i++) h[i] = (float)i;
+  graft_tensor *x = graft_from_host(h, GRAFT_F32, 1, sh, 0);
+  graft_tensor *y = graft_reshape(x, 2, sh2);
+  graft_release(x); /* only the graph holds x: donated */
+  graft_metrics m0, m1;
+  graft_metrics_get(&m0);
+  CHECK(graft_sync(&y, 1) == GRAFT_OK && graft_wait() == GRAFT_OK);
+  graft_metrics_get(&m1);
+  CHECK(m1.donated_buffers == m0.donated_buffers + 1);
+  for (int r = 0; r < 3; r++) { /* y read (not donated: we hold it) by later graphs */
+    graft_tensor *z = graft_neg(y);
+    CHECK(graft_sync(&z, 1) == GRAFT_OK && graft_wait() == GRAFT_OK);
+    graft_release(z);
+  }
+  CHECK(graft_to_host(y, back, sizeof back) == GRAFT_OK);
+  CHECK(back[0] == 0 && back[4095] == 4095 && back[100] == 100);
+  graft_release(y);
+  free(h);
+  unsetenv("GRAFT_ASYNC");
+}
+
 static exec_program *cache_prog(double c) {
   int64_t sh[1] = {100};
   ir_node *x = data(GRAFT_F32, 1, sh);
@@ -1664,6 +1692,7 @@ int main(void) {
   RUN(read_only_cache_folder);
   RUN(fuzz_300_seeds);
   RUN(train_seeds);
+  RUN(output_view_of_a_donated_input);
   capture_free(&cap);
   cpu_pool_shutdown();
   cleanup_cache_root();

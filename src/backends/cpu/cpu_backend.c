@@ -255,6 +255,8 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
       if (outs[k]) { buffer_release(outs[k]); outs[k] = NULL; }
   for (int s = 0; s < n; s++)
     if (run.B[s] && (!is_param[s] || run.B[s]->donated)) buffer_release(run.B[s]);
+  for (int k = 0; k < p->noutputs && !rc; k++) /* a donated input's buffer an output shares */
+    outs[k]->donated = 0;                      /* is the output's now, no longer donated */
   free(is_param);
   free(run.B);
   free(run.S);

@@ -169,37 +169,59 @@ static cpu_window cpu_window_of(const exec_instr *ins, const ref_arg *x, const i
         }                                                                                        \
   } while (0)
 
-/* ---- max_pool_grad: each window's dy to its first maximum (ref_max_pool_grad's rule) ---- */
-#define POOL_TAP(T)                                                                              \
-  int64_t h = oh * win.SH + kh - win.PH, w = ow * win.SW + kw - win.PW;                          \
-  bool in_ = h >= 0 && h < win.H && w >= 0 && w < win.W;                                         \
-  T v = in_ ? x[h * win.W + w] : (T)-INFINITY
-#define POOL_GRAD_BODY(T)                                                                        \
-  do {                                                                                           \
-    const T *x = in[0].data, *g = in[1].data;                                                    \
-    T *y = out;                                                                                  \
-    memset(y, 0, (size_t)ins->numel * sizeof(T));                                                \
-    for (int64_t p = 0; p < win.planes; p++, x += win.H * win.W, y += win.H * win.W)             \
-      for (int64_t oh = 0; oh < win.OH; oh++)                                                    \
-        for (int64_t ow = 0; ow < win.OW; ow++, g++) {                                           \
-          T m = (T)-INFINITY;                                                                    \
-          int nan = 0;                                                                           \
-          for (int64_t kh = 0; kh < win.KH; kh++)                                                \
-            for (int64_t kw = 0; kw < win.KW; kw++) {                                            \
-              POOL_TAP(T);                                                                       \
-              nan |= v != v;                                                                     \
-              m = v > m ? v : m;                                                                 \
-            }                                                                                    \
-          for (int64_t kh = 0; kh < win.KH && !nan; kh++)                                        \
-            for (int64_t kw = 0; kw < win.KW; kw++) {                                            \
-              POOL_TAP(T);                                                                       \
-              if (v != m) continue;                                                              \
-              if (in_) y[h * win.W + w] += *g;                                                   \
-              kh = win.KH; /* the first maximum takes it */                                      \
-              break;                                                                             \
-            }                                                                                    \
-        }                                                                                        \
+/* ---- max_pool_grad: each window's dy to its first maximum (ref_max_pool_grad's rule) ----
+ * One pass per window: the first tap is the candidate, a strictly greater one replaces it, so
+ * the first maximum wins; pads are -inf (what they receive is dropped); a NaN selects nothing.
+ * Windows inside the plane skip the bounds checks; planes run over the pool. */
+typedef struct {
+  const void *x, *g;
+  void *y;
+  cpu_window w;
+} cpu_pool_grad_job;
+
+#define POOL_GRAD_PLANES(T)                                                                     \
+  do {                                                                                          \
+    const cpu_pool_grad_job *j = S[0];                                                          \
+    const cpu_window win = j->w;                                                                \
+    for (int64_t p = lo; p < hi; p++) {                                                         \
+      const T *x = (const T *)j->x + p * win.H * win.W, *g = (const T *)j->g + p * win.OH * win.OW; \
+      T *y = (T *)j->y + p * win.H * win.W;                                                     \
+      memset(y, 0, sizeof(T) * (size_t)(win.H * win.W));                                        \
+      for (int64_t oh = 0; oh < win.OH; oh++)                                                   \
+        for (int64_t ow = 0; ow < win.OW; ow++, g++) {                                          \
+          int64_t h0 = oh * win.SH - win.PH, w0 = ow * win.SW - win.PW, best = -1;              \
+          int nan = 0;                                                                          \
+          if (h0 >= 0 && w0 >= 0 && h0 + win.KH <= win.H && w0 + win.KW <= win.W) {            \
+            const T *xw = x + h0 * win.W + w0; /* inside: no checks, no branches */             \
+            T m = xw[0];                                                                        \
+            best = 0;                                                                           \
+            for (int64_t kh = 0; kh < win.KH; kh++)                                             \
+              for (int64_t kw = 0; kw < win.KW; kw++) {                                         \
+                T v = xw[kh * win.W + kw];                                                      \
+                int gt = v > m;                                                                 \
+                nan |= v != v;                                                                  \
+                m = gt ? v : m;                                                                 \
+                best = gt ? kh * win.W + kw : best;                                             \
+              }                                                                                 \
+            best += h0 * win.W + w0;                                                            \
+          } else {                                                                              \
+            T m = 0;                                                                            \
+            for (int64_t kh = 0, first = 1; kh < win.KH; kh++)                                  \
+              for (int64_t kw = 0; kw < win.KW; kw++) {                                         \
+                int64_t h = h0 + kh, w = w0 + kw;                                               \
+                bool in_ = h >= 0 && h < win.H && w >= 0 && w < win.W;                          \
+                T v = in_ ? x[h * win.W + w] : (T)-INFINITY;                                    \
+                nan |= v != v;                                                                  \
+                if (first || v > m) { m = v; best = in_ ? h * win.W + w : -1; first = 0; }      \
+              }                                                                                 \
+          }                                                                                     \
+          if (!nan && best >= 0) y[best] += *g;                                                 \
+        }                                                                                       \
+    }                                                                                           \
   } while (0)
+
+static void cpu_pool_grad_float(void **S, int64_t lo, int64_t hi) { POOL_GRAD_PLANES(float); }
+static void cpu_pool_grad_double(void **S, int64_t lo, int64_t hi) { POOL_GRAD_PLANES(double); }
 
 static int cpu_k_pool(const exec_instr *ins, const ref_arg *in, void *out) {
   int is_max = IR_ATTR(ins->attr, WINDOW, kind) == 0;
@@ -210,9 +232,10 @@ static int cpu_k_pool(const exec_instr *ins, const ref_arg *in, void *out) {
 }
 
 static int cpu_k_pool_grad(const exec_instr *ins, const ref_arg *in, void *out) {
-  cpu_window win = cpu_window_of(ins, &in[0], in[1].shape);
-  if (ins->dtype == GRAFT_F32) POOL_GRAD_BODY(float);
-  else POOL_GRAD_BODY(double);
+  cpu_pool_grad_job j = {in[0].data, in[1].data, out, cpu_window_of(ins, &in[0], in[1].shape)};
+  void *S[1] = {&j};
+  cpu_parallel_run(ins->dtype == GRAFT_F32 ? cpu_pool_grad_float : cpu_pool_grad_double, S,
+                   j.w.planes);
   return 0;
 }
 
