@@ -321,7 +321,7 @@ graft_tensor *graft_embedding(graft_tensor *weight, graft_tensor *index);
 /* ---- recurrent layers (decomposed into primitives; PyTorch's nn.LSTM, gate order i,f,g,o) ---- */
 /** One LSTM layer over a whole sequence: x [S,B,I] ([B,S,I] when batch_first), w_ih [4H,I],
  *  w_hh [4H,H], b_ih/b_hh [4H] or NULL, h0/c0 [B,H] or NULL (zeros); f32 or f64. Fills out[4]:
- *  y [S,B,H] ([B,S,H]), h_n [B,H], c_n [B,H], and the state graft_lstm_backward reads [S,B,6H]. */
+ *  y [S,B,H] ([B,S,H]), h_n [B,H], c_n [B,H], and the state graft_lstm_backward reads [S,B,5H]. */
 graft_status graft_lstm(graft_tensor *x, graft_tensor *h0, graft_tensor *c0, graft_tensor *w_ih,
                         graft_tensor *w_hh, graft_tensor *b_ih, graft_tensor *b_hh,
                         bool batch_first, graft_tensor **out);

@@ -193,7 +193,7 @@ static void forward_case(int s, int b, int in, int h, bool bf, bool bias, bool i
     graft_tensor *t[7], *out[4];
     case_tensors(&c, dts[k], t);
     CHECK(graft_lstm(t[0], t[1], t[2], t[3], t[4], t[5], t[6], bf, out) == GRAFT_OK);
-    int64_t ys[3] = {bf ? b : s, bf ? s : b, h}, ss[3] = {s, b, 6 * h};
+    int64_t ys[3] = {bf ? b : s, bf ? s : b, h}, ss[3] = {s, b, 5 * h};
     int64_t got[GRAFT_MAX_DIMS];
     CHECK(graft_shape(out[0], got) == 3 && got[0] == ys[0] && got[1] == ys[1] && got[2] == ys[2]);
     CHECK(graft_shape(out[3], got) == 3 && got[0] == ss[0] && got[1] == ss[1] && got[2] == ss[2]);
@@ -212,6 +212,8 @@ TEST(lstm_forward_matches_reference) {
   for (int v = 0; v < 8; v++) forward_case(5, 3, 4, 3, v & 1, (v >> 1) & 1, (v >> 2) & 1);
   forward_case(1, 1, 1, 1, false, true, true); /* one step, one of everything */
   forward_case(7, 2, 5, 6, true, true, false);
+  forward_case(20, 2, 3, 4, false, true, true); /* stacked through nested concats of 8 */
+  forward_case(70, 1, 2, 2, true, true, true);  /* two levels: groups of 64 */
   LIVE_END;
 }
 
@@ -269,6 +271,9 @@ TEST(lstm_backward_partial_gradients) {
   lstm_case c = case_new(3, 2, 3, 3, false, true, true, 55);
   for (int which = 1; which < 7; which++) backward_case(&c, GRAFT_F64, which, 1e-7);
   case_free(&c);
+  lstm_case long_seq = case_new(11, 1, 2, 2, false, true, true, 57); /* stacked in groups */
+  backward_case(&long_seq, GRAFT_F64, 7, 1e-7);
+  case_free(&long_seq);
   lstm_case one = case_new(1, 2, 2, 2, true, true, true, 56); /* a single step */
   backward_case(&one, GRAFT_F64, 7, 1e-7);
   backward_case(&one, GRAFT_F64, 4, 1e-7);

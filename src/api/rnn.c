@@ -4,12 +4,13 @@
  * Why a whole-sequence composite: traced op by op (PyTorch's aten::lstm decomposition and its
  * autograd), a step costs ~45 ops per timestep, each through the dispatcher. Here the work that
  * does not depend on the recurrence is done once over the whole sequence: the input projection
- * is ONE [S*B,I]x[I,4H] GEMM; the backward's per-step coefficients (sigmoid/tanh derivatives)
- * are computed once from the saved state; dW_ih, dW_hh, db and dx are whole-sequence GEMMs and a
- * sum over the stacked per-step gate gradients. Per timestep only the recurrence remains: the
- * forward's [B,H]x[H,4H] GEMM and gate math (14 nodes), the backward's dh GEMM and gate-gradient
- * math (12 nodes). Rows of the stacked [S*B, .] values are time-major: step t is rows
- * t*B .. t*B+B-1, so a step's slice is one node.
+ * is ONE [S*B,I]x[I,4H] GEMM; the backward recomputes every step's gate activations from one
+ * [S*B,H]x[H,4H] GEMM and derives its per-step coefficients (sigmoid/tanh derivatives) over the
+ * whole sequence; dW_ih, dW_hh, db and dx are whole-sequence GEMMs and a sum over the stacked
+ * per-step gate gradients. Per timestep only the recurrence remains: the forward's [B,H]x[H,4H]
+ * GEMM and gate math (13 nodes), the backward's dh GEMM and gate-gradient math (12 nodes). Rows
+ * of the stacked [S*B, .] values are time-major: step t is rows t*B .. t*B+B-1, so a step's
+ * slice is one node.
  *
  * Like composite.c it uses only the public API (and error.h through composite.h): each entry
  * checks its inputs, opens a scope for its intermediates and keeps only its results. */
@@ -145,15 +146,22 @@ static graft_status rnn_fail(const char *fn) {
   return graft_last_status();
 }
 
-/* Per-step values of the forward, S of each: h_t, sigmoid of the gate pre-activations (all
- * four; the g column is unused), tanh(g), c_t. */
-typedef struct {
-  graft_tensor **h, **sig, **g, **c;
-} rnn_steps;
+/* n [rows, cols] values stacked along the rows. A concat computes each element in the part it
+ * lies in, found by a chain of comparisons, so one concat of S parts costs O(S) per element;
+ * concats of at most RNN_FAN parts, nested, cost O(log S). */
+#define RNN_FAN 8
+static graft_tensor *rnn_stack(graft_tensor **parts, int64_t n) {
+  if (n <= RNN_FAN) return graft_concat(parts, (int)n, 0);
+  int64_t per = RNN_FAN;
+  while (per * RNN_FAN < n) per *= RNN_FAN; /* parts per group: the groups number <= RNN_FAN */
+  graft_tensor *groups[RNN_FAN];
+  int ng = 0;
+  for (int64_t k = 0; k < n; k += per) groups[ng++] = rnn_stack(parts + k, n - k < per ? n - k : per);
+  return graft_concat(groups, ng, 0);
+}
 
 /* One forward step from the gate pre-activations; updates *h and *c. */
-static void lstm_cell(graft_tensor *gates, graft_tensor **h, graft_tensor **c, const rnn_dims *d,
-                      rnn_steps *st, int64_t t) {
+static void lstm_cell(graft_tensor *gates, graft_tensor **h, graft_tensor **c, const rnn_dims *d) {
   int64_t b = d->b, H = d->h;
   graft_tensor *sig = graft_sigmoid(gates);
   graft_tensor *i = rnn_block(sig, 0, b, 0, H), *f = rnn_block(sig, 0, b, H, 2 * H);
@@ -162,7 +170,6 @@ static void lstm_cell(graft_tensor *gates, graft_tensor **h, graft_tensor **c, c
   graft_tensor *ig = graft_mul(i, g);
   *c = *c ? graft_add(graft_mul(f, *c), ig) : ig;
   *h = graft_mul(o, graft_tanh(*c));
-  st->h[t] = *h, st->sig[t] = sig, st->g[t] = g, st->c[t] = *c;
 }
 
 /* The forward's body, inside the caller's scope; out[0..3] as graft_lstm's, scope-owned. */
@@ -170,9 +177,8 @@ static bool lstm_forward_body(graft_tensor *x, graft_tensor *h, graft_tensor *c,
                               graft_tensor *w_hh, graft_tensor *b_ih, graft_tensor *b_hh,
                               bool batch_first, const rnn_dims *d, graft_tensor **out) {
   int64_t S = d->s, B = d->b, H = d->h;
-  graft_tensor **buf = calloc((size_t)(4 * S), sizeof *buf);
-  if (!buf) return err_set(GRAFT_ERR_OOM, "out of memory"), false;
-  rnn_steps st = {buf, buf + S, buf + 2 * S, buf + 3 * S};
+  graft_tensor **hs = calloc((size_t)(2 * S), sizeof *hs), **cs = hs + S;
+  if (!hs) return err_set(GRAFT_ERR_OOM, "out of memory"), false;
   /* The input projection of every step at once, biases included. */
   graft_tensor *xp = graft_matmul(rnn_rows(x, batch_first, d, d->i), graft_t(w_ih));
   if (b_ih) xp = graft_add(xp, b_ih);
@@ -181,16 +187,19 @@ static bool lstm_forward_body(graft_tensor *x, graft_tensor *h, graft_tensor *c,
   for (int64_t t = 0; t < S; t++) {
     graft_tensor *gates = rnn_block(xp, t * B, (t + 1) * B, 0, 4 * H);
     if (h) gates = graft_add(gates, graft_matmul(h, whh_t)); /* no h0: h_{-1} = 0 */
-    lstm_cell(gates, &h, &c, d, &st, t);
+    lstm_cell(gates, &h, &c, d);
+    hs[t] = h, cs[t] = c;
   }
-  out[0] = rnn_unrows(graft_concat(st.h, (int)S, 0), batch_first, d, H);
+  out[0] = rnn_unrows(rnn_stack(hs, S), batch_first, d, H);
   out[1] = h;
   out[2] = c;
-  graft_tensor *parts[3] = {graft_concat(st.sig, (int)S, 0), graft_concat(st.g, (int)S, 0),
-                            graft_concat(st.c, (int)S, 0)};
-  const int64_t sh[3] = {S, B, 6 * H};
-  out[3] = graft_reshape(graft_concat(parts, 3, 1), 3, sh);
-  free(buf);
+  /* The state: the input part of every step's gate pre-activations (a GEMM output already) and
+   * the cell states. Stacking the per-step activations instead would recompute them inside the
+   * stacking kernel; the backward gets them from one GEMM over the whole sequence. */
+  graft_tensor *parts[2] = {xp, rnn_stack(cs, S)};
+  const int64_t sh[3] = {S, B, 5 * H};
+  out[3] = graft_reshape(graft_concat(parts, 2, 1), 3, sh);
+  free(hs);
   return out[0] && out[1] && out[2] && out[3];
 }
 
@@ -213,20 +222,25 @@ graft_status graft_lstm(graft_tensor *x, graft_tensor *h0, graft_tensor *c0, gra
   return GRAFT_OK;
 }
 
-/* The backward's per-step coefficients over the whole sequence, from the saved state [S,B,6H]
- * (sigmoid(i,f,-,o), tanh(g), c per step): dc_t += dh_t * A; the gate-gradient of step t is
- * [dc,dc,dc,dh] * K (columns i,f,g,o); dc_{t-1} = dc_t * F. */
+/* The backward's per-step coefficients over the whole sequence: dc_t += dh_t * A; the
+ * gate-gradient of step t is [dc,dc,dc,dh] * K (columns i,f,g,o); dc_{t-1} = dc_t * F. From the
+ * saved state [S,B,5H] (x_t W_ih^T + b per step, c per step) and h_prev (h_{t-1} per step): the
+ * gate pre-activations are recomputed as one GEMM over the whole sequence. */
 typedef struct {
   graft_tensor *a, *k, *f;
 } lstm_coef;
 
-static lstm_coef lstm_coefs(graft_tensor *state, graft_tensor *c0, const rnn_dims *d) {
+static lstm_coef lstm_coefs(graft_tensor *state, graft_tensor *h_prev, graft_tensor *c0,
+                            graft_tensor *w_hh, const rnn_dims *d) {
   int64_t S = d->s, B = d->b, H = d->h, n = S * B;
-  const int64_t rows[2] = {n, 6 * H};
+  const int64_t rows[2] = {n, 5 * H};
   graft_tensor *st = graft_reshape(state, 2, rows);
-  graft_tensor *i = rnn_block(st, 0, n, 0, H), *f = rnn_block(st, 0, n, H, 2 * H);
-  graft_tensor *o = rnn_block(st, 0, n, 3 * H, 4 * H), *g = rnn_block(st, 0, n, 4 * H, 5 * H);
-  graft_tensor *c = rnn_block(st, 0, n, 5 * H, 6 * H);
+  graft_tensor *pre = graft_add(rnn_block(st, 0, n, 0, 4 * H), graft_matmul(h_prev, graft_t(w_hh)));
+  graft_tensor *sig = graft_sigmoid(pre);
+  graft_tensor *i = rnn_block(sig, 0, n, 0, H), *f = rnn_block(sig, 0, n, H, 2 * H);
+  graft_tensor *o = rnn_block(sig, 0, n, 3 * H, 4 * H);
+  graft_tensor *g = graft_tanh(rnn_block(pre, 0, n, 2 * H, 3 * H));
+  graft_tensor *c = rnn_block(st, 0, n, 4 * H, 5 * H);
   graft_tensor *c_prev = c0 ? c0 : rnn_zeros_bh(d); /* c_{t-1}: c0, then c_0 .. c_{S-2} */
   if (S > 1) {
     graft_tensor *pc[2] = {c_prev, rnn_block(c, 0, n - B, 0, H)};
@@ -272,17 +286,17 @@ static bool lstm_backward_body(graft_tensor *x, graft_tensor *h0, graft_tensor *
   int64_t S = d->s, B = d->b, H = d->h, n = S * B;
   graft_tensor **dgs = calloc((size_t)S, sizeof *dgs);
   if (!dgs) return err_set(GRAFT_ERR_OOM, "out of memory"), false;
-  lstm_coef cf = lstm_coefs(state, c0, d);
-  graft_tensor *dy_rows = dy ? rnn_rows(dy, batch_first, d, H) : NULL;
-  graft_tensor *dh = dh_n, *dc = dc_n;
-  for (int64_t t = S - 1; t >= 0; t--) dgs[t] = lstm_step_back(&dh, &dc, dy_rows, &cf, w_hh, d, t);
-  graft_tensor *dgt = graft_concat(dgs, (int)S, 0); /* [S*B,4H] */
-  free(dgs);
   graft_tensor *h_prev = h0 ? h0 : rnn_zeros_bh(d); /* h_{t-1}: h0, then y_0 .. y_{S-2} */
   if (S > 1) {
     graft_tensor *ph[2] = {h_prev, rnn_block(rnn_rows(y, batch_first, d, H), 0, n - B, 0, H)};
     h_prev = graft_concat(ph, 2, 0);
   }
+  lstm_coef cf = lstm_coefs(state, h_prev, c0, w_hh, d);
+  graft_tensor *dy_rows = dy ? rnn_rows(dy, batch_first, d, H) : NULL;
+  graft_tensor *dh = dh_n, *dc = dc_n;
+  for (int64_t t = S - 1; t >= 0; t--) dgs[t] = lstm_step_back(&dh, &dc, dy_rows, &cf, w_hh, d, t);
+  graft_tensor *dgt = rnn_stack(dgs, S); /* [S*B,4H] */
+  free(dgs);
   graft_tensor *dgt_t = graft_t(dgt);
   static const int rows_axis[1] = {0};
   out[0] = rnn_unrows(graft_matmul(dgt, w_ih), batch_first, d, d->i);
@@ -306,11 +320,11 @@ graft_status graft_lstm_backward(graft_tensor *x, graft_tensor *h0, graft_tensor
   rnn_dims d;
   if (!rnn_check(fn, x, h0, c0, w_ih, w_hh, NULL, NULL, batch_first, &d)) return rnn_fail(fn);
   int64_t seq[3] = {batch_first ? d.b : d.s, batch_first ? d.s : d.b, d.h};
-  int64_t sst[3] = {d.s, d.b, 6 * d.h}, bh[2] = {d.b, d.h};
+  int64_t sst[3] = {d.s, d.b, 5 * d.h}, bh[2] = {d.b, d.h};
   char ys[96], ss[96], hs[96];
   snprintf(ys, sizeof ys, "[%lld,%lld,%lld] (graft_lstm's y)", (long long)seq[0],
            (long long)seq[1], (long long)seq[2]);
-  snprintf(ss, sizeof ss, "[S,B,6H] = [%lld,%lld,%lld] (graft_lstm's state)", (long long)sst[0],
+  snprintf(ss, sizeof ss, "[S,B,5H] = [%lld,%lld,%lld] (graft_lstm's state)", (long long)sst[0],
            (long long)sst[1], (long long)sst[2]);
   snprintf(hs, sizeof hs, "[B,H] = [%lld,%lld]", (long long)bh[0], (long long)bh[1]);
   if (!rnn_arg(fn, "y", y, false, &d, 3, seq, ys) || !rnn_arg(fn, "state", state, false, &d, 3, sst, ss) ||
