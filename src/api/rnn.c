@@ -4,11 +4,11 @@
  * Why a whole-sequence composite: traced op by op (PyTorch's aten::lstm decomposition and its
  * autograd), a step costs ~45 ops per timestep, each through the dispatcher. Here the work that
  * does not depend on the recurrence is done once over the whole sequence: the input projection
- * is ONE [S*B,I]x[I,4H] GEMM; the backward recomputes every step's gate activations from one
- * [S*B,H]x[H,4H] GEMM and derives its per-step coefficients (sigmoid/tanh derivatives) over the
- * whole sequence; dW_ih, dW_hh, db and dx are whole-sequence GEMMs and a sum over the stacked
- * per-step gate gradients. Per timestep only the recurrence remains: the forward's [B,H]x[H,4H]
- * GEMM and gate math (13 nodes), the backward's dh GEMM and gate-gradient math (12 nodes). Rows
+ * is ONE [S*B,I]x[I,4H] GEMM; the backward's per-step coefficients (sigmoid/tanh derivatives)
+ * are computed once over the whole sequence from the saved activations; dW_ih, dW_hh, db and dx
+ * are whole-sequence GEMMs and a sum over the stacked per-step gate gradients. Per timestep only
+ * the recurrence remains: the forward's [B,H]x[H,4H] GEMM and gate math (17 nodes), the
+ * backward's dh GEMM and gate-gradient math (12 nodes). Rows
  * of the stacked [S*B, .] values are time-major: step t is rows t*B .. t*B+B-1, so a step's
  * slice is one node.
  *
@@ -160,16 +160,24 @@ static graft_tensor *rnn_stack(graft_tensor **parts, int64_t n) {
   return graft_concat(groups, ng, 0);
 }
 
-/* One forward step from the gate pre-activations; updates *h and *c. */
-static void lstm_cell(graft_tensor *gates, graft_tensor **h, graft_tensor **c, const rnn_dims *d) {
+/* One forward step from the gate pre-activations; updates *h and *c and returns the activated
+ * gates [B,4H] (i,f,g,o). They are one value read by the step's math and by the stacked state
+ * (so the backward computes no activation again): the fusion plan gives such a shared value a
+ * buffer, where separate slices of a sigmoid would each be recomputed by every reader. */
+static graft_tensor *lstm_cell(graft_tensor *gates, graft_tensor **h, graft_tensor **c,
+                               const rnn_dims *d) {
   int64_t b = d->b, H = d->h;
   graft_tensor *sig = graft_sigmoid(gates);
-  graft_tensor *i = rnn_block(sig, 0, b, 0, H), *f = rnn_block(sig, 0, b, H, 2 * H);
-  graft_tensor *o = rnn_block(sig, 0, b, 3 * H, 4 * H);
-  graft_tensor *g = graft_tanh(rnn_block(gates, 0, b, 2 * H, 3 * H));
+  graft_tensor *parts[3] = {rnn_block(sig, 0, b, 0, 2 * H),
+                            graft_tanh(rnn_block(gates, 0, b, 2 * H, 3 * H)),
+                            rnn_block(sig, 0, b, 3 * H, 4 * H)};
+  graft_tensor *act = graft_concat(parts, 3, 1);
+  graft_tensor *i = rnn_block(act, 0, b, 0, H), *f = rnn_block(act, 0, b, H, 2 * H);
+  graft_tensor *g = rnn_block(act, 0, b, 2 * H, 3 * H), *o = rnn_block(act, 0, b, 3 * H, 4 * H);
   graft_tensor *ig = graft_mul(i, g);
   *c = *c ? graft_add(graft_mul(f, *c), ig) : ig;
   *h = graft_mul(o, graft_tanh(*c));
+  return act;
 }
 
 /* The forward's body, inside the caller's scope; out[0..3] as graft_lstm's, scope-owned. */
@@ -177,7 +185,7 @@ static bool lstm_forward_body(graft_tensor *x, graft_tensor *h, graft_tensor *c,
                               graft_tensor *w_hh, graft_tensor *b_ih, graft_tensor *b_hh,
                               bool batch_first, const rnn_dims *d, graft_tensor **out) {
   int64_t S = d->s, B = d->b, H = d->h;
-  graft_tensor **hs = calloc((size_t)(2 * S), sizeof *hs), **cs = hs + S;
+  graft_tensor **hs = calloc((size_t)(3 * S), sizeof *hs), **cs = hs + S, **acts = hs + 2 * S;
   if (!hs) return err_set(GRAFT_ERR_OOM, "out of memory"), false;
   /* The input projection of every step at once, biases included. */
   graft_tensor *xp = graft_matmul(rnn_rows(x, batch_first, d, d->i), graft_t(w_ih));
@@ -187,16 +195,14 @@ static bool lstm_forward_body(graft_tensor *x, graft_tensor *h, graft_tensor *c,
   for (int64_t t = 0; t < S; t++) {
     graft_tensor *gates = rnn_block(xp, t * B, (t + 1) * B, 0, 4 * H);
     if (h) gates = graft_add(gates, graft_matmul(h, whh_t)); /* no h0: h_{-1} = 0 */
-    lstm_cell(gates, &h, &c, d);
+    acts[t] = lstm_cell(gates, &h, &c, d);
     hs[t] = h, cs[t] = c;
   }
   out[0] = rnn_unrows(rnn_stack(hs, S), batch_first, d, H);
   out[1] = h;
   out[2] = c;
-  /* The state: the input part of every step's gate pre-activations (a GEMM output already) and
-   * the cell states. Stacking the per-step activations instead would recompute them inside the
-   * stacking kernel; the backward gets them from one GEMM over the whole sequence. */
-  graft_tensor *parts[2] = {xp, rnn_stack(cs, S)};
+  /* The state: every step's activated gates and cell state. */
+  graft_tensor *parts[2] = {rnn_stack(acts, S), rnn_stack(cs, S)};
   const int64_t sh[3] = {S, B, 5 * H};
   out[3] = graft_reshape(graft_concat(parts, 2, 1), 3, sh);
   free(hs);
@@ -224,22 +230,17 @@ graft_status graft_lstm(graft_tensor *x, graft_tensor *h0, graft_tensor *c0, gra
 
 /* The backward's per-step coefficients over the whole sequence: dc_t += dh_t * A; the
  * gate-gradient of step t is [dc,dc,dc,dh] * K (columns i,f,g,o); dc_{t-1} = dc_t * F. From the
- * saved state [S,B,5H] (x_t W_ih^T + b per step, c per step) and h_prev (h_{t-1} per step): the
- * gate pre-activations are recomputed as one GEMM over the whole sequence. */
+ * saved state [S,B,5H] (activated gates i,f,g,o and c per step). */
 typedef struct {
   graft_tensor *a, *k, *f;
 } lstm_coef;
 
-static lstm_coef lstm_coefs(graft_tensor *state, graft_tensor *h_prev, graft_tensor *c0,
-                            graft_tensor *w_hh, const rnn_dims *d) {
+static lstm_coef lstm_coefs(graft_tensor *state, graft_tensor *c0, const rnn_dims *d) {
   int64_t S = d->s, B = d->b, H = d->h, n = S * B;
   const int64_t rows[2] = {n, 5 * H};
   graft_tensor *st = graft_reshape(state, 2, rows);
-  graft_tensor *pre = graft_add(rnn_block(st, 0, n, 0, 4 * H), graft_matmul(h_prev, graft_t(w_hh)));
-  graft_tensor *sig = graft_sigmoid(pre);
-  graft_tensor *i = rnn_block(sig, 0, n, 0, H), *f = rnn_block(sig, 0, n, H, 2 * H);
-  graft_tensor *o = rnn_block(sig, 0, n, 3 * H, 4 * H);
-  graft_tensor *g = graft_tanh(rnn_block(pre, 0, n, 2 * H, 3 * H));
+  graft_tensor *i = rnn_block(st, 0, n, 0, H), *f = rnn_block(st, 0, n, H, 2 * H);
+  graft_tensor *g = rnn_block(st, 0, n, 2 * H, 3 * H), *o = rnn_block(st, 0, n, 3 * H, 4 * H);
   graft_tensor *c = rnn_block(st, 0, n, 4 * H, 5 * H);
   graft_tensor *c_prev = c0 ? c0 : rnn_zeros_bh(d); /* c_{t-1}: c0, then c_0 .. c_{S-2} */
   if (S > 1) {
@@ -253,7 +254,12 @@ static lstm_coef lstm_coefs(graft_tensor *state, graft_tensor *h_prev, graft_ten
   graft_tensor *dg = graft_sub(one, graft_mul(g, g));
   graft_tensor *k[4] = {graft_mul(g, di), graft_mul(c_prev, df), graft_mul(i, dg),
                         graft_mul(tc, dout)};
-  lstm_coef r = {graft_mul(o, graft_sub(one, graft_mul(tc, tc))), graft_concat(k, 4, 1), f};
+  /* Joined as [n,4,H] on the middle axis, not [n,4H] on the last: the part is then fixed for
+   * a whole inner loop (which vectorizes) instead of chosen per element. */
+  const int64_t n1h[3] = {n, 1, H}, n4h[2] = {n, 4 * H};
+  for (int q = 0; q < 4; q++) k[q] = graft_reshape(k[q], 3, n1h);
+  lstm_coef r = {graft_mul(o, graft_sub(one, graft_mul(tc, tc))),
+                 graft_reshape(graft_concat(k, 4, 1), 2, n4h), f};
   return r;
 }
 
@@ -291,7 +297,7 @@ static bool lstm_backward_body(graft_tensor *x, graft_tensor *h0, graft_tensor *
     graft_tensor *ph[2] = {h_prev, rnn_block(rnn_rows(y, batch_first, d, H), 0, n - B, 0, H)};
     h_prev = graft_concat(ph, 2, 0);
   }
-  lstm_coef cf = lstm_coefs(state, h_prev, c0, w_hh, d);
+  lstm_coef cf = lstm_coefs(state, c0, d);
   graft_tensor *dy_rows = dy ? rnn_rows(dy, batch_first, d, H) : NULL;
   graft_tensor *dh = dh_n, *dc = dc_n;
   for (int64_t t = S - 1; t >= 0; t--) dgs[t] = lstm_step_back(&dh, &dc, dy_rows, &cf, w_hh, d, t);

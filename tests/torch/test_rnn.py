@@ -118,7 +118,7 @@ def test_lstm_traces_fewer_nodes():
         assert mm.get("lstm_decomposed" if bidir else "lstm_fused") == 1
         counts[bidir] = mm["nodes_traced"] / (2 if bidir else 1)
         graft.step()
-    assert counts[False] < 26 * S + 100, counts  # forward 14 + backward 12 per step, and the rest
+    assert counts[False] < 30 * S + 100, counts  # forward 17 + backward 12 per step, and the rest
     assert counts[True] > 3 * counts[False], counts
 
 
