@@ -190,3 +190,19 @@ def test_lstm_no_grad_forward():
         yd, (hd, cd) = md(x.to(DEV))
     assert not yd.requires_grad
     assert _err(yd, y) < 2e-5 and _err(hd, h) < 2e-5 and _err(cd, c) < 2e-5
+
+
+def test_lstm_backward_twice():
+    """retain_graph=True keeps what the fused node saved (a second backward accumulates the same
+    gradients again); without it the saved values are released, and a second backward raises
+    PyTorch's usual error."""
+    torch.manual_seed(9)
+    m = nn.LSTM(3, 4).to(DEV)
+    y, _ = m(torch.randn(5, 2, 3, device=DEV))
+    loss = y.sum()
+    loss.backward(retain_graph=True)
+    first = m.weight_hh_l0.grad.cpu().clone()
+    loss.backward()
+    assert _err(m.weight_hh_l0.grad, 2 * first) < 1e-6
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        loss.backward()

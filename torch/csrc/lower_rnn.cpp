@@ -84,8 +84,9 @@ struct LstmFn : public torch::autograd::Function<LstmFn> {
     }
     variable_list to_save = {x, h0, c0};
     to_save.insert(to_save.end(), params.begin(), params.end());
+    to_save.insert(to_save.end(), saved.begin(), saved.end());
     ctx->save_for_backward(std::move(to_save));
-    ctx->saved_data["layer_values"] = saved;
+    ctx->saved_data["nparams"] = (int64_t)params.size();
     ctx->saved_data["has_biases"] = has_biases;
     ctx->saved_data["batch_first"] = batch_first;
     ctx->set_materialize_grads(false);  // an unused output's gradient stays NULL: no zeros traced
@@ -95,16 +96,30 @@ struct LstmFn : public torch::autograd::Function<LstmFn> {
   static variable_list backward(AutogradContext *ctx, variable_list grads);
 };
 
+// What forward saved: x, h0, c0, the parameters, then y and the state of each layer. All are
+// saved variables (not saved_data), so the autograd engine releases them once backward ran.
+struct Saved {
+  variable_list sv;
+  size_t np;
+  int64_t layers;
+  bool has_biases, batch_first;
+  explicit Saved(AutogradContext *ctx)
+      : sv(ctx->get_saved_variables()), np((size_t)ctx->saved_data["nparams"].toInt()),
+        layers((int64_t)(sv.size() - 3 - np) / 2), has_biases(ctx->saved_data["has_biases"].toBool()),
+        batch_first(ctx->saved_data["batch_first"].toBool()) {}
+  variable_list params() const { return variable_list(sv.begin() + 3, sv.begin() + 3 + np); }
+  const at::Tensor &y(int64_t l) const { return sv[3 + np + 2 * (size_t)l]; }
+  const at::Tensor &state(int64_t l) const { return sv[3 + np + 2 * (size_t)l + 1]; }
+};
+
 // create_graph=True: the gradients must be differentiable, which graft's are not as autograd
 // sees them. Recompute through PyTorch's decomposition from the same inputs and differentiate it.
 variable_list lstm_double_backward(AutogradContext *ctx, const variable_list &grads) {
-  auto sv = ctx->get_saved_variables();
-  variable_list params(sv.begin() + 3, sv.end());
-  int64_t layers = (int64_t)ctx->saved_data["layer_values"].toTensorVector().size() / 2;
-  bool has_biases = ctx->saved_data["has_biases"].toBool();
-  bool batch_first = ctx->saved_data["batch_first"].toBool();
-  auto r = at::native::lstm(sv[0], {sv[1], sv[2]}, params, has_biases, layers, 0.0, false, false,
-                            batch_first);
+  Saved s(ctx);
+  const variable_list &sv = s.sv;
+  variable_list params = s.params();
+  auto r = at::native::lstm(sv[0], {sv[1], sv[2]}, params, s.has_biases, s.layers, 0.0, false,
+                            false, s.batch_first);
   at::Tensor outs[3] = {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
   variable_list o, go, wrt;
   for (int k = 0; k < 3; ++k)
@@ -125,12 +140,11 @@ variable_list lstm_double_backward(AutogradContext *ctx, const variable_list &gr
 variable_list LstmFn::backward(AutogradContext *ctx, variable_list grads) {
   if (torch::autograd::GradMode::is_enabled()) return lstm_double_backward(ctx, grads);
   std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
-  auto sv = ctx->get_saved_variables();
-  variable_list params(sv.begin() + 3, sv.end());
-  auto lv = ctx->saved_data["layer_values"].toTensorVector();
-  bool has_biases = ctx->saved_data["has_biases"].toBool();
-  bool batch_first = ctx->saved_data["batch_first"].toBool();
-  int64_t layers = (int64_t)lv.size() / 2;
+  Saved s(ctx);
+  const variable_list &sv = s.sv;
+  variable_list params = s.params();
+  bool has_biases = s.has_biases, batch_first = s.batch_first;
+  int64_t layers = s.layers;
   size_t per = has_biases ? 4 : 2;
 
   G hv = value(sv[1]), cv = value(sv[2]);
@@ -139,10 +153,10 @@ variable_list LstmFn::backward(AutogradContext *ctx, variable_list grads) {
   std::vector<G> dh0(layers), dc0(layers);
   for (int64_t l = layers - 1; l >= 0; --l) {
     LayerParams p = layer_params(params, has_biases, l);
-    G in = l ? value(lv[2 * (l - 1)]) : value(sv[0]);
+    G in = l ? value(s.y(l - 1)) : value(sv[0]);
     G h = layer_state(hv, l), c = layer_state(cv, l);
     G dh = layer_state(dhn, l), dc = layer_state(dcn, l);
-    G y = value(lv[2 * l]), st = value(lv[2 * l + 1]);
+    G y = value(s.y(l)), st = value(s.state(l));
     graft_tensor *out[6];
     chk_status(graft_lstm_backward(in.get(), h.get(), c.get(), p.w_ih.get(), p.w_hh.get(), y.get(),
                                    st.get(), dy.get(), dh.get(), dc.get(), batch_first, out),
