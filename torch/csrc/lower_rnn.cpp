@@ -175,7 +175,8 @@ variable_list LstmFn::backward(AutogradContext *ctx, variable_list grads) {
   return res;
 }
 
-bool graft_float(const at::Tensor &t, const at::Tensor &like) {
+// t is a graft tensor on like's device, in like's dtype.
+bool graft_like(const at::Tensor &t, const at::Tensor &like) {
   return t.defined() && is_graft(t) && t.scalar_type() == like.scalar_type() &&
          t.device() == like.device();
 }
@@ -192,14 +193,14 @@ bool fusable(const at::Tensor &x, at::TensorList hx, at::TensorList params, bool
   if (params.size() != (size_t)layers * per) return false;  // proj_size adds w_hr per layer
   int64_t B = batch_first ? x.size(0) : x.size(1), I = x.size(2);
   for (const auto &h : hx)
-    if (!graft_float(h, x) || h.dim() != 3 || h.size(0) != layers || h.size(1) != B) return false;
+    if (!graft_like(h, x) || h.dim() != 3 || h.size(0) != layers || h.size(1) != B) return false;
   int64_t H = hx[0].size(2);
   if (H < 1 || hx[1].size(2) != H) return false;
   for (int64_t l = 0; l < layers; ++l) {
     int64_t in = l ? H : I;
     for (size_t k = 0; k < per; ++k) {
       const at::Tensor &p = params[(size_t)l * per + k];
-      if (!graft_float(p, x)) return false;
+      if (!graft_like(p, x)) return false;
       bool ok = k == 0 ? p.dim() == 2 && p.size(0) == 4 * H && p.size(1) == in
               : k == 1 ? p.dim() == 2 && p.size(0) == 4 * H && p.size(1) == H
                        : p.dim() == 1 && p.size(0) == 4 * H;
