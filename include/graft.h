@@ -318,6 +318,21 @@ graft_tensor *graft_dropout(graft_tensor *x, double p, bool training);
 /** Rows of weight [V,D] picked by index (any shape, i32/i64): shape index.shape + [D]. */
 graft_tensor *graft_embedding(graft_tensor *weight, graft_tensor *index);
 
+/* ---- recurrent layers (decomposed into primitives; PyTorch's nn.LSTM, gate order i,f,g,o) ---- */
+/** One LSTM layer over a whole sequence: x [S,B,I] ([B,S,I] when batch_first), w_ih [4H,I],
+ *  w_hh [4H,H], b_ih/b_hh [4H] or NULL, h0/c0 [B,H] or NULL (zeros); f32 or f64. Fills out[4]:
+ *  y [S,B,H] ([B,S,H]), h_n [B,H], c_n [B,H], and the state graft_lstm_backward reads [S,B,5H]. */
+graft_status graft_lstm(graft_tensor *x, graft_tensor *h0, graft_tensor *c0, graft_tensor *w_ih,
+                        graft_tensor *w_hh, graft_tensor *b_ih, graft_tensor *b_hh,
+                        bool batch_first, graft_tensor **out);
+/** Gradients of graft_lstm (backpropagation through time) from dy, dh_n, dc_n (each NULL: zero),
+ *  given its inputs and its y and state. Fills out[6]: dx, dh0, dc0, dw_ih, dw_hh and db [4H]
+ *  (the gradient of b_ih and of b_hh alike). */
+graft_status graft_lstm_backward(graft_tensor *x, graft_tensor *h0, graft_tensor *c0,
+                                 graft_tensor *w_ih, graft_tensor *w_hh, graft_tensor *y,
+                                 graft_tensor *state, graft_tensor *dy, graft_tensor *dh_n,
+                                 graft_tensor *dc_n, bool batch_first, graft_tensor **out);
+
 /* ---- configuration ---- */
 /** Pending IR nodes past which the next op syncs every live tensor (default 100000); if that
  *  sync fails, the op still returns its (pending) result and the sync's error is set. */

@@ -113,7 +113,11 @@ G from_cpu(const at::Tensor &cpu, int device);
 // Fallback counters.
 void count_fallback(const std::string &name);
 std::string fallback_json();
-void reset_fallbacks();
+void reset_fallbacks();  // and the lowering counters
+// Counters of the bridge's composite lowerings ("lstm_fused", "lstm_decomposed"): entries of
+// graft.metrics(). Takes the bridge lock itself (the autograd kernels run outside it).
+void count_lowering(const std::string &name);
+std::string lowering_json();
 
 // Lowering table.
 using Lowering = void (*)(const c10::OperatorHandle &op, torch::jit::Stack *stack);

@@ -399,19 +399,32 @@ static std::map<std::string, uint64_t> &fallbacks() {
   static std::map<std::string, uint64_t> m;
   return m;
 }
+static std::map<std::string, uint64_t> &lowerings() {
+  static std::map<std::string, uint64_t> m;
+  return m;
+}
 void count_fallback(const std::string &name) { fallbacks()[name]++; }
-void reset_fallbacks() { fallbacks().clear(); }
-std::string fallback_json() {
+void count_lowering(const std::string &name) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  lowerings()[name]++;
+}
+void reset_fallbacks() {
+  fallbacks().clear();
+  lowerings().clear();
+}
+static std::string counters_json(const std::map<std::string, uint64_t> &m) {
   std::ostringstream os;
   os << "{";
   bool first = true;
-  for (auto &kv : fallbacks()) {
+  for (auto &kv : m) {
     os << (first ? "" : ",") << "\"" << kv.first << "\":" << kv.second;
     first = false;
   }
   os << "}";
   return os.str();
 }
+std::string fallback_json() { return counters_json(fallbacks()); }
+std::string lowering_json() { return counters_json(lowerings()); }
 
 // ---------------------------------------------------------------- CPU fallback
 static bool arg_mutated(const c10::Argument &a) {
@@ -712,7 +725,7 @@ static std::string py_metrics_json() {
 #define JSON_FIELD(type, name, label, meaning) os << "\"" #name "\":" << m.name << ",";
   GRAFT_METRICS_FIELDS(JSON_FIELD)
 #undef JSON_FIELD
-  os << "\"fallbacks\":" << fallback_json() << "}";
+  os << "\"fallbacks\":" << fallback_json() << ",\"lowerings\":" << lowering_json() << "}";
   return os.str();
 }
 

@@ -91,8 +91,11 @@ def sync(tensors):
 
 
 def metrics():
-    """A dict of graft's counters; fallbacks to PyTorch's CPU kernels are keyed 'aten::<op>'."""
+    """A dict of graft's counters; fallbacks to PyTorch's CPU kernels are keyed 'aten::<op>';
+    the bridge's composite lowerings count calls fused ('lstm_fused') or decomposed by PyTorch
+    ('lstm_decomposed')."""
     m = json.loads(_ops.metrics_json())
+    m.update(m.pop("lowerings", {}))
     fb = m.pop("fallbacks", {})
     m.update(fb)
     m["fallbacks"] = sum(fb.values())
@@ -115,6 +118,9 @@ def metrics_report():
     lines.append("fallbacks to PyTorch CPU kernels: %d" % sum(fb.values()))
     for k, v in sorted(fb.items(), key=lambda kv: -kv[1]):
         lines.append("  %-40s %d" % (k, v))
+    low = json.loads(_ops.metrics_json())["lowerings"]
+    if low:
+        lines.append("composite lowerings (calls): " + ", ".join("%s %d" % kv for kv in sorted(low.items())))
     return "\n".join(lines) + "\n"
 
 
