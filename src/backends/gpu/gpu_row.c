@@ -84,12 +84,12 @@ static bool gpu_row_safe(gpu_cg *g, int i, bool row) {
   return ok;
 }
 
-static gpu_vval gpu_vvalue(gpu_cg *g, int i, const char *lin0, bool row);
+static gpu_vval gpu_vvalue(gpu_cg *g, int i, gpu_pos pos, bool row);
 
 /* A broadcast along the row (the operand has unit dims there) is uniform over the lanes; one
  * along other dims only keeps the lanes contiguous in the operand. row: the operand's lanes are
  * in this work-item's row when the dims before the row are not broadcast. */
-static gpu_vval gpu_vbroadcast(gpu_cg *g, int i, const char *lin0, bool row) {
+static gpu_vval gpu_vbroadcast(gpu_cg *g, int i, gpu_pos pos, bool row) {
   const exec_instr *ins = &g->p->instr[i], *x = &g->p->instr[ins->in[0]];
   int nd = ins->ndim, off = nd - x->ndim, t = nd;
   for (int64_t len = 1; t > 0 && len < g->rlen;) len *= ins->shape[--t];
@@ -105,29 +105,28 @@ static gpu_vval gpu_vbroadcast(gpu_cg *g, int i, const char *lin0, bool row) {
     }
     if (d >= t && xs != 1) unit = false;
   }
-  gpu_pos pos = {.nd = nd, .shape = ins->shape, .lin = lin0};
   if (unit) {
     if (!gpu_row_safe(g, ins->in[0], row && outer)) return gpu_vfail(g);
     return (gpu_vval){gpu_value(g, i, pos), false};
   }
   if (!same) return gpu_vfail(g);
   gpu_pos q = gpu_move_pos(g, ins, x, &pos);
-  return gpu_vvalue(g, ins->in[0], gpu_pos_lin(g, &q), row && outer);
+  return gpu_vvalue(g, ins->in[0], q, row && outer);
 }
 
 /* f32 math lane-wise; uniform operands give the scalar renderer's value. */
-static gpu_vval gpu_vmath(gpu_cg *g, int i, const char *lin0, bool row) {
+static gpu_vval gpu_vmath(gpu_cg *g, int i, gpu_pos pos, bool row) {
   const exec_instr *ins = &g->p->instr[i];
   ir_op op = ins->op;
   bool unary = op == IR_NEG || op == IR_ABS || op == IR_EXP;
   bool binary = op == IR_ADD || op == IR_SUB || op == IR_MUL || op == IR_DIV || op == IR_MAX ||
                 op == IR_MIN;
   if (!unary && !binary) return gpu_vfail(g);
-  gpu_vval a = gpu_vvalue(g, ins->in[0], lin0, row), b = {0};
-  if (binary) b = gpu_vvalue(g, ins->in[1], lin0, row);
+  gpu_vval a = gpu_vvalue(g, ins->in[0], pos, row), b = {0};
+  if (binary) b = gpu_vvalue(g, ins->in[1], pos, row);
   if (g->vfail) return a;
   if (!a.vec && !b.vec) /* the operands' reads were checked where they became uniform */
-    return (gpu_vval){gpu_value(g, i, (gpu_pos){.nd = ins->ndim, .shape = ins->shape, .lin = lin0}), false};
+    return (gpu_vval){gpu_value(g, i, pos), false};
   const char *va = gpu_as_vec(g, a), *e;
   if (op == IR_NEG) e = cpu_fmt(&g->ar, "-%s", va);
   else if (op == IR_ABS) e = cpu_fmt(&g->ar, "fabs(%s)", va);
@@ -136,11 +135,12 @@ static gpu_vval gpu_vmath(gpu_cg *g, int i, const char *lin0, bool row) {
   return (gpu_vval){gpu_vdef(g, e), true};
 }
 
-/* Instruction i (f32) over the lanes at linear indices lin0 + [0, width) of its shape, all in
- * one row; row: that row is this work-item's (a member written here may be read there). */
-static gpu_vval gpu_vvalue(gpu_cg *g, int i, const char *lin0, bool row) {
+/* Instruction i (f32) over the lanes at pos and the next width - 1 elements of its shape, all
+ * in one row; row: that row is this work-item's (a member written here may be read there). */
+static gpu_vval gpu_vvalue(gpu_cg *g, int i, gpu_pos pos, bool row) {
   const exec_instr *ins = &g->p->instr[i];
   if (g->vfail || ins->dtype != GRAFT_F32) return gpu_vfail(g);
+  const char *lin0 = gpu_pos_lin(g, &pos);
   const char *key = cpu_fmt(&g->ar, "V%d@%s", i, lin0), *v = gpu_memo_find(g, key);
   if (v) return (gpu_vval){v, true};
   gpu_vval r;
@@ -149,21 +149,40 @@ static gpu_vval gpu_vvalue(gpu_cg *g, int i, const char *lin0, bool row) {
     g->reads[i] = 1;
     r = (gpu_vval){gpu_vdef(g, cpu_fmt(&g->ar, g->d->vload, cpu_fmt(&g->ar, "p%d + (%s)", i, lin0))), true};
   } else if (ins->op == IR_CONSTANT) {
-    r = (gpu_vval){gpu_value(g, i, (gpu_pos){.nd = ins->ndim, .shape = ins->shape, .lin = lin0}), false};
+    r = (gpu_vval){gpu_value(g, i, pos), false};
   } else if (ins->op == IR_RESHAPE) { /* the linear index is kept */
-    r = gpu_vvalue(g, ins->in[0], lin0, row);
+    r = gpu_vvalue(g, ins->in[0], gpu_move_pos(g, ins, &g->p->instr[ins->in[0]], &pos), row);
   } else if (ins->op == IR_BROADCAST) {
-    r = gpu_vbroadcast(g, i, lin0, row);
+    r = gpu_vbroadcast(g, i, pos, row);
   } else {
-    r = gpu_vmath(g, i, lin0, row);
+    r = gpu_vmath(g, i, pos, row);
   }
   if (r.vec && !g->vfail) gpu_memo_put(g, key, r.v);
   return r;
 }
 
-/* The vector loop over whole lane groups of the row (emitted even when there is none: building
- * it checks that the member has a row form, which the scalar tail relies on), then the tail.
- * lane(v) / tail(lin) emit one step. */
+/* Element e of this work-item's row of instruction i: the linear index, and coordinates when
+ * the row is its last dim (then a per-row value is read at p[gid], not p[(gid * len + e) /
+ * len], and the compiler hoists it out of the loop). */
+static gpu_pos gpu_row_pos(gpu_cg *g, int i) {
+  const exec_instr *x = &g->p->instr[i];
+  gpu_pos pos = {.nd = x->ndim, .shape = x->shape,
+                 .lin = cpu_fmt(&g->ar, "gid * %" PRId64 " + e", g->rlen)};
+  if (!x->ndim || x->shape[x->ndim - 1] != g->rlen) return pos;
+  int64_t st = 1, rows = g->rows;
+  for (int d = x->ndim - 2; d >= 0; st *= x->shape[d--]) {
+    bool outer = st * x->shape[d] == rows; /* gid < rows: no remainder */
+    if (x->shape[d] == 1) pos.c[d] = "0";
+    else if (st == 1) pos.c[d] = outer ? "gid" : cpu_fmt(&g->ar, "(gid %% %" PRId64 ")", x->shape[d]);
+    else if (outer) pos.c[d] = cpu_fmt(&g->ar, "(gid / %" PRId64 ")", st);
+    else pos.c[d] = cpu_fmt(&g->ar, "(gid / %" PRId64 " %% %" PRId64 ")", st, x->shape[d]);
+  }
+  pos.c[x->ndim - 1] = "e";
+  pos.has_c = 1;
+  return pos;
+}
+
+/* A member being rendered: its slot and, for a reduction, its accumulators. */
 typedef struct {
   int s;
   const char *acc, *nf; /* a reduction's accumulators */
@@ -171,11 +190,14 @@ typedef struct {
   bool dlanes;          /* sum lanes in double */
 } gpu_rowm;
 
+/* The vector loop over the row's whole lane groups (emitted even when there is none: building
+ * it checks that src has a row form, which the scalar tail relies on): a reduction's lanes
+ * accumulate src, an elementwise member stores itself (src == m->s). */
 static void gpu_row_lanes(gpu_cg *g, const gpu_rowm *m, int64_t wlen, int src) {
   const int64_t len = g->rlen;
   cpu_sb_printf(g->body, "  for (; e < %" PRId64 "; e += GC_VW) {\n", wlen);
   g->nmemo = 0;
-  gpu_vval v = gpu_vvalue(g, src, cpu_fmt(&g->ar, "gid * %" PRId64 " + e", len), true);
+  gpu_vval v = gpu_vvalue(g, src, gpu_row_pos(g, src), true);
   const char *vv = gpu_as_vec(g, v);
   const exec_instr *ins = &g->p->instr[m->s];
   if (ins->op == IR_REDUCE_SUM)
@@ -190,12 +212,12 @@ static void gpu_row_lanes(gpu_cg *g, const gpu_rowm *m, int64_t wlen, int src) {
   g->nmemo = 0;
 }
 
+/* The scalar loop over the rest of the row, from where the lanes stopped. */
 static void gpu_row_tail(gpu_cg *g, const gpu_rowm *m, int src) {
   const int64_t len = g->rlen;
-  const exec_instr *ins = &g->p->instr[m->s], *x = &g->p->instr[src];
+  const exec_instr *ins = &g->p->instr[m->s];
   cpu_sb_printf(g->body, "  for (; e < %" PRId64 "; e++) {\n", len);
-  gpu_pos pos = {.nd = x->ndim, .shape = x->shape, .lin = cpu_fmt(&g->ar, "gid * %" PRId64 " + e", len)};
-  const char *v = gpu_value(g, src, pos);
+  const char *v = gpu_value(g, src, gpu_row_pos(g, src));
   if (ir_ops[ins->op].kind == IR_K_REDUCE) gpu_red_step(g->body, ins, &m->r, m->acc, m->nf, v);
   else cpu_sb_printf(g->body, "  p%d[gid * %" PRId64 " + e] = %s;\n", m->s, len, v);
   cpu_sb_puts(g->body, "  }\n");
@@ -214,11 +236,13 @@ static void gpu_row_reduce(gpu_cg *g, int s, int64_t wlen) {
   cpu_sb_printf(g->body, "  { /* %%%d: %s over the row */\n  %s va = (%s)(%s); gi_t e = 0;\n", s,
                 ir_ops[ins->op].name, lt, lt, sum ? "0" : m.r.init);
   gpu_row_lanes(g, &m, wlen, ins->in[0]);
-  cpu_sb_printf(g->body, "  %s acc = %s; int nf = 0; (void)nf;\n  %s gl[GC_VW]; %s;\n", m.r.acc_t,
-                m.r.init, st, cpu_fmt(&g->ar, g->d->vstore, "va", "gl"));
-  cpu_sb_puts(g->body, "  for (int l = 0; l < GC_VW; l++) {\n");
-  gpu_red_step(g->body, ins, &m.r, "acc", "nf", "gl[l]");
-  cpu_sb_puts(g->body, "  }\n");
+  cpu_sb_printf(g->body, "  %s acc = %s; int nf = 0; (void)nf;\n", m.r.acc_t, m.r.init);
+  if (wlen) { /* a row shorter than the lanes has only the tail */
+    cpu_sb_printf(g->body, "  %s gl[GC_VW]; %s;\n  for (int l = 0; l < GC_VW; l++) {\n", st,
+                  cpu_fmt(&g->ar, g->d->vstore, "va", "gl"));
+    gpu_red_step(g->body, ins, &m.r, "acc", "nf", "gl[l]");
+    cpu_sb_puts(g->body, "  }\n");
+  }
   gpu_row_tail(g, &m, ins->in[0]);
   cpu_sb_printf(g->body, "  p%d[gid] = %s;\n  }\n", s, gpu_red_final(g, ins, &m.r, "acc", "nf"));
 }

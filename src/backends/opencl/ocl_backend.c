@@ -82,15 +82,26 @@ static void ocl_dump_source(const exec_program *p, const char *source) {
   fclose(f);
 }
 
+/* Lanes of the vector row form: 16 on a CPU-type device (on pocl float16 rows beat float8 and
+ * scalar lanes; AVX-512 here, two halves on AVX2), none on a GPU; GRAFT_OPENCL_ROW_VEC = 0, 2,
+ * 4, 8 or 16 chooses (0: the GPU forms), to compare them. */
+static int ocl_row_vec(const ocl_device *d) {
+  const char *env = getenv("GRAFT_OPENCL_ROW_VEC");
+  if (env && *env) {
+    int w = atoi(env);
+    if (w == 0 || w == 2 || w == 4 || w == 8 || w == 16) return w;
+  }
+  return d->cpu ? 16 : 0;
+}
+
 static void *ocl_compile(const exec_program *p) {
   ocl_device *d = ocl_device_get(p->device);
   if (!d) return err_set(GRAFT_ERR_DEVICE, "opencl: device %d is not an OpenCL device", p->device);
   ocl_exe *x = calloc(1, sizeof *x);
   if (!x) return err_set(GRAFT_ERR_OOM, "opencl: out of memory");
   x->dev = d;
-  /* 16 lanes: on pocl float16 rows beat float8 and scalar lanes (AVX-512 here, two halves on AVX2) */
   gpu_caps caps = {.fp64 = d->fp64, .have_gemm = ocl_blas_available(), .max_wg = (int64_t)d->max_wg,
-                   .row_vec = d->cpu ? 16 : 0};
+                   .row_vec = ocl_row_vec(d)};
   if (gpu_render(p, &gpu_dialect_opencl, &caps, &x->gp)) {
     free(x);
     return NULL;
