@@ -7,11 +7,17 @@
  *                                reason on one line (make check-opencl skips on 3 only: a
  *                                crash in discovery is a failure, not a skip);
  *   test_device --hidden-opencl  the GRAFT_OPENCL=0 checks (test opencl_hidden_by_env runs it
- *                                with that variable set, before any graft call of its own). */
+ *                                with that variable set, before any graft call of its own);
+ *   test_device --row-form DIR   the row form's checks (test opencl_row_form runs it with
+ *                                GRAFT_COMPILE=sync and GRAFT_DUMP_DIR=DIR: the graphs must be
+ *                                compiled for the device, whatever the suite's GRAFT_COMPILE). */
 #include "graft.h"
 #include "check.h"
 #include "../src/backends/opencl/ocl.h" /* ocl_build: a kernel that does not build */
+#include <dirent.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -297,6 +303,146 @@ TEST(opencl_hidden_by_env) {
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* ---- the vector row form (CPU-type OpenCL devices: src/backends/gpu/gpu_row.c) ---- */
+
+static float row_x(int64_t i) { return (float)((i * 37 % 101) / 25.0 - 2.0); }
+
+/* One case: y = f(x, g, b) on the OpenCL device (x rows x len of row_x, then g and b of len
+ * each) against want(rows, len, w) computed here in double, to 1e-5. */
+typedef struct {
+  const char *name;
+  graft_tensor *(*f)(graft_tensor **in);
+  void (*want)(int64_t rows, int64_t len, double *w);
+} row_case;
+
+static bool row_run(const row_case *c, int64_t rows, int64_t len) {
+  int64_t n = rows * len, sh[2] = {rows, len};
+  float *h = malloc(sizeof(float) * (size_t)(n + 2 * len)), *out = malloc(sizeof(float) * (size_t)n);
+  double *w = malloc(sizeof(double) * (size_t)n);
+  bool ok = h && out && w;
+  for (int64_t i = 0; ok && i < n + 2 * len; i++) h[i] = row_x(i);
+  graft_scope_begin();
+  graft_tensor *in[3] = {ok ? graft_from_host(h, GRAFT_F32, 2, sh, ocl_dev) : NULL,
+                         ok ? graft_from_host(h + n, GRAFT_F32, 1, sh + 1, ocl_dev) : NULL,
+                         ok ? graft_from_host(h + n + len, GRAFT_F32, 1, sh + 1, ocl_dev) : NULL};
+  graft_tensor *y = in[0] && in[1] && in[2] ? c->f(in) : NULL;
+  ok = ok && y && graft_to_host(y, out, sizeof(float) * (size_t)n) == GRAFT_OK;
+  graft_scope_end();
+  if (!ok) fprintf(stderr, "  %s %lldx%lld: %s\n", c->name, (long long)rows, (long long)len,
+                   graft_last_error());
+  if (ok) c->want(rows, len, w);
+  int64_t bad = 0;
+  for (int64_t i = 0; ok && i < n; i++)
+    if (!(fabs(out[i] - w[i]) <= 1e-5 * (1 + fabs(w[i]))) && bad++ < 3)
+      fprintf(stderr, "  %s %lldx%lld [%lld]: %.9g, want %.9g\n", c->name, (long long)rows,
+              (long long)len, (long long)i, out[i], w[i]);
+  ok = ok && bad == 0;
+  free(h), free(out), free(w);
+  return ok;
+}
+
+static graft_tensor *row_softmax(graft_tensor **in) { return graft_softmax(in[0], -1); }
+static void want_softmax(int64_t rows, int64_t len, double *w) {
+  for (int64_t r = 0; r < rows; r++) {
+    double m = -INFINITY, s = 0;
+    for (int64_t e = 0; e < len; e++) m = fmax(m, row_x(r * len + e));
+    for (int64_t e = 0; e < len; e++) s += exp(row_x(r * len + e) - m);
+    for (int64_t e = 0; e < len; e++) w[r * len + e] = exp(row_x(r * len + e) - m) / s;
+  }
+}
+
+static graft_tensor *row_layer_norm(graft_tensor **in) {
+  return graft_layer_norm(in[0], in[1], in[2], 1e-5);
+}
+static void want_layer_norm(int64_t rows, int64_t len, double *w) {
+  int64_t n = rows * len;
+  for (int64_t r = 0; r < rows; r++) {
+    double mu = 0, var = 0;
+    for (int64_t e = 0; e < len; e++) mu += row_x(r * len + e) / (double)len;
+    for (int64_t e = 0; e < len; e++) var += pow(row_x(r * len + e) - mu, 2) / (double)len;
+    for (int64_t e = 0; e < len; e++)
+      w[r * len + e] = (row_x(r * len + e) - mu) / sqrt(var + 1e-5) * row_x(n + e) + row_x(n + len + e);
+  }
+}
+
+/* x * the row sums laid along a row (square x: y[r][e] = x[r][e] * sum(x[e])): the product
+ * reads other rows' sums, so it must not join the sums' kernel (a work-item per row would read
+ * sums not written yet). */
+static graft_tensor *row_other_rows(graft_tensor **in) {
+  int last = -1;
+  int64_t sh[2] = {1, graft_dim(in[0], 0)};
+  return graft_mul(in[0], graft_reshape(graft_sum(in[0], &last, 1, true), 2, sh));
+}
+static void want_other_rows(int64_t rows, int64_t len, double *w) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t e = 0; e < len; e++) {
+      double s = 0;
+      for (int64_t k = 0; k < len; k++) s += row_x(e * len + k);
+      w[r * len + e] = row_x(r * len + e) * s;
+    }
+}
+
+/* Whether a rendered program in dir has the row form (its vector loads) and a row group (a
+ * kernel writing the group's reductions and their consumers). */
+static bool row_form_dumped(const char *dir) {
+  DIR *dp = opendir(dir);
+  bool found = false;
+  for (struct dirent *de; dp && !found && (de = readdir(dp));) {
+    char path[4096], buf[1 << 16];
+    if (!strstr(de->d_name, ".cl")) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    found = strstr(buf, "GC_V(vload)") && strstr(buf, "reduce_sum over the row") &&
+            strstr(buf, "GC_V(vstore)");
+  }
+  if (dp) closedir(dp);
+  return found;
+}
+
+/* The checks of `--row-form DIR` (GRAFT_COMPILE=sync, GRAFT_DUMP_DIR=DIR): rows of 5 (all
+ * tail), 40 (vectors and a tail) and 48 (vectors only) on 7 rows (a launch no work-group
+ * size divides); the group's kernel must have been rendered. Returns the failed checks. */
+static int row_form_checks(const char *dir) {
+  static const row_case cases[] = {{"softmax", row_softmax, want_softmax},
+                                   {"layer_norm", row_layer_norm, want_layer_norm}};
+  static const int64_t lens[] = {5, 40, 48};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) CHECK(row_run(&cases[c], 7, lens[k]));
+  const row_case other = {"other rows' sums", row_other_rows, want_other_rows};
+  CHECK(row_run(&other, 40, 40));
+  CHECK(row_form_dumped(dir));
+  return check_failed_in_test;
+}
+
+/* Runs this program again as `--row-form DIR`: compiling in the foreground, dumping sources. */
+TEST(opencl_row_form) {
+  NEED_OPENCL("opencl_row_form");
+  char dir[] = "/tmp/graft_rowform_XXXXXX";
+  CHECK(mkdtemp(dir));
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("GRAFT_COMPILE", "sync", 1);
+    setenv("GRAFT_DUMP_DIR", dir, 1);
+    execl("/proc/self/exe", "test_device", "--row-form", dir, (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  DIR *dp = opendir(dir);
+  for (struct dirent *de; dp && (de = readdir(dp));) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    if (de->d_name[0] != '.') unlink(path);
+  }
+  if (dp) closedir(dp);
+  rmdir(dir);
+}
+
 TEST(no_live_tensors) { CHECK(M().live_tensors == 0); }
 
 /* --probe KIND: whether graft finds a device of that kind (0) or not (3, and why; not 1, which
@@ -316,6 +462,12 @@ int main(int argc, char **argv) {
     graft_shutdown();
     return failed != 0;
   }
+  if (argc == 3 && !strcmp(argv[1], "--row-form")) {
+    ocl_dev = graft_device_find("opencl", 0);
+    int failed = ocl_dev < 0 || row_form_checks(argv[2]);
+    graft_shutdown();
+    return failed != 0;
+  }
   ocl_dev = graft_device_find("opencl", 0);
   graft_clear_error();
   RUN(cpu_devices);
@@ -329,6 +481,7 @@ int main(int argc, char **argv) {
   RUN(failing_step_on_device);
   RUN(build_failure_names_the_log);
   RUN(opencl_hidden_by_env);
+  RUN(opencl_row_form);
   RUN(no_live_tensors);
   graft_shutdown();
   return CHECK_DONE();

@@ -32,6 +32,12 @@ typedef struct {
   int nmemo, memo_cap;
   int failed;
   char fail_what[160];
+  /* A row group being rendered (gpu_row.c): the slots its kernel writes (NULL outside one), the
+   * rows and their length; vfail: the value asked for has no vector form here. */
+  unsigned char *member;
+  int64_t rows, rlen;
+  bool vfail;
+  unsigned char *safe; /* gpu_row.c's answers per (slot, row): 0 unknown, 1 safe, 2 not */
 } gpu_cg;
 
 const char *gpu_ctype(graft_dtype dt);
@@ -39,6 +45,10 @@ const char *gpu_value(gpu_cg *g, int i, gpu_pos pos);
 void gpu_pos_coords(gpu_cg *g, gpu_pos *pos);
 const char *gpu_pos_lin(gpu_cg *g, gpu_pos *pos);
 const char *gpu_tmp(gpu_cg *g);
+const char *gpu_memo_find(const gpu_cg *g, const char *key);
+void gpu_memo_put(gpu_cg *g, const char *key, const char *val);
+/* The operand position a broadcast, reshape, transpose or slice reads for output position pos. */
+gpu_pos gpu_move_pos(gpu_cg *g, const exec_instr *ins, const exec_instr *x, gpu_pos *pos);
 /* Emits "const T name = expr;" and returns name. */
 const char *gpu_def(gpu_cg *g, graft_dtype dt, const char *expr);
 /* Records that the kernel cannot be generated (the first reason wins). */
@@ -64,6 +74,11 @@ void gpu_kernel_close(gpu_cg *g, cpu_sb *out, cpu_sb *body, int64_t n, gpu_step 
 /* Writes kernel k<kernel>'s signature: output slot s, then the slots in g->reads. */
 void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *st);
 void gpu_scope_begin(gpu_cg *g, cpu_sb *body);
+
+/* ---- gpu_row.c: the vector row form of CPU-type devices ---- */
+/* Renders the row group that starts at reduction s (kernel k<kernel>) and marks the slots it
+ * writes in done; false (nothing rendered) when s has no row form. */
+bool gpu_kernel_rows(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st, unsigned char *done);
 
 /* ---- gpu_special.c: conv2d, reduce_window, gather as kernels over whole operands ---- */
 bool gpu_special_supported(const exec_program *p, int i);

@@ -2,6 +2,29 @@
  * helpers every generated source starts with. The CUDA dialect (part 2) fills the same fields. */
 #include "gpu_render.h"
 
+/* OpenCL C's vectors: the CPU math's gm_expf lane-wise, operation for operation (fma, rint and
+ * the exponent bits are exact in every lane), so the row form's exp equals the scalar one. */
+static const char gpu_vprelude_opencl[] =
+    "#define GC_V2(t, w) t##w\n#define GC_V1(t, w) GC_V2(t, w)\n#define GC_V(t) GC_V1(t, GC_VW)\n"
+    "typedef GC_V(float) gc_vf;\ntypedef GC_V(int) gc_vi;\n"
+    "#ifdef GC_FP64\ntypedef GC_V(double) gc_vd;\n#define gc_vf2d(v) GC_V(convert_double)(v)\n#endif\n"
+    "static inline gc_vf gm_expf_v(gc_vf x) {\n"
+    "  gc_vf xc = x < -104.0f ? (gc_vf)(-104.0f) : x > 89.0f ? (gc_vf)(89.0f) : x;\n"
+    "  gc_vf n = rint(xc * 1.44269504088896341f);\n"
+    "  gc_vf r = fma(n, (gc_vf)(-0.693359375f), xc);\n"
+    "  r = fma(n, (gc_vf)(2.12194440e-4f), r);\n"
+    "  gc_vf p = (gc_vf)(1.9875691500e-4f);\n"
+    "  p = fma(p, r, (gc_vf)(1.3981999507e-3f));\n"
+    "  p = fma(p, r, (gc_vf)(8.3334519073e-3f));\n"
+    "  p = fma(p, r, (gc_vf)(4.1665795894e-2f));\n"
+    "  p = fma(p, r, (gc_vf)(1.6666665459e-1f));\n"
+    "  p = fma(p, r, (gc_vf)(5.0000001201e-1f));\n"
+    "  p = fma(p, r * r, r) + 1.0f;\n"
+    "  gc_vi ni = GC_V(convert_int)(n), n1 = ni / 2, n2 = ni - n1;\n"
+    "  gc_vf s1 = GC_V(as_float)((n1 + 127) << 23), s2 = GC_V(as_float)((n2 + 127) << 23);\n"
+    "  gc_vf res = p * s1 * s2;\n"
+    "  return x != x ? x : res;\n}\n";
+
 const gpu_dialect gpu_dialect_opencl = {
     .name = "OpenCL C",
     .prelude =
@@ -28,4 +51,7 @@ const gpu_dialect gpu_dialect_opencl = {
     .local_size = "(int)get_local_size(0)",
     .local_decl = "  __local %s %s[%d];\n",
     .barrier = "barrier(CLK_LOCAL_MEM_FENCE)",
+    .vprelude = gpu_vprelude_opencl,
+    .vload = "GC_V(vload)(0, %s)",
+    .vstore = "GC_V(vstore)(%s, 0, %s)",
 };

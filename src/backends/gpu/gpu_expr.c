@@ -167,8 +167,7 @@ static const char *gpu_load(gpu_cg *g, int s, gpu_pos *pos) {
 }
 
 
-/* The operand position a broadcast, reshape, transpose or slice reads for output position pos. */
-static gpu_pos gpu_move_pos(gpu_cg *g, const exec_instr *ins, const exec_instr *x, gpu_pos *pos) {
+gpu_pos gpu_move_pos(gpu_cg *g, const exec_instr *ins, const exec_instr *x, gpu_pos *pos) {
   gpu_pos q = {.nd = x->ndim, .shape = x->shape};
   switch (ins->op) {
   case IR_BROADCAST: {
@@ -319,13 +318,13 @@ static const char *gpu_value_inlined(gpu_cg *g, int i, gpu_pos pos) {
   }
 }
 
-static const char *gpu_memo_find(const gpu_cg *g, const char *key) {
+const char *gpu_memo_find(const gpu_cg *g, const char *key) {
   for (int k = g->nmemo - 1; k >= 0; k--)
     if (!strcmp(g->memo[k].key, key)) return g->memo[k].val;
   return NULL;
 }
 
-static void gpu_memo_put(gpu_cg *g, const char *key, const char *val) {
+void gpu_memo_put(gpu_cg *g, const char *key, const char *val) {
   if (g->nmemo == g->memo_cap) {
     int cap = g->memo_cap ? 2 * g->memo_cap : 256;
     gpu_memo *m = realloc(g->memo, sizeof *m * (size_t)cap);

@@ -65,16 +65,23 @@ void gpu_launch_shape(int64_t n, gpu_step *st, bool *guard) {
   st->global = (n + st->local - 1) / st->local * st->local;
 }
 
-/* The kernel's signature: its output, then every buffer it loads, in slot order. */
+/* The kernel's signature: its output, a row group's other outputs, then every buffer it loads,
+ * in slot order. */
 void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *st) {
   const gpu_dialect *d = g->d;
   cpu_sb_printf(out, "%s k%d(%s %s *%s p%d", d->kernel, kernel, d->global,
                 gpu_ctype(g->p->instr[s].dtype), d->restrict_, s);
-  st->nargs = 0;
+  st->nargs = st->nout = 0;
   st->args = malloc(sizeof(int) * ((size_t)g->p->ninstr + 1));
   if (!st->args) gpu_fail(g, "out of memory");
+  for (int r = 0; r < g->p->ninstr && st->args && g->member; r++) { /* a row group's others */
+    if (!g->member[r] || r == s) continue;
+    cpu_sb_printf(out, ", %s %s *%s p%d", d->global, gpu_ctype(g->p->instr[r].dtype), d->restrict_, r);
+    st->args[st->nargs++] = r;
+    st->nout++;
+  }
   for (int r = 0; r < g->p->ninstr && st->args; r++) {
-    if (!g->reads[r] || r == s) continue;
+    if (!g->reads[r] || r == s || (g->member && g->member[r])) continue;
     cpu_sb_printf(out, ", %s const %s *%s p%d", d->global, gpu_ctype(g->p->instr[r].dtype),
                   d->restrict_, r);
     st->args[st->nargs++] = r;
@@ -281,6 +288,10 @@ static void gpu_source_head(const exec_program *p, const gpu_dialect *d, const g
                 gpu_small_indices(p) ? "int32_t" : "int64_t");
   cpu_sb_puts(out, caps->fp64 ? gpu_helpers_fp64 : gpu_helpers_fp32);
   cpu_sb_puts(out, gpu_helpers);
+  if (caps->row_vec && d->vprelude) {
+    cpu_sb_printf(out, "#define GC_VW %d /* lanes of the row form */\n", caps->row_vec);
+    cpu_sb_puts(out, d->vprelude);
+  }
   const char *math = cpu_math_src, *dbl = strstr(math, "static inline double gm_sigmoid");
   if (caps->fp64 || !dbl) {
     cpu_sb_puts(out, math);
@@ -323,21 +334,32 @@ static int gpu_operand_step(const exec_program *p, const fuse_plan *pl, int i, g
   return 0;
 }
 
+/* A kernel or reduction step: a row group on a CPU-type device (its members are then done),
+ * else a kernel of its own. */
+static void gpu_kernel_step(gpu_cg *g, gpu_program *gp, int i, cpu_sb *out, gpu_step *st,
+                            unsigned char *done) {
+  st->kind = GPU_STEP_KERNEL;
+  if (g->p->instr[i].numel == 0) {
+    st->global = 0; /* nothing to launch: the buffer is empty */
+    return;
+  }
+  st->kernel = gp->nkernels++;
+  if (g->pl->role[i] == FUSE_KERNEL) gpu_kernel_map(g, i, st->kernel, out, st);
+  else if (!gpu_kernel_rows(g, i, st->kernel, out, st, done))
+    gpu_kernel_reduce(g, i, st->kernel, out, st);
+}
+
 static int gpu_render_steps(gpu_cg *g, gpu_program *gp, cpu_sb *out) {
   const exec_program *p = g->p;
+  unsigned char *done = calloc((size_t)p->ninstr + 1, 1); /* written by a row group */
+  if (!done) gpu_fail(g, "out of memory");
   for (int i = 0; i < p->ninstr && !g->failed; i++) {
     int role = g->pl->role[i];
     gpu_step st = {.slot = i, .kernel = -1};
-    if (role == FUSE_KERNEL || role == FUSE_REDUCE) {
-      if (p->instr[i].numel == 0) {
-        st.kind = GPU_STEP_KERNEL; /* nothing to launch: the buffer is empty */
-        st.global = 0;
-      } else {
-        st.kind = GPU_STEP_KERNEL;
-        st.kernel = gp->nkernels++;
-        if (role == FUSE_KERNEL) gpu_kernel_map(g, i, st.kernel, out, &st);
-        else gpu_kernel_reduce(g, i, st.kernel, out, &st);
-      }
+    if (done[i]) {
+      continue;
+    } else if (role == FUSE_KERNEL || role == FUSE_REDUCE) {
+      gpu_kernel_step(g, gp, i, out, &st, done);
     } else if (role == FUSE_LIBRARY && p->instr[i].op != IR_DOT) {
       st.kind = GPU_STEP_KERNEL;
       st.global = 0;
@@ -357,6 +379,7 @@ static int gpu_render_steps(gpu_cg *g, gpu_program *gp, cpu_sb *out) {
       gpu_fail(g, "out of memory");
     }
   }
+  free(done);
   return g->failed ? -1 : 0;
 }
 

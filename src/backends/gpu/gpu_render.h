@@ -3,7 +3,9 @@
  * each materialized instruction becomes one kernel: work-items over output elements, inlined
  * elementwise math, movement ops as index arithmetic; reductions loop over the reduced dims in
  * one work-item per output, or a work-group per output with a tree in local memory when few
- * outputs each reduce many elements. Library calls (GEMM) and fallbacks are steps the runtime
+ * outputs each reduce many elements. On a CPU-type device (caps.row_vec) a reduction over
+ * contiguous rows and the kernels after it that read the same rows run as one kernel, a
+ * work-item per row with vectors (gpu_row.c). Library calls (GEMM) and fallbacks are steps the runtime
  * runs. Private to the GPU backends. */
 #ifndef GRAFT_GPU_RENDER_H
 #define GRAFT_GPU_RENDER_H
@@ -21,6 +23,13 @@ typedef struct gpu_dialect {
   const char *local_id, *group_id, *local_size; /* within a work-group */
   const char *local_decl;   /* declares a work-group array: printf format (type, name, count) */
   const char *barrier;      /* work-group barrier on local memory */
+  /* Vectors for the row form of CPU-type devices (gpu_row.c); vprelude NULL: the dialect has
+   * none. vprelude follows "#define GC_VW <width>": it defines GC_V(name) (name pasted with the
+   * width), gc_vf (GC_VW floats), gc_vd (doubles, with GC_FP64), gc_vf2d(v) and gm_expf_v, the
+   * lane-wise twin of gm_expf (same operations, same results). */
+  const char *vprelude;
+  const char *vload;        /* printf (pointer expression): GC_VW floats from there */
+  const char *vstore;       /* printf (value, pointer expression) */
 } gpu_dialect;
 
 extern const gpu_dialect gpu_dialect_opencl;
@@ -32,7 +41,8 @@ typedef struct {
   int slot;       /* the instruction whose value this step writes */
   int kernel;     /* GPU_STEP_KERNEL: the entry is named k<kernel> */
   int nargs;      /* kernel arguments after the output: the slots it reads, in order */
-  int *args;
+  int *args;     /* the first nout are further outputs it writes (a row group's members) */
+  int nout;
   int64_t global; /* work-items (a multiple of local when local > 0) */
   int64_t local;  /* work-group size; 0: the runtime chooses */
   int trans[2];   /* GPU_STEP_LIBRARY: operand 0/1 read transposed (last two dims) */
@@ -57,6 +67,9 @@ typedef struct {
   bool fp64;           /* double precision in kernels */
   bool have_gemm;      /* a library GEMM for f32 (and f64 when fp64) */
   int64_t max_wg;      /* largest work-group */
+  /* A CPU-type device (pocl): rows are reduced and written by one work-item each with vectors
+   * of row_vec lanes (gpu_row.c); 0: the GPU forms only. */
+  int row_vec;
 } gpu_caps;
 
 /* Plans and renders p for dialect d; 0, or -1 with the error set. */

@@ -46,6 +46,7 @@ typedef struct {
   size_t max_wg;     /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
   size_t local_mem;
   bool fp64;
+  bool cpu; /* CL_DEVICE_TYPE_CPU (pocl): rows get the vector row form (gpu_caps.row_vec) */
 } ocl_device;
 
 /* The OpenCL device behind graft device id, or NULL. */

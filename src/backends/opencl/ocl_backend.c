@@ -82,13 +82,26 @@ static void ocl_dump_source(const exec_program *p, const char *source) {
   fclose(f);
 }
 
+/* Lanes of the vector row form: 16 on a CPU-type device (on pocl float16 rows beat float8 and
+ * scalar lanes; AVX-512 here, two halves on AVX2), none on a GPU; GRAFT_OPENCL_ROW_VEC = 0, 2,
+ * 4, 8 or 16 chooses (0: the GPU forms), to compare them. */
+static int ocl_row_vec(const ocl_device *d) {
+  const char *env = getenv("GRAFT_OPENCL_ROW_VEC");
+  if (env && *env) {
+    int w = atoi(env);
+    if (w == 0 || w == 2 || w == 4 || w == 8 || w == 16) return w;
+  }
+  return d->cpu ? 16 : 0;
+}
+
 static void *ocl_compile(const exec_program *p) {
   ocl_device *d = ocl_device_get(p->device);
   if (!d) return err_set(GRAFT_ERR_DEVICE, "opencl: device %d is not an OpenCL device", p->device);
   ocl_exe *x = calloc(1, sizeof *x);
   if (!x) return err_set(GRAFT_ERR_OOM, "opencl: out of memory");
   x->dev = d;
-  gpu_caps caps = {.fp64 = d->fp64, .have_gemm = ocl_blas_available(), .max_wg = (int64_t)d->max_wg};
+  gpu_caps caps = {.fp64 = d->fp64, .have_gemm = ocl_blas_available(), .max_wg = (int64_t)d->max_wg,
+                   .row_vec = ocl_row_vec(d)};
   if (gpu_render(p, &gpu_dialect_opencl, &caps, &x->gp)) {
     free(x);
     return NULL;
@@ -206,13 +219,22 @@ static void ocl_drop(ocl_run *r, int s) {
   r->own[s] = 0;
 }
 
+/* The buffer step k writes to slot s. */
+static int ocl_output(ocl_run *r, int s) {
+  const exec_instr *ins = &r->p->instr[s];
+  r->B[s] = buffer_new((size_t)ins->numel * graft_dtype_size(ins->dtype), r->p->device, 0,
+                       ir_ops[ins->op].name);
+  if (!r->B[s]) return -1;
+  r->own[s] = 1;
+  return 0;
+}
+
 static int ocl_step(ocl_run *r, int k) {
   const gpu_step *st = &r->x->gp.steps[k];
   const exec_instr *ins = &r->p->instr[st->slot];
-  r->B[st->slot] = buffer_new((size_t)ins->numel * graft_dtype_size(ins->dtype), r->p->device, 0,
-                              ir_ops[ins->op].name);
-  if (!r->B[st->slot]) return -1;
-  r->own[st->slot] = 1;
+  if (ocl_output(r, st->slot)) return -1;
+  for (int a = 0; a < st->nout; a++) /* a row group's other outputs */
+    if (ocl_output(r, st->args[a])) return -1;
   if (!ins->numel) return 0;
   int rc = st->kind == GPU_STEP_KERNEL ? ocl_launch(r, st)
          : st->kind == GPU_STEP_LIBRARY ? ocl_gemm_step(r, st)
@@ -306,12 +328,18 @@ static const char *ocl_step_name(gpu_step_kind k) {
                                                                             : "a host fallback";
 }
 
+static bool ocl_step_writes(const gpu_step *st, int slot) {
+  for (int a = 0; a < st->nout; a++)
+    if (st->args[a] == slot) return true;
+  return st->slot == slot;
+}
+
 static void ocl_explain(void *e, const exec_program *p, int slot, char *buf, size_t n, char **source) {
   ocl_exe *x = e;
   (void)p;
   snprintf(buf, n, "inlined into a kernel of the OpenCL program");
   for (int k = 0; k < x->gp.nsteps; k++)
-    if (x->gp.steps[k].slot == slot) {
+    if (ocl_step_writes(&x->gp.steps[k], slot)) {
       if (x->gp.steps[k].kind == GPU_STEP_KERNEL)
         snprintf(buf, n, "%s (k%d)", ocl_step_name(x->gp.steps[k].kind), x->gp.steps[k].kernel);
       else

@@ -116,10 +116,12 @@ static void ocl_add(cl_platform_id plat, cl_device_id dev) {
   ocl.clGetDeviceInfo(dev, CL_DRIVER_VERSION, sizeof dver - 1, dver, NULL);
   cl_ulong mem = 0, local = 0;
   cl_device_fp_config fp64 = 0;
+  cl_device_type type = 0;
   ocl.clGetDeviceInfo(dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, NULL);
   ocl.clGetDeviceInfo(dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
   ocl.clGetDeviceInfo(dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof d->max_wg, &d->max_wg, NULL);
   ocl.clGetDeviceInfo(dev, CL_DEVICE_DOUBLE_FP_CONFIG, sizeof fp64, &fp64, NULL);
+  ocl.clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
   d->ctx = ocl.clCreateContext(NULL, 1, &dev, NULL, NULL, &st);
   if (st != CL_SUCCESS) return;
   d->queue = ocl.clCreateCommandQueue(d->ctx, dev, 0, &st);
@@ -131,6 +133,7 @@ static void ocl_add(cl_platform_id plat, cl_device_id dev) {
   d->dev = dev;
   d->local_mem = (size_t)local;
   d->fp64 = fp64 != 0;
+  d->cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
   snprintf(d->name, sizeof d->name, "%s: %s", pname, dname);
   snprintf(d->version, sizeof d->version, "%s; driver %s", pver, dver);
   d->id = device_register("opencl", d->name, (size_t)mem, &ocl_mem, d);
