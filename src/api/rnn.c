@@ -209,6 +209,16 @@ static bool lstm_forward_body(graft_tensor *x, graft_tensor *h, graft_tensor *c,
   return out[0] && out[1] && out[2] && out[3];
 }
 
+/* Ends the scope a public function opened: keeps its n results, or (on failure) lets the scope
+ * release the partial ones and returns the error. */
+static graft_status rnn_finish(const char *fn, bool ok, graft_tensor **out, int n) {
+  for (int k = 0; ok && k < n; k++) out[k] = graft_keep(out[k]);
+  graft_scope_end();
+  if (ok) return GRAFT_OK;
+  for (int k = 0; k < n; k++) out[k] = NULL;
+  return rnn_fail(fn);
+}
+
 graft_status graft_lstm(graft_tensor *x, graft_tensor *h0, graft_tensor *c0, graft_tensor *w_ih,
                         graft_tensor *w_hh, graft_tensor *b_ih, graft_tensor *b_hh,
                         bool batch_first, graft_tensor **out) {
@@ -219,13 +229,7 @@ graft_status graft_lstm(graft_tensor *x, graft_tensor *h0, graft_tensor *c0, gra
   if (!rnn_check(fn, x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, &d)) return rnn_fail(fn);
   graft_scope_begin();
   bool ok = lstm_forward_body(x, h0, c0, w_ih, w_hh, b_ih, b_hh, batch_first, &d, out);
-  for (int k = 0; ok && k < 4; k++) out[k] = graft_keep(out[k]);
-  graft_scope_end();
-  if (!ok) { /* the scope released the partial results */
-    for (int k = 0; k < 4; k++) out[k] = NULL;
-    return rnn_fail(fn);
-  }
-  return GRAFT_OK;
+  return rnn_finish(fn, ok, out, 4);
 }
 
 /* The backward's per-step coefficients over the whole sequence: dc_t += dh_t * A; the
@@ -339,11 +343,5 @@ graft_status graft_lstm_backward(graft_tensor *x, graft_tensor *h0, graft_tensor
     return rnn_fail(fn);
   graft_scope_begin();
   bool ok = lstm_backward_body(x, h0, c0, w_ih, w_hh, y, state, dy, dh_n, dc_n, batch_first, &d, out);
-  for (int k = 0; ok && k < 6; k++) out[k] = graft_keep(out[k]);
-  graft_scope_end();
-  if (!ok) { /* the scope released the partial results */
-    for (int k = 0; k < 6; k++) out[k] = NULL;
-    return rnn_fail(fn);
-  }
-  return GRAFT_OK;
+  return rnn_finish(fn, ok, out, 6);
 }
