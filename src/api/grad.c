@@ -1,5 +1,6 @@
-/* Gradients of primitives that front-ends need as ops (conv2d, max_pool2d), and flip, written
- * on the public API only: they decompose into primitives like any composite. */
+/* Gradients of primitives that front-ends need as ops (conv2d), and flip, written on the public
+ * API only: they decompose into primitives like any composite. (max_pool2d's gradient is an op
+ * of its own, max_pool_grad: graft_max_pool2d_backward in ops_nn.c.) */
 #include "graft.h"
 #include "composite.h"
 #include <math.h>
