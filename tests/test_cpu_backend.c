@@ -694,6 +694,33 @@ TEST(fallbacks_counted) {
   release_all();
 }
 
+/* The direct (grouped) convolution with input dilation, as a strided depthwise convolution's
+ * input gradient runs it: every stride/dilation pairing, against the reference kernel. The
+ * host kernel steps over the output columns that read an input column (lw / gcd(sw, lw));
+ * a wrong first column or step misplaces or drops taps. */
+TEST(conv_direct_input_dilated) {
+  static const int cases[][6] = {/* stride h,w; lhs dilation h,w; pad lo; kernel */
+                                 {1, 1, 2, 2, 2, 3}, {1, 1, 3, 2, 1, 3}, {1, 2, 2, 2, 2, 3},
+                                 {2, 3, 2, 2, 0, 3}, {1, 2, 4, 6, 3, 5}, {1, 1, 2, 1, 1, 2}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int *k = cases[c];
+    for (int og = 1; og <= 2; og++) { /* depthwise, and channel multiplier 2 */
+      int64_t xs[4] = {2, 3, 5, 7}, ws[4] = {3 * og, 1, k[5], k[5]};
+      ir_node *in[2] = {data(GRAFT_F32, 4, xs), data(GRAFT_F32, 4, ws)};
+      ir_attrs a = {0};
+      a.a[0] = k[0]; a.a[1] = k[1];                 /* stride */
+      a.a[2] = a.a[3] = a.a[4] = a.a[5] = k[4];     /* padding */
+      a.a[6] = a.a[7] = 1;                          /* dilation */
+      a.a[8] = k[2]; a.a[9] = k[3];                 /* lhs dilation */
+      a.a[10] = 3;                                  /* groups */
+      ir_node *y = mk(IR_CONV2D, 2, in, &a, 0, 0, NULL);
+      CHECK(y != NULL);
+      CHECK(compare(&y, 1, 1e-5) == 0);
+      release_all();
+    }
+  }
+}
+
 TEST(compiler_failure_is_an_error) {
   int64_t sh[1] = {10};
   ir_node *x = data(GRAFT_F32, 1, sh);
@@ -1686,6 +1713,7 @@ int main(void) {
   RUN(dot_blas_and_fallback);
   RUN(profile_table);
   RUN(fallbacks_counted);
+  RUN(conv_direct_input_dilated);
   RUN(compiler_failure_is_an_error);
   RUN(disk_cache);
   RUN(cache_path_is_not_shell_code);

@@ -65,7 +65,7 @@ const cpu_blas_fns *cpu_blas(void); /* NULL fields when OpenBLAS cannot be loade
 
 /* ---- cpu_profile.c: GRAFT_PROFILE=1, time per call site of each compiled graph ---- */
 typedef struct {
-  char name[48];
+  char name[96];
   double ms;
   int64_t calls;
 } cpu_profile_site;
@@ -80,7 +80,8 @@ typedef struct cpu_profile {
 bool cpu_profile_enabled(void);
 double cpu_profile_now(void); /* milliseconds, monotonic */
 void cpu_profile_kernel(cpu_profile *p, int site, cpu_kernel_fn fn, int64_t total, double ms);
-void cpu_profile_host(cpu_profile *p, int site, const char *op, double ms);
+void cpu_profile_host(cpu_profile *p, int site, const exec_instr *ins, const exec_program *prog,
+                      double ms);
 void cpu_profile_gemm(cpu_profile *p, int site, int dbl, int ta, int tb, int m, int n, int k,
                       int64_t batch, double ms);
 /* Counts a run; the first registers the table to be written to stderr at exit (or when freed). */
