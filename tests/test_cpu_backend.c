@@ -721,6 +721,49 @@ TEST(conv_direct_input_dilated) {
   }
 }
 
+/* Kernels of the same code on other buffers share one body (cpu_dedup.c): a block repeated
+ * four times on its own inputs, and once at another shape and once with another constant
+ * (neither may share). Every output is compared with the reference, so a wrapper passing the
+ * wrong buffers, or a merge of kernels that differ, fails; the source holds fewer kernel
+ * definitions than kernels. */
+static int count_in(const char *s, const char *what) {
+  int n = 0;
+  for (const char *q = s; (q = strstr(q, what)) != NULL; q++) n++;
+  return n;
+}
+/* Lines "static void k<N>_(...) {": kernel body definitions. */
+static int count_bodies(const char *s) {
+  int n = 0;
+  for (const char *q = s; (q = strstr(q, "\nstatic void k")) != NULL; q++) {
+    const char *e = strchr(q + 1, '\n');
+    const char *u = strstr(q, "_(int64_t lo");
+    n += e && u && u < e && e[-1] == '{';
+  }
+  return n;
+}
+TEST(kernels_share_bodies) {
+  /* each block reads the previous one's total, so each is its own kernel */
+  int64_t sh[2] = {8, 33}, other[2] = {8, 34};
+  ir_node *r[7], *s = cnst(GRAFT_F32, 0.0, 0, NULL);
+  for (int k = 0; k < 6; k++) {
+    const int64_t *d = k == 4 ? other : sh;
+    ir_node *x = data(GRAFT_F32, 2, d), *w = data(GRAFT_F32, 2, d);
+    ir_node *c = cnst(GRAFT_F32, k == 5 ? 3.0 : 2.0, 2, d);
+    ir_node *y = u1(IR_TANH, b2(IR_ADD, b2(IR_MUL, x, w), b2(IR_MUL, c, bcast(s, 2, d))));
+    r[k] = y;
+    s = reduce(IR_REDUCE_SUM, b2(IR_MUL, y, y), 3, 0);
+  }
+  r[6] = s;
+  CHECK(compare(r, 7, 1e-5) == 0);
+  const char *src = cpu_last_source();
+  int kernels = count_in(src, "(void **S, int64_t lo, int64_t hi) {");
+  int bodies = count_bodies(src);
+  CHECK(kernels >= 6);
+  CHECK(bodies > 0 && bodies <= kernels - 3);
+  if (bodies > kernels - 3) fprintf(stderr, "kernels %d, bodies %d\n", kernels, bodies);
+  release_all();
+}
+
 TEST(compiler_failure_is_an_error) {
   int64_t sh[1] = {10};
   ir_node *x = data(GRAFT_F32, 1, sh);
@@ -1714,6 +1757,7 @@ int main(void) {
   RUN(profile_table);
   RUN(fallbacks_counted);
   RUN(conv_direct_input_dilated);
+  RUN(kernels_share_bodies);
   RUN(compiler_failure_is_an_error);
   RUN(disk_cache);
   RUN(cache_path_is_not_shell_code);

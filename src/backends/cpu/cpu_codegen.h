@@ -55,6 +55,8 @@ typedef struct {
    * is then affine in i<L>l. A trial generation records the wanted F (0 none, -1 conflicting). */
   const char *split_var;   /* "i<L>" while generating a kernel member, else NULL */
   int64_t split_want, split_f;
+  cpu_dedup dedup;         /* kernel definitions emitted so far (cpu_dedup.c) */
+  int trial;               /* generating to measure, not to emit: nothing is recorded */
 } cpu_cg;
 
 const char *cpu_ctype(graft_dtype dt);

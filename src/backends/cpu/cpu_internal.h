@@ -40,6 +40,21 @@ bool cpu_op_generated(const exec_program *p, int i, bool have_blas);
 int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_sb *out, int *nkernels,
                 int *kernel_of);
 
+/* ---- cpu_dedup.c: kernels with the same code share one body ---- */
+typedef struct {
+  uint64_t hash;
+  int kid;
+  char *text; /* canonical text */
+} cpu_dedup_entry;
+typedef struct {
+  cpu_dedup_entry *v;
+  int n, cap;
+} cpu_dedup;
+/* The kernel number of an earlier definition equal to def up to its numbered names, or -1
+ * after recording def as kernel kid's. */
+int cpu_dedup_find(cpu_dedup *d, const char *def, int kid);
+void cpu_dedup_free(cpu_dedup *d);
+
 /* ---- cpu_compile.c: compiler, disk cache, dlopen ---- */
 typedef struct {
   void *dl;
