@@ -77,9 +77,15 @@ static int64_t cpu_gcd(int64_t a, int64_t b) {
  * input gradient) only every lw/gcd(sw,lw)-th column reads one: step over those rather than
  * test each (the test per column ran 4-8x slower than the forward). */
 #define CONV_ROW(T)                                                                              \
-  static void cpu_conv_row_##T(const cpu_conv *c, T *yr, const T *xr, T wv, int64_t kw,         \
+  static inline void cpu_conv_row_##T(const cpu_conv *c, T *yr, const T *xr, T wv, int64_t kw,  \
                                int64_t ow0, int64_t ow1) {                                       \
     int64_t off = kw * c->dw - c->pw;                                                            \
+    if (c->lw == 1 && c->sw == 1 && ow1 - ow0 >= 8) { /* contiguous: vectorized */               \
+      const T *xs = xr + off;                                                                    \
+      _Pragma("omp simd")                                                                        \
+      for (int64_t ow = ow0; ow < ow1; ow++) yr[ow] += wv * xs[ow];                              \
+      return;                                                                                    \
+    }                                                                                            \
     if (c->lw == 1) {                                                                            \
       const T *xs = xr + off;                                                                    \
       for (int64_t ow = ow0; ow < ow1; ow++) yr[ow] += wv * xs[ow * c->sw];                      \
@@ -148,7 +154,12 @@ CONV_DIRECT(double)
             for (int64_t kh = kh0; kh < kh1; kh++) {                                             \
               const T *xr = xp + (oh * c->sh + kh * c->dh - c->ph) * c->W + ow * c->sw - c->pw;  \
               const T *wr = wp + kh * c->KW;                                                     \
-              for (int64_t kw = kw0; kw < kw1; kw++) acc += wr[kw] * xr[kw * c->dw];             \
+              if (c->dw == 1) {                                                                  \
+                _Pragma("omp simd reduction(+:acc)")                                             \
+                for (int64_t kw = kw0; kw < kw1; kw++) acc += wr[kw] * xr[kw];                   \
+              } else {                                                                           \
+                for (int64_t kw = kw0; kw < kw1; kw++) acc += wr[kw] * xr[kw * c->dw];           \
+              }                                                                                  \
             }                                                                                    \
           }                                                                                      \
           y[oh * c->OW + ow] = acc;                                                              \
