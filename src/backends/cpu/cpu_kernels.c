@@ -214,30 +214,50 @@ static cpu_window cpu_window_of(const exec_instr *ins, const ref_arg *x, const i
   return w;
 }
 
-/* reduce_window: max or sum pooling */
-#define POOL_BODY(T)                                                                             \
-  do {                                                                                           \
-    const T *x = in[0].data;                                                                     \
-    T *y = out;                                                                                  \
-    for (int64_t p = 0; p < win.planes; p++, x += win.H * win.W)                                 \
-      for (int64_t oh = 0; oh < win.OH; oh++)                                                    \
-        for (int64_t ow = 0; ow < win.OW; ow++) {                                                \
-          T acc = is_max ? (T)-INFINITY : (T)0;                                                  \
-          int nan = 0;                                                                           \
-          for (int64_t kh = 0; kh < win.KH; kh++) {                                              \
-            int64_t h = oh * win.SH + kh - win.PH;                                               \
-            if (h < 0 || h >= win.H) continue;                                                   \
-            for (int64_t kw = 0; kw < win.KW; kw++) {                                            \
-              int64_t w = ow * win.SW + kw - win.PW;                                             \
-              if (w < 0 || w >= win.W) continue;                                                 \
-              T v = x[h * win.W + w];                                                            \
-              if (is_max) { nan |= v != v; acc = v > acc ? v : acc; }                            \
-              else acc += v;                                                                     \
-            }                                                                                    \
-          }                                                                                      \
-          *y++ = nan ? (T)NAN : acc;                                                             \
-        }                                                                                        \
+/* reduce_window: max or sum pooling; windows inside the plane skip the bounds checks, planes
+ * run over the pool. A NaN in a max window gives NaN. */
+typedef struct {
+  const void *x;
+  void *y;
+  cpu_window w;
+  int is_max;
+} cpu_pool_job;
+
+#define POOL_PLANES(T)                                                                          \
+  do {                                                                                          \
+    const cpu_pool_job *j = S[0];                                                               \
+    const cpu_window win = j->w;                                                                \
+    const int is_max = j->is_max;                                                               \
+    for (int64_t p = lo; p < hi; p++) {                                                         \
+      const T *x = (const T *)j->x + p * win.H * win.W;                                         \
+      T *y = (T *)j->y + p * win.OH * win.OW;                                                   \
+      for (int64_t oh = 0; oh < win.OH; oh++)                                                   \
+        for (int64_t ow = 0; ow < win.OW; ow++) {                                               \
+          int64_t h0 = oh * win.SH - win.PH, w0 = ow * win.SW - win.PW;                         \
+          int64_t kh0 = h0 < 0 ? -h0 : 0, kw0 = w0 < 0 ? -w0 : 0;                               \
+          int64_t kh1 = h0 + win.KH > win.H ? win.H - h0 : win.KH;                              \
+          int64_t kw1 = w0 + win.KW > win.W ? win.W - w0 : win.KW;                              \
+          T acc = is_max ? (T)-INFINITY : (T)0;                                                 \
+          int nan = 0;                                                                          \
+          for (int64_t kh = kh0; kh < kh1; kh++) {                                              \
+            const T *xr = x + (h0 + kh) * win.W + w0;                                           \
+            for (int64_t kw = kw0; kw < kw1; kw++) {                                            \
+              T v = xr[kw];                                                                     \
+              if (is_max) {                                                                     \
+                nan |= v != v;                                                                  \
+                acc = v > acc ? v : acc;                                                        \
+              } else {                                                                          \
+                acc += v;                                                                       \
+              }                                                                                 \
+            }                                                                                   \
+          }                                                                                     \
+          *y++ = nan ? (T)NAN : acc;                                                            \
+        }                                                                                       \
+    }                                                                                           \
   } while (0)
+
+static void cpu_pool_float(void **S, int64_t lo, int64_t hi) { POOL_PLANES(float); }
+static void cpu_pool_double(void **S, int64_t lo, int64_t hi) { POOL_PLANES(double); }
 
 /* ---- max_pool_grad: each window's dy to its first maximum (ref_max_pool_grad's rule) ----
  * One pass per window: the first tap is the candidate, a strictly greater one replaces it, so
@@ -294,10 +314,10 @@ static void cpu_pool_grad_float(void **S, int64_t lo, int64_t hi) { POOL_GRAD_PL
 static void cpu_pool_grad_double(void **S, int64_t lo, int64_t hi) { POOL_GRAD_PLANES(double); }
 
 static int cpu_k_pool(const exec_instr *ins, const ref_arg *in, void *out) {
-  int is_max = IR_ATTR(ins->attr, WINDOW, kind) == 0;
-  cpu_window win = cpu_window_of(ins, &in[0], ins->shape);
-  if (ins->dtype == GRAFT_F32) POOL_BODY(float);
-  else POOL_BODY(double);
+  cpu_pool_job j = {in[0].data, out, cpu_window_of(ins, &in[0], ins->shape),
+                    IR_ATTR(ins->attr, WINDOW, kind) == 0};
+  void *S[1] = {&j};
+  cpu_parallel_run(ins->dtype == GRAFT_F32 ? cpu_pool_float : cpu_pool_double, S, j.w.planes);
   return 0;
 }
 
