@@ -420,6 +420,39 @@ static void want_other_rows(int64_t rows, int64_t len, const float *h, double *w
     }
 }
 
+/* exp(x + 0 * max(x)) (= exp(x), computed in the max's row group: gm_expf_v) on the OpenCL
+ * device against the same on cpu:0 (the CPU backend's gm_expf), bit for bit, with inputs where
+ * rounding x * log2(e) and then rint gives another integer than one fused rounding (an fma). */
+static graft_tensor *row_exp(graft_tensor *x) {
+  int last = -1;
+  return graft_exp(graft_add(x, graft_mul_scalar(graft_max(x, &last, 1, true), 0.0)));
+}
+static bool row_exp_bits(void) {
+  static const uint32_t near[] = {0x40d2b77c, 0x40ff1402, 0x414214ca, 0x4158430d, 0x416e7150,
+                                  0x4192f27c, 0x41a920bf, 0x4227bddb, 0x423dec1e, 0x4283013c,
+                                  0x428cb579, 0x426fd435, 0xc2490340, 0xc2541a61, 0xc25f3183,
+                                  0xc26a48a4, 0xc2a2e3bc};
+  enum { N = sizeof near / sizeof *near };
+  int64_t sh[2] = {2, 37}; /* two rows of two lane groups and a tail */
+  float h[74], out[2][74];
+  for (int i = 0; i < 74; i++) h[i] = row_x(i);
+  for (int i = 0; i < N; i++) memcpy(&h[i], &near[i], 4), memcpy(&h[37 + 16 + i % 16], &near[i], 4);
+  bool ok = true;
+  for (int k = 0; k < 2; k++) {
+    graft_scope_begin();
+    graft_tensor *x = graft_from_host(h, GRAFT_F32, 2, sh, k ? 0 : ocl_dev);
+    graft_tensor *y = x ? row_exp(x) : NULL;
+    ok = ok && y && graft_to_host(y, out[k], sizeof out[k]) == GRAFT_OK;
+    graft_scope_end();
+  }
+  for (int i = 0; ok && i < 74; i++)
+    if (memcmp(&out[0][i], &out[1][i], 4)) {
+      fprintf(stderr, "  exp(%.9g): %.9g on the device, %.9g on cpu:0\n", h[i], out[0][i], out[1][i]);
+      ok = false;
+    }
+  return ok;
+}
+
 /* Whether the kernel text k loads vectors from a buffer it writes (the row scratch: a value
  * kept in a member's output rows; the kernel's inputs are const). */
 static bool row_scratch_in(const char *k) {
@@ -454,8 +487,9 @@ static bool row_form_dumped(const char *dir, bool scratch) {
 
 /* The checks of `--row-form DIR` (GRAFT_COMPILE=sync, GRAFT_DUMP_DIR=DIR): rows of 1 (no row
  * form), 5 (all tail), 17 and 40 (vectors and a tail) and 48 (vectors only) on 7 rows (a launch
- * no work-group size divides) and on 10 rows with -inf, huge and NaN entries; the group's kernel
- * and one with the row scratch must have been rendered. Returns the failed checks. */
+ * no work-group size divides) and on 10 rows with -inf, huge and NaN entries; the vector exp
+ * bit for bit; the group's kernel and one with the row scratch must have been rendered.
+ * Returns the failed checks. */
 static int row_form_checks(const char *dir) {
   static const row_case cases[] = {
       {"softmax", row_softmax, want_softmax, false},
@@ -469,6 +503,7 @@ static int row_form_checks(const char *dir) {
       CHECK(row_run(&cases[c], cases[c].special ? 10 : 7, lens[k]));
   const row_case other = {"other rows' sums", row_other_rows, want_other_rows, false};
   CHECK(row_run(&other, 40, 40));
+  CHECK(row_exp_bits());
   CHECK(row_form_dumped(dir, false));
   CHECK(row_form_dumped(dir, true));
   return check_failed_in_test;
