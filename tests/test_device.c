@@ -307,12 +307,25 @@ TEST(opencl_hidden_by_env) {
 
 static float row_x(int64_t i) { return (float)((i * 37 % 101) / 25.0 - 2.0); }
 
-/* One case: y = f(x, g, b) on the OpenCL device (x rows x len of row_x, then g and b of len
- * each) against want(rows, len, w) computed here in double, to 1e-5. */
+/* Rows with what softmax must survive: -inf entries, a row of -inf only, a huge value, a NaN
+ * (every few rows, the others row_x). */
+static float row_special(int64_t i, int64_t len) {
+  int64_t r = i / len, e = i % len;
+  if (r % 5 == 1 && e % 3 == 0) return -INFINITY;
+  if (r % 5 == 2) return -INFINITY;
+  if (r % 5 == 3 && e == len - 1) return 1e30f;
+  if (r % 5 == 4 && len > 1 && e == len / 2) return NAN;
+  return row_x(i);
+}
+
+/* One case: y = f(x, g, b) on the OpenCL device (x rows x len of row_x, or row_special when
+ * special, then g and b of len each) against want(rows, len, h: those inputs, w) computed here
+ * in double, to 1e-5 (NaN where want is NaN). */
 typedef struct {
   const char *name;
   graft_tensor *(*f)(graft_tensor **in);
-  void (*want)(int64_t rows, int64_t len, double *w);
+  void (*want)(int64_t rows, int64_t len, const float *h, double *w);
+  bool special;
 } row_case;
 
 static bool row_run(const row_case *c, int64_t rows, int64_t len) {
@@ -320,7 +333,8 @@ static bool row_run(const row_case *c, int64_t rows, int64_t len) {
   float *h = malloc(sizeof(float) * (size_t)(n + 2 * len)), *out = malloc(sizeof(float) * (size_t)n);
   double *w = malloc(sizeof(double) * (size_t)n);
   bool ok = h && out && w;
-  for (int64_t i = 0; ok && i < n + 2 * len; i++) h[i] = row_x(i);
+  for (int64_t i = 0; ok && i < n + 2 * len; i++)
+    h[i] = c->special && i < n ? row_special(i, len) : row_x(i);
   graft_scope_begin();
   graft_tensor *in[3] = {ok ? graft_from_host(h, GRAFT_F32, 2, sh, ocl_dev) : NULL,
                          ok ? graft_from_host(h + n, GRAFT_F32, 1, sh + 1, ocl_dev) : NULL,
@@ -330,10 +344,11 @@ static bool row_run(const row_case *c, int64_t rows, int64_t len) {
   graft_scope_end();
   if (!ok) fprintf(stderr, "  %s %lldx%lld: %s\n", c->name, (long long)rows, (long long)len,
                    graft_last_error());
-  if (ok) c->want(rows, len, w);
+  if (ok) c->want(rows, len, h, w);
   int64_t bad = 0;
   for (int64_t i = 0; ok && i < n; i++)
-    if (!(fabs(out[i] - w[i]) <= 1e-5 * (1 + fabs(w[i]))) && bad++ < 3)
+    if (!(isnan(w[i]) ? isnan(out[i]) : fabs(out[i] - w[i]) <= 1e-5 * (1 + fabs(w[i]))) &&
+        bad++ < 3)
       fprintf(stderr, "  %s %lldx%lld [%lld]: %.9g, want %.9g\n", c->name, (long long)rows,
               (long long)len, (long long)i, out[i], w[i]);
   ok = ok && bad == 0;
@@ -342,26 +357,49 @@ static bool row_run(const row_case *c, int64_t rows, int64_t len) {
 }
 
 static graft_tensor *row_softmax(graft_tensor **in) { return graft_softmax(in[0], -1); }
-static void want_softmax(int64_t rows, int64_t len, double *w) {
+/* The row's max (NaN when it has one) and sum of exp(x - max); w = exp(x - max). */
+static void softmax_row(const float *x, int64_t len, double *m, double *s, double *w) {
+  *m = -INFINITY, *s = 0;
+  for (int64_t e = 0; e < len; e++) *m = x[e] > *m || isnan(x[e]) ? x[e] : *m;
+  for (int64_t e = 0; e < len; e++) *s += w[e] = exp(x[e] - *m);
+}
+static void want_softmax(int64_t rows, int64_t len, const float *h, double *w) {
   for (int64_t r = 0; r < rows; r++) {
-    double m = -INFINITY, s = 0;
-    for (int64_t e = 0; e < len; e++) m = fmax(m, row_x(r * len + e));
-    for (int64_t e = 0; e < len; e++) s += exp(row_x(r * len + e) - m);
-    for (int64_t e = 0; e < len; e++) w[r * len + e] = exp(row_x(r * len + e) - m) / s;
+    double m, s, *wr = w + r * len;
+    softmax_row(h + r * len, len, &m, &s, wr);
+    for (int64_t e = 0; e < len; e++) wr[e] /= s;
+  }
+}
+
+/* y * sum(y * exp(x - max)) with y = softmax(x): exp(x - max) computed by the sum, the quotient
+ * and the second sum (the row scratch keeps it for the members up to the one it is kept in; the
+ * others compute it again). */
+static graft_tensor *row_exp_reused(graft_tensor **in) {
+  int last = -1;
+  graft_tensor *e = graft_exp(graft_sub(in[0], graft_max(in[0], &last, 1, true)));
+  graft_tensor *y = graft_div(e, graft_sum(e, &last, 1, true));
+  return graft_mul(y, graft_sum(graft_mul(y, e), &last, 1, true));
+}
+static void want_exp_reused(int64_t rows, int64_t len, const float *h, double *w) {
+  for (int64_t r = 0; r < rows; r++) {
+    double m, s, t = 0, *wr = w + r * len;
+    softmax_row(h + r * len, len, &m, &s, wr);
+    for (int64_t e = 0; e < len; e++) t += wr[e] / s * wr[e];
+    for (int64_t e = 0; e < len; e++) wr[e] = wr[e] / s * t;
   }
 }
 
 static graft_tensor *row_layer_norm(graft_tensor **in) {
   return graft_layer_norm(in[0], in[1], in[2], 1e-5);
 }
-static void want_layer_norm(int64_t rows, int64_t len, double *w) {
+static void want_layer_norm(int64_t rows, int64_t len, const float *h, double *w) {
   int64_t n = rows * len;
   for (int64_t r = 0; r < rows; r++) {
     double mu = 0, var = 0;
-    for (int64_t e = 0; e < len; e++) mu += row_x(r * len + e) / (double)len;
-    for (int64_t e = 0; e < len; e++) var += pow(row_x(r * len + e) - mu, 2) / (double)len;
+    for (int64_t e = 0; e < len; e++) mu += h[r * len + e] / (double)len;
+    for (int64_t e = 0; e < len; e++) var += pow(h[r * len + e] - mu, 2) / (double)len;
     for (int64_t e = 0; e < len; e++)
-      w[r * len + e] = (row_x(r * len + e) - mu) / sqrt(var + 1e-5) * row_x(n + e) + row_x(n + len + e);
+      w[r * len + e] = (h[r * len + e] - mu) / sqrt(var + 1e-5) * h[n + e] + h[n + len + e];
   }
 }
 
@@ -373,18 +411,63 @@ static graft_tensor *row_other_rows(graft_tensor **in) {
   int64_t sh[2] = {1, graft_dim(in[0], 0)};
   return graft_mul(in[0], graft_reshape(graft_sum(in[0], &last, 1, true), 2, sh));
 }
-static void want_other_rows(int64_t rows, int64_t len, double *w) {
+static void want_other_rows(int64_t rows, int64_t len, const float *h, double *w) {
   for (int64_t r = 0; r < rows; r++)
     for (int64_t e = 0; e < len; e++) {
       double s = 0;
-      for (int64_t k = 0; k < len; k++) s += row_x(e * len + k);
-      w[r * len + e] = row_x(r * len + e) * s;
+      for (int64_t k = 0; k < len; k++) s += h[e * len + k];
+      w[r * len + e] = h[r * len + e] * s;
     }
 }
 
+/* exp(x + 0 * max(x)) (= exp(x), computed in the max's row group: gm_expf_v) on the OpenCL
+ * device against the same on cpu:0 (the CPU backend's gm_expf), bit for bit, with inputs where
+ * rounding x * log2(e) and then rint gives another integer than one fused rounding (an fma). */
+static graft_tensor *row_exp(graft_tensor *x) {
+  int last = -1;
+  return graft_exp(graft_add(x, graft_mul_scalar(graft_max(x, &last, 1, true), 0.0)));
+}
+static bool row_exp_bits(void) {
+  static const uint32_t near[] = {0x40d2b77c, 0x40ff1402, 0x414214ca, 0x4158430d, 0x416e7150,
+                                  0x4192f27c, 0x41a920bf, 0x4227bddb, 0x423dec1e, 0x4283013c,
+                                  0x428cb579, 0x426fd435, 0xc2490340, 0xc2541a61, 0xc25f3183,
+                                  0xc26a48a4, 0xc2a2e3bc};
+  enum { N = sizeof near / sizeof *near };
+  int64_t sh[2] = {2, 37}; /* two rows of two lane groups and a tail */
+  float h[74], out[2][74];
+  for (int i = 0; i < 74; i++) h[i] = row_x(i);
+  for (int i = 0; i < N; i++) memcpy(&h[i], &near[i], 4), memcpy(&h[37 + 16 + i % 16], &near[i], 4);
+  bool ok = true;
+  for (int k = 0; k < 2; k++) {
+    graft_scope_begin();
+    graft_tensor *x = graft_from_host(h, GRAFT_F32, 2, sh, k ? 0 : ocl_dev);
+    graft_tensor *y = x ? row_exp(x) : NULL;
+    ok = ok && y && graft_to_host(y, out[k], sizeof out[k]) == GRAFT_OK;
+    graft_scope_end();
+  }
+  for (int i = 0; ok && i < 74; i++)
+    if (memcmp(&out[0][i], &out[1][i], 4)) {
+      fprintf(stderr, "  exp(%.9g): %.9g on the device, %.9g on cpu:0\n", h[i], out[0][i], out[1][i]);
+      ok = false;
+    }
+  return ok;
+}
+
+/* Whether the kernel text k loads vectors from a buffer it writes (the row scratch: a value
+ * kept in a member's output rows; the kernel's inputs are const). */
+static bool row_scratch_in(const char *k) {
+  for (const char *at = k; (at = strstr(at, "GC_V(vload)(0, p")); at++) {
+    char decl[64];
+    snprintf(decl, sizeof decl, "__global float *restrict p%d,", atoi(at + 16));
+    if (strstr(k, decl)) return true;
+  }
+  return false;
+}
+
 /* Whether a rendered program in dir has the row form (its vector loads) and a row group (a
- * kernel writing the group's reductions and their consumers). */
-static bool row_form_dumped(const char *dir) {
+ * kernel writing the group's reductions and their consumers), and with scratch one that keeps
+ * a value in the row scratch. */
+static bool row_form_dumped(const char *dir, bool scratch) {
   DIR *dp = opendir(dir);
   bool found = false;
   for (struct dirent *de; dp && !found && (de = readdir(dp));) {
@@ -396,24 +479,33 @@ static bool row_form_dumped(const char *dir) {
     if (f) fclose(f);
     buf[n] = 0;
     found = strstr(buf, "GC_V(vload)") && strstr(buf, "reduce_sum over the row") &&
-            strstr(buf, "GC_V(vstore)");
+            strstr(buf, "GC_V(vstore)") && (!scratch || row_scratch_in(buf));
   }
   if (dp) closedir(dp);
   return found;
 }
 
-/* The checks of `--row-form DIR` (GRAFT_COMPILE=sync, GRAFT_DUMP_DIR=DIR): rows of 5 (all
- * tail), 40 (vectors and a tail) and 48 (vectors only) on 7 rows (a launch no work-group
- * size divides); the group's kernel must have been rendered. Returns the failed checks. */
+/* The checks of `--row-form DIR` (GRAFT_COMPILE=sync, GRAFT_DUMP_DIR=DIR): rows of 1 (no row
+ * form), 5 (all tail), 17 and 40 (vectors and a tail) and 48 (vectors only) on 7 rows (a launch
+ * no work-group size divides) and on 10 rows with -inf, huge and NaN entries; the vector exp
+ * bit for bit; the group's kernel and one with the row scratch must have been rendered.
+ * Returns the failed checks. */
 static int row_form_checks(const char *dir) {
-  static const row_case cases[] = {{"softmax", row_softmax, want_softmax},
-                                   {"layer_norm", row_layer_norm, want_layer_norm}};
-  static const int64_t lens[] = {5, 40, 48};
+  static const row_case cases[] = {
+      {"softmax", row_softmax, want_softmax, false},
+      {"layer_norm", row_layer_norm, want_layer_norm, false},
+      {"exp reused", row_exp_reused, want_exp_reused, false},
+      {"softmax, special values", row_softmax, want_softmax, true},
+      {"exp reused, special values", row_exp_reused, want_exp_reused, true}};
+  static const int64_t lens[] = {1, 5, 17, 40, 48};
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
-    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) CHECK(row_run(&cases[c], 7, lens[k]));
-  const row_case other = {"other rows' sums", row_other_rows, want_other_rows};
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++)
+      CHECK(row_run(&cases[c], cases[c].special ? 10 : 7, lens[k]));
+  const row_case other = {"other rows' sums", row_other_rows, want_other_rows, false};
   CHECK(row_run(&other, 40, 40));
-  CHECK(row_form_dumped(dir));
+  CHECK(row_exp_bits());
+  CHECK(row_form_dumped(dir, false));
+  CHECK(row_form_dumped(dir, true));
   return check_failed_in_test;
 }
 

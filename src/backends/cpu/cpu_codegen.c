@@ -523,8 +523,7 @@ static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   return rc;
 }
 
-/* Rough per-element cost of each inlined value, its inlined inputs included (saturating). */
-static void cpu_costs(const exec_program *p, const fuse_plan *pl, int *cost) {
+void cpu_costs(const exec_program *p, const fuse_plan *pl, int *cost) {
   for (int i = 0; i < p->ninstr; i++) {
     const exec_instr *ins = &p->instr[i];
     if (pl->role[i] != FUSE_INLINE) { cost[i] = 0; continue; }

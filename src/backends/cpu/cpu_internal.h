@@ -39,6 +39,9 @@ bool cpu_op_generated(const exec_program *p, int i, bool have_blas);
  * NULL, sets kernel_of[s] = N for each slot s that kernel k<N> writes (other entries untouched). */
 int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_sb *out, int *nkernels,
                 int *kernel_of);
+/* Rough per-element cost of each inlined value (ops.def's cost column), its inlined inputs
+ * included (saturating at 1000); 0 for the others. The GPU renderer's row scratch uses it too. */
+void cpu_costs(const exec_program *p, const fuse_plan *pl, int *cost);
 
 /* ---- cpu_dedup.c: kernels with the same code share one body ---- */
 typedef struct {

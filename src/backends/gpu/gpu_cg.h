@@ -38,6 +38,14 @@ typedef struct {
   int64_t rows, rlen;
   bool vfail;
   unsigned char *safe; /* gpu_row.c's answers per (slot, row): 0 unknown, 1 safe, 2 not */
+  /* gpu_row.c's row scratch: the lanes of inlined value vc, stored in member vc_buf's output
+   * row by the member that computes them first and loaded by the members after it up to vc_buf
+   * (which overwrites them); vc_state: 0 off, 1 store when computed, 2 stored by this member,
+   * 3 load. cur: the member being rendered. use_first/use_last (a render that counts, else
+   * NULL): the first and last member that computes each value's lanes in its row, -1 none. */
+  int vc, vc_buf, vc_state, cur;
+  int *use_first, *use_last;
+  const char *rowlin; /* "gid * <rlen> + e": element e of this work-item's row */
 } gpu_cg;
 
 const char *gpu_ctype(graft_dtype dt);
