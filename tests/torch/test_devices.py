@@ -176,15 +176,30 @@ class _LSTM(nn.Module):
         return self.head(self.rnn(x)[0][:, -1])
 
 
+class _CNN(nn.Module):
+    """A convolution, batch norm and max pooling: their gradients (conv2d's, max_pool_grad) run
+    as the device's own kernels, not on the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.head = nn.Linear(4 * 4 * 4, 10)
+
+    def forward(self, x):
+        return self.head(F.max_pool2d(F.relu(self.bn(self.conv(x))), 2).flatten(1))
+
+
 def _steady_case(name):
     torch.manual_seed(1)
     if name == "mlp":
         return _mlp(), torch.randn(32, 20), torch.randint(0, 10, (32,))
+    if name == "cnn":
+        return _CNN(), torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
     return _LSTM(), torch.randn(4, 5, 8), torch.randint(0, 10, (4,))
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
-@pytest.mark.parametrize("model", ["mlp", "lstm"])
+@pytest.mark.parametrize("model", ["mlp", "lstm", "cnn"])
 @pytest.mark.parametrize("kind", [pytest.param("cpu", id="cpu"),
                                   pytest.param("opencl", id="opencl", marks=[needs_opencl])])
 def test_steady_training_moves_only_scalars_and_the_loss(kind, model, opt):

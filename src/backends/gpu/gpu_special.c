@@ -1,17 +1,27 @@
 /* Kernels for the ops the CPU runs as host kernels: conv2d (direct: a work-item per output
  * element looping over its window; every attribute: stride, padding, dilation, input dilation,
- * groups), reduce_window (max/sum pooling) and gather (an index out of range is recorded in the
+ * groups), reduce_window (max/sum pooling), max_pool_grad and gather (an index out of range is recorded in the
  * program's status buffer and reported as the reference kernel does). Operands are whole
  * buffers (the plan materializes them). */
 #include "gpu_cg.h"
 #include "dtype.h"
 #include <inttypes.h>
 
+/* max_pool_grad with windows over the last two dims only (pooling as the front-ends make it). */
+static bool gpu_pool_grad_supported(const exec_instr *ins) {
+  for (int d = 0; d + 2 < ins->ndim; d++)
+    if (IR_ATTR_AT(ins->attr, WINDOW, window, d) != 1 || IR_ATTR_AT(ins->attr, WINDOW, stride, d) != 1 ||
+        IR_ATTR_AT(ins->attr, WINDOW, pad_lo, d) != 0)
+      return false;
+  return ins->ndim >= 2;
+}
+
 bool gpu_special_supported(const exec_program *p, int i) {
   const exec_instr *ins = &p->instr[i];
   switch (ins->op) {
   case IR_CONV2D: return dtype_is_float(ins->dtype) && ins->ndim == 4;
   case IR_REDUCE_WINDOW: return true;
+  case IR_MAX_POOL_GRAD: return gpu_pool_grad_supported(ins);
   case IR_GATHER: return true;
   default: return false;
   }
@@ -101,6 +111,54 @@ static void gpu_special_window(gpu_cg *g, int s, cpu_sb *b) {
   cpu_sb_printf(b, "  p%d[gid] = %s;\n", s, gpu_red_final(g, &red, &r, "acc", "nf"));
 }
 
+/* The windows along one dim that hold coordinate c: o * S - P <= c < o * S - P + K, o in
+ * [0, O): "<o>_lo" and "<o>_hi" (inclusive). */
+static void gpu_pool_grad_range(cpu_sb *b, const char *o, const char *c, int64_t S, int64_t P,
+                                int64_t K, int64_t O) {
+  cpu_sb_printf(b, "  const gi_t %s_n = %s + %" PRId64 " - %" PRId64 " + 1;\n", o, c, P, K);
+  cpu_sb_printf(b, "  const gi_t %s_lo = %s_n <= 0 ? 0 : (%s_n + %" PRId64 " - 1) / %" PRId64 ";\n",
+                o, o, o, S, S);
+  cpu_sb_printf(b, "  const gi_t %s_q = (%s + %" PRId64 ") / %" PRId64 ";\n", o, c, P, S);
+  cpu_sb_printf(b, "  const gi_t %s_hi = %s_q < %" PRId64 " ? %s_q : %" PRId64 " - 1;\n", o, o, O, o, O);
+}
+
+/* max_pool_grad: a work-item per input element sums dy over the windows that contain it and
+ * whose first maximum it is (taps in row-major order, pads -inf and never chosen, a NaN in the
+ * window chooses nothing): the host kernel's and the reference's rule, and their order of
+ * summation (windows by row, then column), without atomics. */
+static void gpu_special_pool_grad(gpu_cg *g, int s, cpu_sb *b) {
+  const exec_instr *ins = &g->p->instr[s];
+  int xs = ins->in[0], gs = ins->in[1], nd = ins->ndim;
+  const exec_instr *dy = &g->p->instr[gs];
+  int64_t H = ins->shape[nd - 2], W = ins->shape[nd - 1], OH = dy->shape[nd - 2], OW = dy->shape[nd - 1];
+  int64_t KH = IR_ATTR_AT(ins->attr, WINDOW, window, nd - 2), KW = IR_ATTR_AT(ins->attr, WINDOW, window, nd - 1);
+  int64_t SH = IR_ATTR_AT(ins->attr, WINDOW, stride, nd - 2), SW = IR_ATTR_AT(ins->attr, WINDOW, stride, nd - 1);
+  int64_t PH = IR_ATTR_AT(ins->attr, WINDOW, pad_lo, nd - 2), PW = IR_ATTR_AT(ins->attr, WINDOW, pad_lo, nd - 1);
+  const char *T = gpu_ctype(ins->dtype);
+  cpu_sb_printf(b, "  const gi_t plane = gid / %" PRId64 ", h = gid / %" PRId64 " %% %" PRId64
+                ", w = gid %% %" PRId64 ";\n", H * W, W, H, W);
+  cpu_sb_printf(b, "  const gi_t xb = plane * %" PRId64 ", gb = plane * %" PRId64 ";\n  %s acc = 0;\n",
+                H * W, OH * OW, T);
+  gpu_pool_grad_range(b, "oh", "h", SH, PH, KH, OH);
+  gpu_pool_grad_range(b, "ow", "w", SW, PW, KW, OW);
+  cpu_sb_puts(b, "  for (gi_t oh = oh_lo; oh <= oh_hi; oh++)\n  for (gi_t ow = ow_lo; ow <= ow_hi; ow++) {\n");
+  cpu_sb_printf(b, "    %s m = 0; gi_t best = -1; int first = 1, nf = 0;\n", T);
+  cpu_sb_printf(b, "    for (gi_t kh = 0; kh < %" PRId64 "; kh++)\n    for (gi_t kw = 0; kw < %" PRId64
+                "; kw++) {\n", KH, KW);
+  cpu_sb_printf(b, "      const gi_t ih = oh * %" PRId64 " + kh - %" PRId64 ", iw = ow * %" PRId64
+                " + kw - %" PRId64 ";\n", SH, PH, SW, PW);
+  cpu_sb_printf(b, "      const int in = ih >= 0 && ih < %" PRId64 " && iw >= 0 && iw < %" PRId64 ";\n",
+                H, W);
+  const char *xv = gpu_load_expr(g, xs, cpu_fmt(&g->ar, "xb + (in ? ih * %" PRId64 " + iw : 0)", W));
+  cpu_sb_printf(b, "      const %s v = in ? (%s)%s : (%s)(-INFINITY);\n", T, T, xv, T);
+  cpu_sb_puts(b, "      nf |= v != v;\n");
+  cpu_sb_printf(b, "      if (first || v > m) { m = v; best = in ? ih * %" PRId64 " + iw : -1; first = 0; }\n", W);
+  cpu_sb_puts(b, "    }\n");
+  const char *gv = gpu_load_expr(g, gs, cpu_fmt(&g->ar, "gb + oh * %" PRId64 " + ow", OW));
+  cpu_sb_printf(b, "    if (!nf && best == h * %" PRId64 " + w) acc += %s;\n  }\n", W, gv);
+  cpu_sb_printf(b, "  p%d[gid] = acc;\n", s);
+}
+
 static void gpu_special_gather(gpu_cg *g, int s, cpu_sb *b) {
   const exec_instr *ins = &g->p->instr[s];
   int xs = ins->in[0], is = ins->in[1];
@@ -129,6 +187,7 @@ void gpu_kernel_special(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st)
   g->self = -1;
   if (ins->op == IR_CONV2D) gpu_special_conv(g, s, &body);
   else if (ins->op == IR_REDUCE_WINDOW) gpu_special_window(g, s, &body);
+  else if (ins->op == IR_MAX_POOL_GRAD) gpu_special_pool_grad(g, s, &body);
   else gpu_special_gather(g, s, &body);
   st->status = ins->op == IR_GATHER;
   gpu_signature(g, out, s, kernel, st);
