@@ -7,6 +7,7 @@
  * after their last use. Outputs past CPU_NT_MIN_BYTES leave through streaming stores. */
 #include "cpu_codegen.h"
 #include "cpu_math.h"
+#include "../kexpr.h"
 #include "opmath.h"
 #include "dtype.h"
 #include <inttypes.h>
@@ -20,6 +21,7 @@
 #define CPU_NT_MIN_BYTES ((size_t)16 << 20)
 #define CPU_NT_BLOCK 2048               /* elements per streamed block of a flat kernel */
 #define CPU_ROW_SCRATCH_BYTES (64 << 10) /* per-row scratch (stack) of one kernel, at most */
+#define CPU_F32_RUN 8192                /* elements an f32 sum adds in f32 lanes, at most */
 
 static const char cpu_prelude[] =
     "#include <stdint.h>\n#include <math.h>\n"
@@ -126,8 +128,38 @@ static int64_t cpu_member_split(cpu_cg *g, int i, int a) {
   return F > 1 && ins->shape[L] % F == 0 && ins->shape[L] > F ? F : 0;
 }
 
+/* A lone row kernel whose trailing dims [from, ndim) were merged (cpu_kernel_merge): one loop
+ * on the innermost merged dim over their product; the others read "0". */
+static void cpu_member_kernel_merged(cpu_cg *g, int i, int a) {
+  const exec_instr *ins = &g->p->instr[i];
+  int nl = 0;
+  for (int d = a; d < ins->ndim; d++) {
+    if (g->aff_gone >> d & 1) continue;
+    int64_t n = ins->shape[d];
+    for (int e = a; e < ins->ndim && d == g->aff_inner; e++)
+      if (g->aff_gone >> e & 1) n *= ins->shape[e];
+    cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d, n, d);
+    nl++;
+  }
+  g->nmemo = 0;
+  g->self = i;
+  cpu_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
+  pos.ap = cpu_aff_root(g, ins->ndim);
+  for (int d = 0; d < ins->ndim; d++)
+    if (g->aff_gone >> d & 1) pos.c[d] = "0";
+  const char *v = cpu_value(g, i, pos);
+  pos.ap = NULL; /* the output: row-major, so its merged dims compose */
+  pos.lin = NULL;
+  cpu_sb_printf(g->body, "      p%d[%s] = %s;\n", i, kx_lin(&g->ar, ins->ndim, ins->shape, pos.c), v);
+  cpu_close_loops(g->body, nl);
+}
+
 static void cpu_member_kernel(cpu_cg *g, int i, int a) {
   const exec_instr *ins = &g->p->instr[i];
+  if (g->kmerge_from >= 0 && g->aff_emit) {
+    cpu_member_kernel_merged(g, i, a);
+    return;
+  }
   int64_t F = cpu_member_split(g, i, a);
   int L = ins->ndim - 1;
   if (F) {
@@ -160,7 +192,7 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a) {
 }
 
 /* Reduction root i: vars for its kept dims exist; the unit index r is the output index. */
-static void cpu_member_reduce(cpu_cg *g, int i) {
+static void cpu_member_reduce(cpu_cg *g, int i, bool merge) {
   const exec_instr *ins = &g->p->instr[i];
   const exec_instr *x = &g->p->instr[ins->in[0]];
   int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
@@ -186,30 +218,61 @@ static void cpu_member_reduce(cpu_cg *g, int i) {
     init = mx ? mins[dt] : maxs[dt];
   }
   red = ins->op == IR_REDUCE_SUM ? "+" : ins->op == IR_REDUCE_PROD ? "*" : mx ? "max" : "min";
-  int last = -1, nr = 0;
+  int last = -1, nr = 0, cand[GRAFT_MAX_DIMS], nc = 0;
   for (int d = 0; d < x->ndim; d++)
-    if (mask >> d & 1) { last = d; nr++; }
+    if (mask >> d & 1) {
+      last = d;
+      nr++;
+      if (x->shape[d] > 1) cand[nc++] = d;
+    }
+  /* A lone reduction's reduced dims whose strides compose in every load run as one loop
+   * (cpu_aff.c); the innermost of them carries it, over the product of their sizes. */
+  g->self = -1;
+  int64_t run = last >= 0 ? x->shape[last] : 1;
+  if (merge && cpu_aff_plan(g, ins->in[0], x->ndim, x->shape, cand, nc)) {
+    last = g->aff_inner;
+    run = x->shape[last];
+    for (int d = 0; d < x->ndim; d++)
+      if (g->aff_gone >> d & 1) run *= x->shape[d];
+    nr -= __builtin_popcount(g->aff_gone);
+  }
   cpu_sb_printf(g->body, "    %s acc%d = %s; int nfa%d = 0; (void)nfa%d;\n", acc_t, i, init, i, i);
   /* outer reduced loops */
   for (int d = 0; d < x->ndim; d++)
-    if ((mask >> d & 1) && d != last)
+    if ((mask >> d & 1) && d != last && !(g->aff_emit && (g->aff_gone >> d & 1)))
       cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d,
                     x->shape[d], d);
   const char *a2 = nr ? "a2" : cpu_fmt(&g->ar, "acc%d", i), *nf = nr ? "nf" : cpu_fmt(&g->ar, "nfa%d", i);
   /* An f32 sum over a short innermost run accumulates in f32 lanes (full vector width; PyTorch
-   * sums in f32 throughout), and the runs add up in double. */
-  bool f32_lanes = dt == GRAFT_F32 && ins->op == IR_REDUCE_SUM && nr && x->shape[last] <= 8192;
+   * sums in f32 throughout), and the runs add up in double; a merged run longer than
+   * CPU_F32_RUN does so in blocks of CPU_F32_RUN. */
+  bool f32_lanes = dt == GRAFT_F32 && ins->op == IR_REDUCE_SUM && nr &&
+                   (run <= CPU_F32_RUN || g->aff_emit);
+  bool blocks = f32_lanes && run > CPU_F32_RUN;
+  if (blocks)
+    cpu_sb_printf(g->body, "    for (int64_t i%db = 0; i%db < %" PRId64 "; i%db += %d) {\n", last,
+                  last, run, last, CPU_F32_RUN);
   if (nr) {
     cpu_sb_printf(g->body, "    %s a2 = %s; int nf = 0;\n", f32_lanes ? "float" : acc_t, init);
     cpu_sb_printf(g->body, "    #pragma omp simd reduction(%s:a2)%s\n", red,
                   fl && (mx || mn) ? " reduction(|:nf)" : "");
-    cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", last, last,
-                  x->shape[last], last);
+    if (blocks)
+      cpu_sb_printf(g->body, "    for (int64_t i%d = i%db; i%d < (i%db + %d < %" PRId64 " ? i%db + %d : %"
+                    PRId64 "); i%d++) {\n", last, last, last, last, CPU_F32_RUN, run, last,
+                    CPU_F32_RUN, run, last);
+    else
+      cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", last, last,
+                    run, last);
   }
   g->nmemo = 0;
-  g->self = -1;
   cpu_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
+  if (g->aff_emit) {
+    pos.ap = cpu_aff_root(g, x->ndim);
+    for (int d = 0; d < x->ndim; d++)
+      if (g->aff_gone >> d & 1) pos.c[d] = "0";
+  }
   const char *v = cpu_value(g, ins->in[0], pos);
+  cpu_aff_end(g);
   if (f32_lanes) cpu_sb_printf(g->body, "      %s += %s;\n", a2, v);
   else if (fl && !mx && !mn) cpu_sb_printf(g->body, "      %s %s= (double)%s;\n", a2, red, v);
   else if (fl) cpu_sb_printf(g->body, "      %s = %s %s %s ? %s : %s; %s |= %s != %s;\n", a2, v,
@@ -222,7 +285,7 @@ static void cpu_member_reduce(cpu_cg *g, int i) {
     if (!mx && !mn) cpu_sb_printf(g->body, "    acc%d %s= a2;\n", i, red);
     else cpu_sb_printf(g->body, "    acc%d = a2 %s acc%d ? a2 : acc%d; nfa%d |= nf;\n", i,
                        mx ? ">" : "<", i, i, i);
-    cpu_close_loops(g->body, nr - 1);
+    cpu_close_loops(g->body, nr - 1 + blocks);
   }
   const char *fin;
   if (fl && (mx || mn)) fin = cpu_fmt(&g->ar, "nfa%d ? (%s)NAN : acc%d", i, T, i);
@@ -428,7 +491,7 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
       int i = G->inst[m];
       cpu_sb_printf(&body, "    { /* %s */\n", ir_ops[p->instr[i].op].name);
       if (cpu_is_arg(p->instr[i].op)) cpu_member_arg(g, i);
-      else if (ir_ops[p->instr[i].op].kind == IR_K_REDUCE) cpu_member_reduce(g, i);
+      else if (ir_ops[p->instr[i].op].kind == IR_K_REDUCE) cpu_member_reduce(g, i, G->nm == 1);
       else cpu_member_kernel(g, i, G->a);
       cpu_sb_puts(&body, "    }\n");
       writes[i] = 1;
@@ -626,6 +689,27 @@ static void cpu_form_group(const cpu_cg *g, int i, int *inst, cpu_group *G, int 
   }
 }
 
+/* A lone kernel that needs coordinates: the first of its trailing dims (from dim 1 on, so the
+ * rows stay units of parallel work) whose strides compose in every load, merged into one loop
+ * (cpu_aff.c; the emitting state stays set for cpu_member_kernel), or -1. Not for outputs that
+ * stream out (their rows are written through cpu_row_inner's coordinates). */
+static int cpu_kernel_merge(cpu_cg *g, int i) {
+  const exec_instr *ins = &g->p->instr[i];
+  if ((size_t)ins->numel * graft_dtype_size(ins->dtype) >= cpu_nt_min_bytes()) return -1;
+  int cand[GRAFT_MAX_DIMS], nc = 0;
+  for (int d = 1; d < ins->ndim; d++)
+    if (ins->shape[d] > 1) cand[nc++] = d;
+  cpu_sb scratch = {0};
+  g->body = &scratch;
+  memset(g->member, 0, (size_t)g->p->ninstr);
+  g->split_var = NULL;
+  g->self = i;
+  int k = cpu_aff_plan(g, i, ins->ndim, ins->shape, cand, nc);
+  g->body = NULL;
+  cpu_sb_free(&scratch);
+  return k ? cand[nc - k] : -1;
+}
+
 /* Generates group G's kernel: a lone kernel flat when it can be, else by rows; a row group
  * shrinks until its members are row-local. Returns a CPU_GEN_* code (OK when done). */
 static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *osh, int ond,
@@ -639,7 +723,11 @@ static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *o
       G->a = ins->ndim - 1;
       G->oshape = ins->shape;
       G->ond = ins->ndim;
+      int from = cpu_kernel_merge(g, G->inst[0]);
+      if (from >= 1) G->a = g->kmerge_from = from;
       rc = cpu_gen_group(g, G, kid, kern);
+      g->kmerge_from = -1;
+      cpu_aff_end(g);
     }
     return rc;
   }
@@ -692,6 +780,7 @@ static cpu_cg *cpu_cg_new(const exec_program *p, const fuse_plan *pl) {
   g->rc_count = calloc(n, sizeof(int));
   g->cost = calloc(n, sizeof(int));
   if (g->cost) cpu_costs(p, pl, g->cost);
+  g->kmerge_from = -1;
   return g;
 }
 
