@@ -525,6 +525,43 @@ TEST(merged_loops) {
   release_all();
 }
 
+/* im2col's concat along a row dim ([C, 9, N*H*W], parts padded and sliced): the part is fixed
+ * per row, so the if/else chain sits around each part's own inner loops, against the
+ * reference (f32 and f64, 3 and 2 parts; a last part of zero width on one). */
+TEST(concat_rows) {
+  int64_t xs[4] = {3, 2, 5, 6}, col[3] = {2, 1, 90};
+  for (int c = 0; c < 3; c++) {
+    graft_dtype dt = c == 1 ? GRAFT_F64 : GRAFT_F32;
+    ir_node *x = data(dt, 4, xs);
+    ir_attrs pd = {0};
+    pd.a[2] = pd.a[3] = pd.a[10] = pd.a[11] = 1; /* H and W padded by 1 */
+    pd.f = c == 2 ? -1.5 : 0;
+    ir_node *xp = mk(IR_PAD, 1, &x, &pd, 0, 0, NULL); /* [3,2,7,8] */
+    ir_node *parts[10];
+    int np = c == 2 ? 2 : 9;
+    for (int k = 0; k < np; k++) {
+      ir_attrs sl = {0};
+      int64_t lim[4] = {3, 2, 5 + k / 3, 6 + k % 3};
+      for (int d = 0; d < 4; d++) sl.a[8 + d] = lim[d], sl.a[16 + d] = 1;
+      sl.a[2] = k / 3; sl.a[3] = k % 3;
+      ir_node *s = mk(IR_SLICE, 1, &xp, &sl, 0, 0, NULL); /* [3,2,5,6] */
+      parts[k] = reshape(tr(s, 1, 0, 2, 3), 3, col);
+    }
+    if (c == 2) { /* a part of zero width along the axis */
+      ir_attrs sl = {0};
+      int64_t lim[3] = {2, 0, 90};
+      for (int d = 0; d < 3; d++) sl.a[8 + d] = lim[d], sl.a[16 + d] = 1;
+      parts[np++] = mk(IR_SLICE, 1, &parts[0], &sl, 0, 0, NULL);
+    }
+    ir_attrs ca = {0};
+    ca.a[0] = 1;
+    ir_node *y = mk(IR_CONCAT, np, parts, &ca, 0, 0, NULL);
+    CHECK(compare(&y, 1, 0) == 0);
+    CHECK(strstr(cpu_last_source(), "if (i1 < 1) {\n    for (int64_t i2") != NULL);
+    release_all();
+  }
+}
+
 /* GRAFT_PROFILE=1: a graph's table (runs, time a run, a row per kernel / GEMM call site)
  * goes to stderr when the graph is freed. */
 TEST(profile_table) {
@@ -1749,6 +1786,7 @@ int main(void) {
   RUN(reshape_digits);
   RUN(column_sums);
   RUN(merged_loops);
+  RUN(concat_rows);
   RUN(softmax_layernorm_rows);
   RUN(streaming_stores);
   RUN(argmax_argmin);

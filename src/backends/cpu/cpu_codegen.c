@@ -154,13 +154,8 @@ static void cpu_member_kernel_merged(cpu_cg *g, int i, int a) {
   cpu_close_loops(g->body, nl);
 }
 
-static void cpu_member_kernel(cpu_cg *g, int i, int a) {
-  const exec_instr *ins = &g->p->instr[i];
-  if (g->kmerge_from >= 0 && g->aff_emit) {
-    cpu_member_kernel_merged(g, i, a);
-    return;
-  }
-  int64_t F = cpu_member_split(g, i, a);
+/* The loops over dims [a, ndim) of a kernel member, the innermost split by F (when not 0). */
+static void cpu_member_loops(cpu_cg *g, const exec_instr *ins, int a, int64_t F) {
   int L = ins->ndim - 1;
   if (F) {
     cpu_open_loops(g->body, a, L, ins->shape, NULL);
@@ -171,6 +166,56 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a) {
   } else {
     cpu_open_loops(g->body, a, ins->ndim, ins->shape, NULL);
   }
+}
+
+/* A lone concat kernel whose axis is a row dim (im2col's taps: [C, 9, N*H*W]): the part a
+ * row lies in is fixed for the row, so the if/else chain runs once per row around the inner
+ * loops, each branch its own loops, instead of inside the innermost loop for every element. */
+static void cpu_member_concat_rows(cpu_cg *g, int i, int a, int64_t F) {
+  const exec_instr *ins = &g->p->instr[i];
+  int ax = (int)IR_ATTR(ins->attr, AXIS, axis), nparts = 0, seen = 0;
+  for (int k = 0; k < ins->nin; k++) nparts += g->p->instr[ins->in[k]].shape[ax] != 0;
+  int64_t off = 0;
+  for (int k = 0; k < ins->nin; k++) {
+    const exec_instr *xk = &g->p->instr[ins->in[k]];
+    int64_t ext = xk->shape[ax];
+    if (ext == 0) continue;
+    seen++;
+    if (seen == 1 && nparts > 1) cpu_sb_printf(g->body, "    if (i%d < %" PRId64 ") {\n", ax, off + ext);
+    else if (seen < nparts) cpu_sb_printf(g->body, "    } else if (i%d < %" PRId64 ") {\n", ax, off + ext);
+    else if (nparts > 1) cpu_sb_puts(g->body, "    } else {\n");
+    cpu_member_loops(g, ins, a, F);
+    g->split_var = F ? cpu_fmt(&g->ar, "i%d", ins->ndim - 1) : NULL;
+    g->split_f = F;
+    g->nmemo = 0;
+    g->self = i;
+    cpu_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
+    cpu_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
+    for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos.c[d];
+    qk.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[ax], off) : pos.c[ax];
+    const char *v = cpu_value(g, ins->in[k], qk);
+    cpu_sb_printf(g->body, "      p%d[%s] = %s;\n", i, cpu_pos_lin(g, &pos), v);
+    cpu_close_loops(g->body, ins->ndim - a);
+    off += ext;
+  }
+  if (nparts > 1) cpu_sb_puts(g->body, "    }\n");
+  g->split_var = NULL;
+  g->split_f = 0;
+}
+
+static void cpu_member_kernel(cpu_cg *g, int i, int a, bool lone) {
+  const exec_instr *ins = &g->p->instr[i];
+  if (g->kmerge_from >= 0 && g->aff_emit) {
+    cpu_member_kernel_merged(g, i, a);
+    return;
+  }
+  int64_t F = cpu_member_split(g, i, a);
+  int L = ins->ndim - 1;
+  if (lone && g->stream != i && ins->op == IR_CONCAT && IR_ATTR(ins->attr, AXIS, axis) < a) {
+    cpu_member_concat_rows(g, i, a, F);
+    return;
+  }
+  cpu_member_loops(g, ins, a, F);
   g->split_var = F ? cpu_fmt(&g->ar, "i%d", L) : NULL;
   g->split_f = F;
   g->nmemo = 0;
@@ -492,7 +537,7 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
       cpu_sb_printf(&body, "    { /* %s */\n", ir_ops[p->instr[i].op].name);
       if (cpu_is_arg(p->instr[i].op)) cpu_member_arg(g, i);
       else if (ir_ops[p->instr[i].op].kind == IR_K_REDUCE) cpu_member_reduce(g, i, G->nm == 1);
-      else cpu_member_kernel(g, i, G->a);
+      else cpu_member_kernel(g, i, G->a, G->nm == 1);
       cpu_sb_puts(&body, "    }\n");
       writes[i] = 1;
       if (G->nm > 1) g->member[i] = 1;
