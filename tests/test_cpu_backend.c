@@ -515,6 +515,14 @@ TEST(merged_loops) {
   CHECK(compare(&y, 1, 1e-6) == 0);
   CHECK(strstr(cpu_last_source(), "i2 < 20;") != NULL);
   release_all();
+  /* a merged run past 8192 elements: f32 lanes in blocks of 8192, added in double */
+  int64_t l2[2] = {3, 2 * 9000}, l3[3] = {3, 2, 9000};
+  x = reshape(data(GRAFT_F32, 2, l2), 3, l3);
+  t = mk(IR_TRANSPOSE, 1, &x, &tp, 0, 0, NULL); /* [2,3,9000] */
+  y = reduce(IR_REDUCE_SUM, u1(IR_EXP, t), 0x5, 1);
+  CHECK(compare(&y, 1, 1e-5) == 0);
+  CHECK(strstr(cpu_last_source(), "i2b += 8192") != NULL);
+  release_all();
   ir_attrs t2 = {0};
   t2.a[0] = 1; t2.a[1] = 0;
   x = data(GRAFT_F32, 2, b2s);
