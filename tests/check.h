@@ -31,8 +31,11 @@ static int check_passed, check_failed;
   } while (0)
 
 #define TEST(name) static void name(void)
+/* GRAFT_TEST_ONLY=name runs that test alone (while working on it; make test runs all). */
 #define RUN(name)                                                                           \
   do {                                                                                      \
+    const char *only_ = getenv("GRAFT_TEST_ONLY");                                          \
+    if (only_ && *only_ && strcmp(only_, #name)) break;                                     \
     check_failed_in_test = 0;                                                               \
     name();                                                                                 \
     if (check_failed_in_test) {                                                             \

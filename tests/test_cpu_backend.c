@@ -807,6 +807,76 @@ TEST(fallbacks_counted) {
   release_all();
 }
 
+/* The direct (grouped) convolution with input dilation, as a strided depthwise convolution's
+ * input gradient runs it: every stride/dilation pairing, against the reference kernel. The
+ * host kernel steps over the output columns that read an input column (lw / gcd(sw, lw));
+ * a wrong first column or step misplaces or drops taps. */
+TEST(conv_direct_input_dilated) {
+  static const int cases[][6] = {/* stride h,w; lhs dilation h,w; pad lo; kernel */
+                                 {1, 1, 2, 2, 2, 3}, {1, 1, 3, 2, 1, 3}, {1, 2, 2, 2, 2, 3},
+                                 {2, 3, 2, 2, 0, 3}, {1, 2, 4, 6, 3, 5}, {1, 1, 2, 1, 1, 2}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int *k = cases[c];
+    for (int og = 1; og <= 2; og++) { /* depthwise, and channel multiplier 2 */
+      int64_t xs[4] = {2, 3, 5, 7}, ws[4] = {3 * og, 1, k[5], k[5]};
+      ir_node *in[2] = {data(GRAFT_F32, 4, xs), data(GRAFT_F32, 4, ws)};
+      ir_attrs a = {0};
+      a.a[0] = k[0]; a.a[1] = k[1];                 /* stride */
+      a.a[2] = a.a[3] = a.a[4] = a.a[5] = k[4];     /* padding */
+      a.a[6] = a.a[7] = 1;                          /* dilation */
+      a.a[8] = k[2]; a.a[9] = k[3];                 /* lhs dilation */
+      a.a[10] = 3;                                  /* groups */
+      ir_node *y = mk(IR_CONV2D, 2, in, &a, 0, 0, NULL);
+      CHECK(y != NULL);
+      CHECK(compare(&y, 1, 1e-5) == 0);
+      release_all();
+    }
+  }
+}
+
+/* Kernels of the same code on other buffers share one body (cpu_dedup.c): a block repeated
+ * four times on its own inputs, and once at another shape and once with another constant
+ * (neither may share). Every output is compared with the reference, so a wrapper passing the
+ * wrong buffers, or a merge of kernels that differ, fails; the source holds fewer kernel
+ * definitions than kernels. */
+static int count_in(const char *s, const char *what) {
+  int n = 0;
+  for (const char *q = s; (q = strstr(q, what)) != NULL; q++) n++;
+  return n;
+}
+/* Lines "static void k<N>_(...) {": kernel body definitions. */
+static int count_bodies(const char *s) {
+  int n = 0;
+  for (const char *q = s; (q = strstr(q, "\nstatic void k")) != NULL; q++) {
+    const char *e = strchr(q + 1, '\n');
+    const char *u = strstr(q, "_(int64_t lo");
+    n += e && u && u < e && e[-1] == '{';
+  }
+  return n;
+}
+TEST(kernels_share_bodies) {
+  /* each block reads the previous one's total, so each is its own kernel */
+  int64_t sh[2] = {8, 33}, other[2] = {8, 34};
+  ir_node *r[7], *s = cnst(GRAFT_F32, 0.0, 0, NULL);
+  for (int k = 0; k < 6; k++) {
+    const int64_t *d = k == 4 ? other : sh;
+    ir_node *x = data(GRAFT_F32, 2, d), *w = data(GRAFT_F32, 2, d);
+    ir_node *c = cnst(GRAFT_F32, k == 5 ? 3.0 : 2.0, 2, d);
+    ir_node *y = u1(IR_TANH, b2(IR_ADD, b2(IR_MUL, x, w), b2(IR_MUL, c, bcast(s, 2, d))));
+    r[k] = y;
+    s = reduce(IR_REDUCE_SUM, b2(IR_MUL, y, y), 3, 0);
+  }
+  r[6] = s;
+  CHECK(compare(r, 7, 1e-5) == 0);
+  const char *src = cpu_last_source();
+  int kernels = count_in(src, "(void **S, int64_t lo, int64_t hi) {");
+  int bodies = count_bodies(src);
+  CHECK(kernels >= 6);
+  CHECK(bodies > 0 && bodies <= kernels - 3);
+  if (bodies > kernels - 3) fprintf(stderr, "kernels %d, bodies %d\n", kernels, bodies);
+  release_all();
+}
+
 TEST(compiler_failure_is_an_error) {
   int64_t sh[1] = {10};
   ir_node *x = data(GRAFT_F32, 1, sh);
@@ -1801,6 +1871,8 @@ int main(void) {
   RUN(dot_blas_and_fallback);
   RUN(profile_table);
   RUN(fallbacks_counted);
+  RUN(conv_direct_input_dilated);
+  RUN(kernels_share_bodies);
   RUN(compiler_failure_is_an_error);
   RUN(disk_cache);
   RUN(cache_path_is_not_shell_code);

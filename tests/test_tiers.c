@@ -150,38 +150,51 @@ TEST(off_means_no_compile) {
   free(v);
 }
 
-/* The first tier's typed elementwise and movement loops do the reference's math: equal bits. */
-static void chain(graft_dtype dt, int mode, double *res) {
-  int64_t xs[3] = {4, 6, 10}, bs[1] = {10};
-  float *xv = ramp(240, 3), *bv = ramp(10, 1);
+/* The first tier's typed elementwise and movement loops do the reference's math: equal bits.
+ * x is [d0,d1,d2]; big ones (over the first tier's 32768-element parallel threshold, with an
+ * odd innermost dim) run the loops and copies in chunks on the pool. Returns the numel. */
+static int64_t chain(graft_dtype dt, int mode, const int64_t *xs, double *res) {
+  int64_t n = xs[0] * xs[1] * xs[2], bs[1] = {xs[2]};
+  float *xv = ramp(n, 3), *bv = ramp(xs[2], 1);
   xv[5] = NAN;
+  xv[n - 3] = NAN;
   graft_scope_begin();
   graft_tensor *x = graft_convert(graft_from_host(xv, GRAFT_F32, 3, xs, 0), dt);
   graft_tensor *b = graft_convert(graft_from_host(bv, GRAFT_F32, 1, bs, 0), dt);
   graft_tensor *y = graft_add(graft_tanh(x), graft_mul(graft_exp(b), graft_sigmoid(x))); /* broadcast */
   y = graft_maximum(graft_div(y, graft_add_scalar(graft_abs(x), 1)), graft_neg(graft_rsqrt(graft_add_scalar(graft_abs(y), 0.5))));
   y = graft_where(graft_gt(y, graft_scalar(0.1, dt)), graft_erf(y), graft_minimum(y, graft_reciprocal(graft_add_scalar(graft_abs(x), 2))));
-  y = graft_transpose(y, (int[]){2, 0, 1});                                           /* [10,4,6] */
-  y = graft_slice(y, (int64_t[]){1, 0, 1}, (int64_t[]){10, 4, 6}, (int64_t[]){2, 1, 2}); /* [5,4,3] */
+  y = graft_transpose(y, (int[]){2, 0, 1});                                           /* [d2,d0,d1] */
+  y = graft_slice(y, (int64_t[]){1, 0, 1}, (int64_t[]){xs[2], xs[0], xs[1]}, (int64_t[]){2, 1, 2});
   y = graft_convert(graft_sqrt(graft_log(graft_add_scalar(graft_abs(y), 1))), GRAFT_F64);
-  CHECK(graft_numel(y) == 60);
+  int64_t m = graft_numel(y);
+  CHECK(m == xs[2] / 2 * xs[0] * (xs[1] / 2));
   graft_metrics_reset();
   distinct_sync(y, x, mode);
-  CHECK(graft_to_host(y, res, sizeof(double) * 60) == GRAFT_OK);
+  CHECK(graft_to_host(y, res, sizeof(double) * (size_t)m) == GRAFT_OK);
   CHECK(M().compiled_executions == 0);
   graft_scope_end();
   free(xv), free(bv);
+  return m;
 }
 
 TEST(first_tier_elementwise_equals_reference) {
-  for (int f = 0; f < 2; f++) {
-    double r[2][60];
-    for (int mode = 0; mode < 2; mode++) {
-      setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
-      chain(f ? GRAFT_F64 : GRAFT_F32, mode, r[mode]);
+  static const int64_t sizes[2][3] = {{4, 6, 10}, {40, 60, 31}};
+  for (int z = 0; z < 2; z++)
+    for (int f = 0; f < 2; f++) {
+      double *r[2];
+      int64_t m = 0;
+      for (int mode = 0; mode < 2; mode++) {
+        r[mode] = malloc(sizeof(double) * 40 * 60 * 31);
+        setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
+        m = chain(f ? GRAFT_F64 : GRAFT_F32, mode, sizes[z], r[mode]);
+      }
+      int same = 1;
+      for (int64_t i = 0; i < m; i++)
+        same &= r[1][i] == r[0][i] || (isnan(r[1][i]) && isnan(r[0][i]));
+      CHECK(same);
+      free(r[0]), free(r[1]);
     }
-    for (int i = 0; i < 60; i++) CHECK(r[1][i] == r[0][i] || (isnan(r[1][i]) && isnan(r[0][i])));
-  }
 }
 
 /* The first tier's typed reductions (cpu_reduce.c) give the reference kernels' results bit for

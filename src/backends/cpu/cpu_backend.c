@@ -156,7 +156,7 @@ static int cpu_rt_fallback_prof(void *ctx, int i) {
   cpu_run *r = ctx;
   double t0 = cpu_profile_now();
   int rc = cpu_rt_fallback(ctx, i);
-  cpu_profile_host(&r->e->prof, r->site++, ir_ops[r->p->instr[i].op].name, cpu_profile_now() - t0);
+  cpu_profile_host(&r->e->prof, r->site++, &r->p->instr[i], r->p, cpu_profile_now() - t0);
   return rc;
 }
 

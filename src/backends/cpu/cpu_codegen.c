@@ -425,24 +425,20 @@ static void cpu_member_arg(cpu_cg *g, int i) {
 /* The kernel's signature: the slots it touches are restrict-qualified parameters of k<kid>_
  * (gcc honours restrict on parameters; on locals loaded from S it versioned loops for aliasing
  * and gave up vectorizing past a few dozen pointers), called by k<kid>(S, lo, hi). */
+/* ", const float *restrict p<s>" for each slot the kernel reads or writes, in slot order. */
+static void cpu_kernel_params(cpu_cg *g, cpu_sb *out, const unsigned char *writes) {
+  for (int s = 0; s < g->p->ninstr; s++) {
+    if (!g->reads[s] && !writes[s]) continue;
+    cpu_sb_printf(out, ", %s%s *restrict p%d", writes[s] ? "" : "const ",
+                  cpu_ctype(g->p->instr[s].dtype), s);
+  }
+}
+
+/* Kernel kid's definition head: "static void k<kid>_(lo, hi, buffers) {" and the row scratch
+ * and streaming buffers' declarations. */
 static void cpu_kernel_head(cpu_cg *g, cpu_sb *out, int kid, const unsigned char *writes) {
   cpu_sb_printf(out, "static void k%d_(int64_t lo, int64_t hi", kid);
-  for (int s = 0; s < g->p->ninstr; s++) {
-    if (!g->reads[s] && !writes[s]) continue;
-    cpu_sb_printf(out, ", %s%s *restrict p%d", writes[s] ? "" : "const ",
-                  cpu_ctype(g->p->instr[s].dtype), s);
-  }
-  cpu_sb_puts(out, ");\n");
-  cpu_sb_printf(out, "static void k%d(void **S, int64_t lo, int64_t hi) {\n  k%d_(lo, hi", kid, kid);
-  for (int s = 0; s < g->p->ninstr; s++)
-    if (g->reads[s] || writes[s]) cpu_sb_printf(out, ", S[%d]", s);
-  cpu_sb_puts(out, ");\n}\n");
-  cpu_sb_printf(out, "static void k%d_(int64_t lo, int64_t hi", kid);
-  for (int s = 0; s < g->p->ninstr; s++) {
-    if (!g->reads[s] && !writes[s]) continue;
-    cpu_sb_printf(out, ", %s%s *restrict p%d", writes[s] ? "" : "const ",
-                  cpu_ctype(g->p->instr[s].dtype), s);
-  }
+  cpu_kernel_params(g, out, writes);
   cpu_sb_puts(out, ") {\n");
   int64_t len = g->oshape ? cpu_row_len(g) : 0;
   for (int s = 0; s < g->p->ninstr && g->rc_state; s++)
@@ -452,6 +448,26 @@ static void cpu_kernel_head(cpu_cg *g, cpu_sb *out, int kid, const unsigned char
   if (g->stream >= 0)
     cpu_sb_printf(out, "  %s ob%d[%" PRId64 "] __attribute__((aligned(64)));\n",
                   cpu_ctype(g->p->instr[g->stream].dtype), g->stream, g->oshape ? len : CPU_NT_BLOCK);
+}
+
+/* Emits kernel kid: its definition def, unless an earlier kernel's is the same code (then
+ * only the wrapper, calling that body with this kernel's buffers), and the wrapper k<kid>
+ * the entry calls. */
+static void cpu_kernel_emit(cpu_cg *g, cpu_sb *out, int kid, const unsigned char *writes,
+                            const cpu_sb *def) {
+  int body = g->trial || !def->s ? -1 : cpu_dedup_find(&g->dedup, def->s, kid);
+  int callee = body >= 0 ? body : kid;
+  if (body < 0) { /* not inlined: a shared body would be compiled once per caller */
+    cpu_sb_printf(out, "__attribute__((noinline)) static void k%d_(int64_t lo, int64_t hi", kid);
+    cpu_kernel_params(g, out, writes);
+    cpu_sb_puts(out, ");\n");
+  }
+  cpu_sb_printf(out, "static void k%d(void **S, int64_t lo, int64_t hi) {\n  k%d_(lo, hi", kid,
+                callee);
+  for (int s = 0; s < g->p->ninstr; s++)
+    if (g->reads[s] || writes[s]) cpu_sb_printf(out, ", S[%d]", s);
+  cpu_sb_puts(out, ");\n}\n");
+  if (body < 0) cpu_sb_puts(out, def->s ? def->s : "");
 }
 
 /* What generating a group's kernel found: done, a member read another member's output off its
@@ -550,9 +566,13 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
 done:
   if (g->stream >= 0) cpu_sb_puts(&body, "  gc_sfence();\n");
   if (!rc) {
-    cpu_kernel_head(g, out, kid, writes);
-    cpu_sb_puts(out, body.s ? body.s : "");
-    cpu_sb_puts(out, "}\n\n");
+    cpu_sb def = {0};
+    cpu_kernel_head(g, &def, kid, writes);
+    cpu_sb_puts(&def, body.s ? body.s : "");
+    cpu_sb_puts(&def, "}\n\n");
+    if (def.oom) g->failed = 1;
+    cpu_kernel_emit(g, out, kid, writes, &def);
+    cpu_sb_free(&def);
   }
   if (body.oom) g->failed = 1;
   cpu_sb_free(&body);
@@ -588,7 +608,9 @@ static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   for (int it = 0; it < 4; it++) {
     memset(g->rc_count, 0, sizeof(int) * (size_t)n);
     cpu_sb tmp = {0};
+    g->trial = 1;
     int rc = cpu_gen_once(g, G, kid, &tmp);
+    g->trial = 0;
     cpu_sb_free(&tmp);
     for (int s = 0; s < n; s++)
       if (g->rc_state[s]) g->rc_state[s] = 1;
@@ -831,6 +853,7 @@ static cpu_cg *cpu_cg_new(const exec_program *p, const fuse_plan *pl) {
 
 static void cpu_cg_free(cpu_cg *g) {
   cpu_arena_free(&g->ar);
+  cpu_dedup_free(&g->dedup);
   cpu_memo_free(g);
   free(g->step_end);
   free(g->reads);

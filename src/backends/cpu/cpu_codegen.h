@@ -67,6 +67,8 @@ typedef struct {
    * is then affine in i<L>l. A trial generation records the wanted F (0 none, -1 conflicting). */
   const char *split_var;   /* "i<L>" while generating a kernel member, else NULL */
   int64_t split_want, split_f;
+  cpu_dedup dedup;         /* kernel definitions emitted so far (cpu_dedup.c) */
+  int trial;               /* generating to measure, not to emit: nothing is recorded */
   /* Merging loop dims (cpu_aff.c): while aff_on, positions carry exact affine forms over the
    * root's dims (aff_n: their sizes); a trial (aff_emit 0) records in aff_bad bit j that some
    * load's stride of candidate dim aff_cand[j] is not that of aff_cand[j+1] times its size, and

@@ -41,6 +41,21 @@ bool cpu_op_generated(const exec_program *p, int i, bool have_blas);
 int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_sb *out, int *nkernels,
                 int *kernel_of);
 
+/* ---- cpu_dedup.c: kernels with the same code share one body ---- */
+typedef struct {
+  uint64_t hash;
+  int kid;
+  char *text; /* canonical text */
+} cpu_dedup_entry;
+typedef struct {
+  cpu_dedup_entry *v;
+  int n, cap;
+} cpu_dedup;
+/* The kernel number of an earlier definition equal to def up to its numbered names, or -1
+ * after recording def as kernel kid's. */
+int cpu_dedup_find(cpu_dedup *d, const char *def, int kid);
+void cpu_dedup_free(cpu_dedup *d);
+
 /* ---- cpu_compile.c: compiler, disk cache, dlopen ---- */
 typedef struct {
   void *dl;
@@ -66,7 +81,7 @@ const cpu_blas_fns *cpu_blas(void); /* NULL fields when OpenBLAS cannot be loade
 
 /* ---- cpu_profile.c: GRAFT_PROFILE=1, time per call site of each compiled graph ---- */
 typedef struct {
-  char name[48];
+  char name[96];
   double ms;
   int64_t calls;
 } cpu_profile_site;
@@ -81,7 +96,8 @@ typedef struct cpu_profile {
 bool cpu_profile_enabled(void);
 double cpu_profile_now(void); /* milliseconds, monotonic */
 void cpu_profile_kernel(cpu_profile *p, int site, cpu_kernel_fn fn, int64_t total, double ms);
-void cpu_profile_host(cpu_profile *p, int site, const char *op, double ms);
+void cpu_profile_host(cpu_profile *p, int site, const exec_instr *ins, const exec_program *prog,
+                      double ms);
 void cpu_profile_gemm(cpu_profile *p, int site, int dbl, int ta, int tb, int m, int n, int k,
                       int64_t batch, double ms);
 /* Counts a run; the first registers the table to be written to stderr at exit (or when freed). */

@@ -107,20 +107,30 @@ static int interp_select(const exec_instr *ins, const ref_arg *in, void *out) {
 }
 
 /* ---- copying movement: out (row-major) = src[base + sum c[d] * sst[d]], any dtype ---- */
-static void interp_gather_strided(const exec_instr *ins, const void *src, int64_t base,
-                                  const int64_t *sst, void *out) {
+typedef struct {
+  const exec_instr *ins;
+  const void *src;
+  int64_t base;
+  const int64_t *sst;
+  void *out;
+} interp_gather;
+
+/* Rows [lo, hi) of the output (a row: the innermost dim). */
+static void interp_gather_rows(void **S, int64_t lo, int64_t hi) {
+  const interp_gather *g = S[0];
+  const exec_instr *ins = g->ins;
   size_t es = graft_dtype_size(ins->dtype);
   int nd = ins->ndim;
-  if (ins->numel == 0) return;
-  if (nd == 0) {
-    memcpy(out, (const char *)src + (size_t)base * es, es);
-    return;
+  const int64_t *sst = g->sst;
+  int64_t c[GRAFT_MAX_DIMS] = {0}, inner = ins->shape[nd - 1], is = sst[nd - 1], off = g->base;
+  for (int64_t d = nd - 2, r = lo; d >= 0; d--) { /* row lo's coordinates */
+    c[d] = r % ins->shape[d];
+    r /= ins->shape[d];
+    off += c[d] * sst[d];
   }
-  int64_t c[GRAFT_MAX_DIMS] = {0}, inner = ins->shape[nd - 1], is = sst[nd - 1];
-  int64_t rows = ins->numel / inner, off = base;
-  char *o = out;
-  const char *s = src;
-  for (int64_t r = 0; r < rows; r++) {
+  char *o = (char *)g->out + (size_t)(lo * inner) * es;
+  const char *s = g->src;
+  for (int64_t r = lo; r < hi; r++) {
     if (is == 1) {
       memcpy(o, s + (size_t)off * es, (size_t)inner * es);
     } else if (es == 4) {
@@ -138,6 +148,25 @@ static void interp_gather_strided(const exec_instr *ins, const void *src, int64_
       c[d] = 0;
     }
   }
+}
+
+/* Big first-tier loops run on the pool (a new graph's steps run here until its code lands:
+ * mobilenet_v2's first steps spent a quarter of their time in these copies and loops). */
+enum { INTERP_PAR_MIN = 32768 };
+
+static void interp_gather_strided(const exec_instr *ins, const void *src, int64_t base,
+                                  const int64_t *sst, void *out) {
+  size_t es = graft_dtype_size(ins->dtype);
+  if (ins->numel == 0) return;
+  if (ins->ndim == 0) {
+    memcpy(out, (const char *)src + (size_t)base * es, es);
+    return;
+  }
+  interp_gather g = {ins, src, base, sst, out};
+  void *S[1] = {&g};
+  int64_t rows = ins->numel / ins->shape[ins->ndim - 1];
+  if (ins->numel >= INTERP_PAR_MIN && rows >= 2) cpu_parallel_run(interp_gather_rows, S, rows);
+  else interp_gather_rows(S, 0, rows);
 }
 
 static void interp_src_strides(const ref_arg *x, int64_t *st) {
@@ -176,6 +205,44 @@ static int interp_slice(const exec_instr *ins, const ref_arg *in, void *out) {
   return 0;
 }
 
+/* An elementwise loop whose operands share the output's shape, over element ranges on the
+ * pool: each chunk runs the loop on its range (a copy of the instruction with that numel, the
+ * operands and output offset to it). */
+typedef struct {
+  ref_fn fn;
+  const exec_instr *ins;
+  const ref_arg *in;
+  void *out;
+  int rc;
+} interp_split;
+
+static void interp_split_range(void **S, int64_t lo, int64_t hi) {
+  interp_split *sp = S[0];
+  exec_instr part = *sp->ins;
+  ref_arg a[3];
+  part.numel = hi - lo;
+  for (int k = 0; k < part.nin && k < 3; k++) {
+    a[k] = sp->in[k];
+    a[k].data = (char *)a[k].data + (size_t)lo * graft_dtype_size(a[k].dtype);
+    a[k].numel = hi - lo;
+  }
+  char *o = (char *)sp->out + (size_t)lo * graft_dtype_size(part.dtype);
+  if (sp->fn(&part, a, o)) __atomic_store_n(&sp->rc, -1, __ATOMIC_RELAXED);
+}
+
+#define INTERP_PARALLEL(name)                                                                    \
+  static int name##_par(const exec_instr *ins, const ref_arg *in, void *out) {                   \
+    if (ins->numel < INTERP_PAR_MIN || ins->nin > 3) return name(ins, in, out);                 \
+    interp_split sp = {name, ins, in, out, 0};                                                   \
+    void *S[1] = {&sp};                                                                          \
+    cpu_parallel_run(interp_split_range, S, ins->numel);                                         \
+    return sp.rc;                                                                                \
+  }
+INTERP_PARALLEL(interp_unary)
+INTERP_PARALLEL(interp_binary)
+INTERP_PARALLEL(interp_compare)
+INTERP_PARALLEL(interp_select)
+
 static ref_fn interp_pick(const exec_instr *ins, const ref_arg *in) {
   cpu_host_fn host = cpu_host_kernel(ins, in);
   if (host || (host = cpu_reduce_kernel(ins, in))) return host;
@@ -183,16 +250,16 @@ static ref_fn interp_pick(const exec_instr *ins, const ref_arg *in) {
   switch (ir_ops[ins->op].kind) {
   case IR_K_UNARY:
     return fl && in[0].dtype == ins->dtype && interp_loop_ok(ins->op, OPS_MATH_UNARY)
-               ? interp_unary : NULL;
+               ? interp_unary_par : NULL;
   case IR_K_BINARY:
     return fl && in[0].dtype == ins->dtype && in[1].dtype == ins->dtype &&
-                   interp_loop_ok(ins->op, OPS_MATH_BINARY) ? interp_binary : NULL;
+                   interp_loop_ok(ins->op, OPS_MATH_BINARY) ? interp_binary_par : NULL;
   case IR_K_COMPARE:
     return (in[0].dtype == GRAFT_F32 || in[0].dtype == GRAFT_F64) && in[1].dtype == in[0].dtype
-               ? interp_compare : NULL;
+               ? interp_compare_par : NULL;
   case IR_K_SELECT:
     return fl && in[0].dtype == GRAFT_BOOL && in[1].dtype == ins->dtype && in[2].dtype == ins->dtype
-               ? interp_select : NULL;
+               ? interp_select_par : NULL;
   default: break;
   }
   switch (ins->op) {

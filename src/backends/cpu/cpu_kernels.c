@@ -62,7 +62,72 @@ static void cpu_conv_range(int64_t n, int64_t on, int64_t s, int64_t k, int64_t 
   if (*lo > *hi) *lo = *hi;
 }
 
-#define CONV_DIRECT(T)                                                                             static void cpu_conv_direct_##T(void **S, int64_t lo, int64_t hi) {                                const cpu_conv *c = S[0];                                                                        const T *x = c->x, *w = c->w;                                                                    for (int64_t plane = lo; plane < hi; plane++) { /* plane = n * O + o */                            int64_t n = plane / c->O, o = plane % c->O, g = o / c->Og;                                       T *y = (T *)c->y + plane * c->OH * c->OW;                                                        memset(y, 0, sizeof(T) * (size_t)(c->OH * c->OW));                                               for (int64_t ci = 0; ci < c->Cg; ci++) {                                                           const T *xp = x + (n * c->C + g * c->Cg + ci) * c->H * c->W;                                     const T *wp = w + (o * c->Cg + ci) * c->KH * c->KW;                                              for (int64_t kh = 0; kh < c->KH; kh++) {                                                           int64_t oh0, oh1;                                                                                cpu_conv_range(c->H, c->OH, c->sh, kh, c->dh, c->ph, c->lh, &oh0, &oh1);                         for (int64_t kw = 0; kw < c->KW; kw++) {                                                           int64_t ow0, ow1;                                                                                cpu_conv_range(c->W, c->OW, c->sw, kw, c->dw, c->pw, c->lw, &ow0, &ow1);                         T wv = wp[kh * c->KW + kw];                                                                      for (int64_t oh = oh0; oh < oh1; oh++) {                                                           int64_t hd = oh * c->sh + kh * c->dh - c->ph;                                                    if (hd % c->lh) continue;                                                                        const T *xr = xp + hd / c->lh * c->W;                                                            T *yr = y + oh * c->OW;                                                                          if (c->lw == 1) {                                                                                  const T *xs = xr + kw * c->dw - c->pw;                                                           for (int64_t ow = ow0; ow < ow1; ow++) yr[ow] += wv * xs[ow * c->sw];                          } else {                                                                                           for (int64_t ow = ow0; ow < ow1; ow++) {                                                           int64_t wd = ow * c->sw + kw * c->dw - c->pw;                                                    if (wd % c->lw == 0) yr[ow] += wv * xr[wd / c->lw];                                            }                                                                                              }                                                                                              }                                                                                              }                                                                                              }                                                                                              }                                                                                              }                                                                                              }
+/* gcd, for the column step of an input-dilated convolution. */
+static int64_t cpu_gcd(int64_t a, int64_t b) {
+  while (b) {
+    int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+/* One output row's taps of kernel column kw: y[ow] += wv * x[(ow*sw + kw*dw - pw) / lw] over the
+ * ow in [ow0, ow1) whose input column is whole. With input dilation (a strided convolution's
+ * input gradient) only every lw/gcd(sw,lw)-th column reads one: step over those rather than
+ * test each (the test per column ran 4-8x slower than the forward). */
+#define CONV_ROW(T)                                                                              \
+  static inline void cpu_conv_row_##T(const cpu_conv *c, T *yr, const T *xr, T wv, int64_t kw,  \
+                               int64_t ow0, int64_t ow1) {                                       \
+    int64_t off = kw * c->dw - c->pw;                                                            \
+    if (c->lw == 1 && c->sw == 1 && ow1 - ow0 >= 8) { /* contiguous: vectorized */               \
+      const T *xs = xr + off;                                                                    \
+      _Pragma("omp simd")                                                                        \
+      for (int64_t ow = ow0; ow < ow1; ow++) yr[ow] += wv * xs[ow];                              \
+      return;                                                                                    \
+    }                                                                                            \
+    if (c->lw == 1) {                                                                            \
+      const T *xs = xr + off;                                                                    \
+      for (int64_t ow = ow0; ow < ow1; ow++) yr[ow] += wv * xs[ow * c->sw];                      \
+      return;                                                                                    \
+    }                                                                                            \
+    int64_t ow = ow0;                                                                            \
+    while (ow < ow1 && (ow * c->sw + off) % c->lw) ow++;                                         \
+    int64_t step = c->lw / cpu_gcd(c->sw, c->lw), xstep = c->sw * step / c->lw;                  \
+    const T *xs = xr + (ow * c->sw + off) / c->lw;                                               \
+    for (; ow < ow1; ow += step, xs += xstep) yr[ow] += wv * *xs;                                \
+  }
+CONV_ROW(float)
+CONV_ROW(double)
+
+#define CONV_DIRECT(T)                                                                           \
+  static void cpu_conv_direct_##T(void **S, int64_t lo, int64_t hi) {                            \
+    const cpu_conv *c = S[0];                                                                    \
+    const T *x = c->x, *w = c->w;                                                                \
+    for (int64_t plane = lo; plane < hi; plane++) { /* plane = n * O + o */                      \
+      int64_t n = plane / c->O, o = plane % c->O, g = o / c->Og;                                 \
+      T *y = (T *)c->y + plane * c->OH * c->OW;                                                  \
+      memset(y, 0, sizeof(T) * (size_t)(c->OH * c->OW));                                         \
+      for (int64_t ci = 0; ci < c->Cg; ci++) {                                                   \
+        const T *xp = x + (n * c->C + g * c->Cg + ci) * c->H * c->W;                             \
+        const T *wp = w + (o * c->Cg + ci) * c->KH * c->KW;                                      \
+        for (int64_t kh = 0; kh < c->KH; kh++) {                                                 \
+          int64_t oh0, oh1;                                                                      \
+          cpu_conv_range(c->H, c->OH, c->sh, kh, c->dh, c->ph, c->lh, &oh0, &oh1);               \
+          for (int64_t kw = 0; kw < c->KW; kw++) {                                               \
+            int64_t ow0, ow1;                                                                    \
+            cpu_conv_range(c->W, c->OW, c->sw, kw, c->dw, c->pw, c->lw, &ow0, &ow1);             \
+            T wv = wp[kh * c->KW + kw];                                                          \
+            for (int64_t oh = oh0; oh < oh1; oh++) {                                             \
+              int64_t hd = oh * c->sh + kh * c->dh - c->ph;                                      \
+              if (hd % c->lh) continue;                                                          \
+              cpu_conv_row_##T(c, y + oh * c->OW, xp + hd / c->lh * c->W, wv, kw, ow0, ow1);     \
+            }                                                                                    \
+          }                                                                                      \
+        }                                                                                        \
+      }                                                                                          \
+    }                                                                                            \
+  }
 CONV_DIRECT(float)
 CONV_DIRECT(double)
 
@@ -89,7 +154,12 @@ CONV_DIRECT(double)
             for (int64_t kh = kh0; kh < kh1; kh++) {                                             \
               const T *xr = xp + (oh * c->sh + kh * c->dh - c->ph) * c->W + ow * c->sw - c->pw;  \
               const T *wr = wp + kh * c->KW;                                                     \
-              for (int64_t kw = kw0; kw < kw1; kw++) acc += wr[kw] * xr[kw * c->dw];             \
+              if (c->dw == 1) {                                                                  \
+                _Pragma("omp simd reduction(+:acc)")                                             \
+                for (int64_t kw = kw0; kw < kw1; kw++) acc += wr[kw] * xr[kw];                   \
+              } else {                                                                           \
+                for (int64_t kw = kw0; kw < kw1; kw++) acc += wr[kw] * xr[kw * c->dw];           \
+              }                                                                                  \
             }                                                                                    \
           }                                                                                      \
           y[oh * c->OW + ow] = acc;                                                              \
@@ -144,30 +214,50 @@ static cpu_window cpu_window_of(const exec_instr *ins, const ref_arg *x, const i
   return w;
 }
 
-/* reduce_window: max or sum pooling */
-#define POOL_BODY(T)                                                                             \
-  do {                                                                                           \
-    const T *x = in[0].data;                                                                     \
-    T *y = out;                                                                                  \
-    for (int64_t p = 0; p < win.planes; p++, x += win.H * win.W)                                 \
-      for (int64_t oh = 0; oh < win.OH; oh++)                                                    \
-        for (int64_t ow = 0; ow < win.OW; ow++) {                                                \
-          T acc = is_max ? (T)-INFINITY : (T)0;                                                  \
-          int nan = 0;                                                                           \
-          for (int64_t kh = 0; kh < win.KH; kh++) {                                              \
-            int64_t h = oh * win.SH + kh - win.PH;                                               \
-            if (h < 0 || h >= win.H) continue;                                                   \
-            for (int64_t kw = 0; kw < win.KW; kw++) {                                            \
-              int64_t w = ow * win.SW + kw - win.PW;                                             \
-              if (w < 0 || w >= win.W) continue;                                                 \
-              T v = x[h * win.W + w];                                                            \
-              if (is_max) { nan |= v != v; acc = v > acc ? v : acc; }                            \
-              else acc += v;                                                                     \
-            }                                                                                    \
-          }                                                                                      \
-          *y++ = nan ? (T)NAN : acc;                                                             \
-        }                                                                                        \
+/* reduce_window: max or sum pooling; windows inside the plane skip the bounds checks, planes
+ * run over the pool. A NaN in a max window gives NaN. */
+typedef struct {
+  const void *x;
+  void *y;
+  cpu_window w;
+  int is_max;
+} cpu_pool_job;
+
+#define POOL_PLANES(T)                                                                          \
+  do {                                                                                          \
+    const cpu_pool_job *j = S[0];                                                               \
+    const cpu_window win = j->w;                                                                \
+    const int is_max = j->is_max;                                                               \
+    for (int64_t p = lo; p < hi; p++) {                                                         \
+      const T *x = (const T *)j->x + p * win.H * win.W;                                         \
+      T *y = (T *)j->y + p * win.OH * win.OW;                                                   \
+      for (int64_t oh = 0; oh < win.OH; oh++)                                                   \
+        for (int64_t ow = 0; ow < win.OW; ow++) {                                               \
+          int64_t h0 = oh * win.SH - win.PH, w0 = ow * win.SW - win.PW;                         \
+          int64_t kh0 = h0 < 0 ? -h0 : 0, kw0 = w0 < 0 ? -w0 : 0;                               \
+          int64_t kh1 = h0 + win.KH > win.H ? win.H - h0 : win.KH;                              \
+          int64_t kw1 = w0 + win.KW > win.W ? win.W - w0 : win.KW;                              \
+          T acc = is_max ? (T)-INFINITY : (T)0;                                                 \
+          int nan = 0;                                                                          \
+          for (int64_t kh = kh0; kh < kh1; kh++) {                                              \
+            const T *xr = x + (h0 + kh) * win.W + w0;                                           \
+            for (int64_t kw = kw0; kw < kw1; kw++) {                                            \
+              T v = xr[kw];                                                                     \
+              if (is_max) {                                                                     \
+                nan |= v != v;                                                                  \
+                acc = v > acc ? v : acc;                                                        \
+              } else {                                                                          \
+                acc += v;                                                                       \
+              }                                                                                 \
+            }                                                                                   \
+          }                                                                                     \
+          *y++ = nan ? (T)NAN : acc;                                                            \
+        }                                                                                       \
+    }                                                                                           \
   } while (0)
+
+static void cpu_pool_float(void **S, int64_t lo, int64_t hi) { POOL_PLANES(float); }
+static void cpu_pool_double(void **S, int64_t lo, int64_t hi) { POOL_PLANES(double); }
 
 /* ---- max_pool_grad: each window's dy to its first maximum (ref_max_pool_grad's rule) ----
  * One pass per window: the first tap is the candidate, a strictly greater one replaces it, so
@@ -224,10 +314,10 @@ static void cpu_pool_grad_float(void **S, int64_t lo, int64_t hi) { POOL_GRAD_PL
 static void cpu_pool_grad_double(void **S, int64_t lo, int64_t hi) { POOL_GRAD_PLANES(double); }
 
 static int cpu_k_pool(const exec_instr *ins, const ref_arg *in, void *out) {
-  int is_max = IR_ATTR(ins->attr, WINDOW, kind) == 0;
-  cpu_window win = cpu_window_of(ins, &in[0], ins->shape);
-  if (ins->dtype == GRAFT_F32) POOL_BODY(float);
-  else POOL_BODY(double);
+  cpu_pool_job j = {in[0].data, out, cpu_window_of(ins, &in[0], ins->shape),
+                    IR_ATTR(ins->attr, WINDOW, kind) == 0};
+  void *S[1] = {&j};
+  cpu_parallel_run(ins->dtype == GRAFT_F32 ? cpu_pool_float : cpu_pool_double, S, j.w.planes);
   return 0;
 }
 

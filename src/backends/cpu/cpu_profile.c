@@ -53,10 +53,30 @@ void cpu_profile_kernel(cpu_profile *p, int site, cpu_kernel_fn fn, int64_t tota
   s->calls++;
 }
 
-void cpu_profile_host(cpu_profile *p, int site, const char *op, double ms) {
+/* "d0xd1x..." of a shape, into buf. */
+static const char *cpu_profile_dims(char *buf, size_t n, const int64_t *shape, int nd) {
+  size_t at = 0;
+  buf[0] = 0;
+  for (int d = 0; d < nd && at < n; d++)
+    at += (size_t)snprintf(buf + at, n - at, "%s%" PRId64, d ? "x" : "", shape[d]);
+  return buf;
+}
+
+/* A host call site is named by its op, its operands' shapes and its output's: the same op at
+ * different shapes (a depthwise convolution and its two gradients) reads apart. */
+void cpu_profile_host(cpu_profile *p, int site, const exec_instr *ins, const exec_program *prog,
+                      double ms) {
   cpu_profile_site *s = cpu_profile_at(p, site);
   if (!s) return;
-  if (!s->calls) snprintf(s->name, sizeof s->name, "host %s", op);
+  if (!s->calls) {
+    char a[48], b[48], o[48];
+    const exec_instr *x = ins->nin > 0 ? &prog->instr[ins->in[0]] : ins;
+    const exec_instr *y = ins->nin > 1 ? &prog->instr[ins->in[1]] : NULL;
+    snprintf(s->name, sizeof s->name, "host %s %s%s%s -> %s", ir_ops[ins->op].name,
+             cpu_profile_dims(a, sizeof a, x->shape, x->ndim), y ? ", " : "",
+             y ? cpu_profile_dims(b, sizeof b, y->shape, y->ndim) : "",
+             cpu_profile_dims(o, sizeof o, ins->shape, ins->ndim));
+  }
   s->ms += ms;
   s->calls++;
 }
