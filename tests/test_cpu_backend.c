@@ -457,6 +457,119 @@ TEST(column_sums) {
     }
 }
 
+/* Merged loop dims (cpu_aff.c): a batch-norm statistic reads a [N,C,H,W] view of a [C][N*H*W]
+ * buffer, so its reduced dims N, H, W compose into one contiguous run; the generated loop runs
+ * over their product. Dims whose strides do not compose (a transposed pair, a slice, an
+ * unravel that is not exact) keep their loops. Every case is compared with the reference: a
+ * wrong merge reads other elements. */
+static ir_node *tr(ir_node *a, int p0, int p1, int p2, int p3) {
+  ir_attrs tp = {0};
+  tp.a[0] = p0; tp.a[1] = p1; tp.a[2] = p2; tp.a[3] = p3;
+  return mk(IR_TRANSPOSE, 1, &a, &tp, 0, 0, NULL);
+}
+
+TEST(merged_loops) {
+  int64_t cm[2] = {5, 3 * 4 * 6}, c4[4] = {5, 3, 4, 6}, n4[4] = {3, 5, 4, 6}, c1[4] = {1, 5, 1, 1};
+  for (int d = 0; d < 2; d++) {
+    graft_dtype dt = d ? GRAFT_F64 : GRAFT_F32;
+    /* sum over N, H, W of (x + bias): one loop of 72 */
+    ir_node *x = tr(reshape(data(dt, 2, cm), 4, c4), 1, 0, 2, 3); /* [3,5,4,6] */
+    ir_node *y = b2(IR_ADD, x, bcast(data(dt, 4, c1), 4, n4)); /* bias on dim 1 */
+    ir_node *s = reduce(IR_REDUCE_SUM, y, 0xD, d);
+    CHECK(compare(&s, 1, 1e-6) == 0);
+    CHECK(strstr(cpu_last_source(), "i3 < 72;") != NULL);
+    release_all();
+    /* the normalized [N,C,H,W] output of the same view: rows of H*W = 24 */
+    x = tr(reshape(data(dt, 2, cm), 4, c4), 1, 0, 2, 3);
+    y = u1(IR_EXP, b2(IR_MUL, x, bcast(data(dt, 4, c1), 4, n4)));
+    CHECK(compare(&y, 1, 1e-6) == 0);
+    CHECK(strstr(cpu_last_source(), "i3 < 24;") != NULL);
+    release_all();
+  }
+  /* H and W swapped: the strides of the reduced pair (1 and 4) do not compose, nor do N's and
+   * H's after a slice of W; a max and a sum of squares over each */
+  for (int c = 0; c < 4; c++) {
+    ir_node *x = tr(reshape(data(GRAFT_F32, 2, cm), 4, c4), 1, 0, 2, 3);
+    if (c & 1) {
+      x = tr(x, 0, 1, 3, 2); /* [3,5,6,4] */
+    } else {
+      ir_attrs sl = {0};
+      for (int k = 0; k < 4; k++) sl.a[8 + k] = n4[k], sl.a[16 + k] = 1;
+      sl.a[8 + 3] = 5; sl.a[3] = 1; /* W: 1..4 */
+      x = mk(IR_SLICE, 1, &x, &sl, 0, 0, NULL); /* [3,5,4,4] */
+    }
+    ir_node *y = c < 2 ? reduce(IR_REDUCE_SUM, b2(IR_MUL, x, x), 0xD, 0) : reduce(IR_REDUCE_MAX, x, 0xD, 1);
+    CHECK(compare(&y, 1, 1e-6) == 0);
+    CHECK(strstr(cpu_last_source(), "i3 < 72;") == NULL && strstr(cpu_last_source(), "i3 < 24;") == NULL);
+    release_all();
+  }
+  /* a reshape read back through a transpose: [6,20] as [6,4,5], dims 0 and 1 swapped, summed
+   * over the new 0 and 2 (strides 5 and 1: one run of 20); and [4,6] transposed, read as
+   * [3,2,4] (strides 1 and 6 for the reduced dims: no merge) */
+  int64_t a2[2] = {6, 20}, a3[3] = {6, 4, 5}, b2s[2] = {4, 6}, b3[3] = {3, 2, 4};
+  ir_node *x = reshape(data(GRAFT_F32, 2, a2), 3, a3);
+  ir_attrs tp = {0};
+  tp.a[0] = 1; tp.a[1] = 0; tp.a[2] = 2;
+  ir_node *t = mk(IR_TRANSPOSE, 1, &x, &tp, 0, 0, NULL); /* [4,6,5] */
+  ir_node *y = reduce(IR_REDUCE_SUM, t, 0x5, 0);
+  CHECK(compare(&y, 1, 1e-6) == 0);
+  CHECK(strstr(cpu_last_source(), "i2 < 20;") != NULL);
+  release_all();
+  /* a merged run past 8192 elements: f32 lanes in blocks of 8192, added in double */
+  int64_t l2[2] = {3, 2 * 9000}, l3[3] = {3, 2, 9000};
+  x = reshape(data(GRAFT_F32, 2, l2), 3, l3);
+  t = mk(IR_TRANSPOSE, 1, &x, &tp, 0, 0, NULL); /* [2,3,9000] */
+  y = reduce(IR_REDUCE_SUM, u1(IR_EXP, t), 0x5, 1);
+  CHECK(compare(&y, 1, 1e-5) == 0);
+  CHECK(strstr(cpu_last_source(), "i2b += 8192") != NULL);
+  release_all();
+  ir_attrs t2 = {0};
+  t2.a[0] = 1; t2.a[1] = 0;
+  x = data(GRAFT_F32, 2, b2s);
+  x = reshape(mk(IR_TRANSPOSE, 1, &x, &t2, 0, 0, NULL), 3, b3);
+  y = reduce(IR_REDUCE_SUM, x, 0x6, 0);
+  CHECK(compare(&y, 1, 1e-6) == 0);
+  CHECK(strstr(cpu_last_source(), "i2 < 8;") == NULL);
+  release_all();
+}
+
+/* im2col's concat along a row dim ([C, 9, N*H*W], parts padded and sliced): the part is fixed
+ * per row, so the if/else chain sits around each part's own inner loops, against the
+ * reference (f32 and f64, 3 and 2 parts; a last part of zero width on one). */
+TEST(concat_rows) {
+  int64_t xs[4] = {3, 2, 5, 6}, col[3] = {2, 1, 90};
+  for (int c = 0; c < 3; c++) {
+    graft_dtype dt = c == 1 ? GRAFT_F64 : GRAFT_F32;
+    ir_node *x = data(dt, 4, xs);
+    ir_attrs pd = {0};
+    pd.a[2] = pd.a[3] = pd.a[10] = pd.a[11] = 1; /* H and W padded by 1 */
+    pd.f = c == 2 ? -1.5 : 0;
+    ir_node *xp = mk(IR_PAD, 1, &x, &pd, 0, 0, NULL); /* [3,2,7,8] */
+    ir_node *parts[10];
+    int np = c == 2 ? 2 : 9;
+    for (int k = 0; k < np; k++) {
+      ir_attrs sl = {0};
+      int64_t lim[4] = {3, 2, 5 + k / 3, 6 + k % 3};
+      for (int d = 0; d < 4; d++) sl.a[8 + d] = lim[d], sl.a[16 + d] = 1;
+      sl.a[2] = k / 3; sl.a[3] = k % 3;
+      ir_node *s = mk(IR_SLICE, 1, &xp, &sl, 0, 0, NULL); /* [3,2,5,6] */
+      parts[k] = reshape(tr(s, 1, 0, 2, 3), 3, col);
+    }
+    if (c == 2) { /* a part of zero width along the axis */
+      ir_attrs sl = {0};
+      int64_t lim[3] = {2, 0, 90};
+      for (int d = 0; d < 3; d++) sl.a[8 + d] = lim[d], sl.a[16 + d] = 1;
+      parts[np++] = mk(IR_SLICE, 1, &parts[0], &sl, 0, 0, NULL);
+    }
+    ir_attrs ca = {0};
+    ca.a[0] = 1;
+    ir_node *y = mk(IR_CONCAT, np, parts, &ca, 0, 0, NULL);
+    CHECK(compare(&y, 1, 0) == 0);
+    CHECK(strstr(cpu_last_source(), "if (i1 < 1) {\n    for (int64_t i2") != NULL);
+    release_all();
+  }
+}
+
 /* GRAFT_PROFILE=1: a graph's table (runs, time a run, a row per kernel / GEMM call site)
  * goes to stderr when the graph is freed. */
 TEST(profile_table) {
@@ -1750,6 +1863,8 @@ int main(void) {
   RUN(reductions);
   RUN(reshape_digits);
   RUN(column_sums);
+  RUN(merged_loops);
+  RUN(concat_rows);
   RUN(softmax_layernorm_rows);
   RUN(streaming_stores);
   RUN(argmax_argmin);

@@ -7,6 +7,7 @@
  * after their last use. Outputs past CPU_NT_MIN_BYTES leave through streaming stores. */
 #include "cpu_codegen.h"
 #include "cpu_math.h"
+#include "../kexpr.h"
 #include "opmath.h"
 #include "dtype.h"
 #include <inttypes.h>
@@ -20,6 +21,7 @@
 #define CPU_NT_MIN_BYTES ((size_t)16 << 20)
 #define CPU_NT_BLOCK 2048               /* elements per streamed block of a flat kernel */
 #define CPU_ROW_SCRATCH_BYTES (64 << 10) /* per-row scratch (stack) of one kernel, at most */
+#define CPU_F32_RUN 8192                /* elements an f32 sum adds in f32 lanes, at most */
 
 static const char cpu_prelude[] =
     "#include <stdint.h>\n#include <math.h>\n"
@@ -126,9 +128,34 @@ static int64_t cpu_member_split(cpu_cg *g, int i, int a) {
   return F > 1 && ins->shape[L] % F == 0 && ins->shape[L] > F ? F : 0;
 }
 
-static void cpu_member_kernel(cpu_cg *g, int i, int a) {
+/* A lone row kernel whose trailing dims [from, ndim) were merged (cpu_kernel_merge): one loop
+ * on the innermost merged dim over their product; the others read "0". */
+static void cpu_member_kernel_merged(cpu_cg *g, int i, int a) {
   const exec_instr *ins = &g->p->instr[i];
-  int64_t F = cpu_member_split(g, i, a);
+  int nl = 0;
+  for (int d = a; d < ins->ndim; d++) {
+    if (g->aff_gone >> d & 1) continue;
+    int64_t n = ins->shape[d];
+    for (int e = a; e < ins->ndim && d == g->aff_inner; e++)
+      if (g->aff_gone >> e & 1) n *= ins->shape[e];
+    cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d, n, d);
+    nl++;
+  }
+  g->nmemo = 0;
+  g->self = i;
+  cpu_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
+  pos.ap = cpu_aff_root(g, ins->ndim);
+  for (int d = 0; d < ins->ndim; d++)
+    if (g->aff_gone >> d & 1) pos.c[d] = "0";
+  const char *v = cpu_value(g, i, pos);
+  pos.ap = NULL; /* the output: row-major, so its merged dims compose */
+  pos.lin = NULL;
+  cpu_sb_printf(g->body, "      p%d[%s] = %s;\n", i, kx_lin(&g->ar, ins->ndim, ins->shape, pos.c), v);
+  cpu_close_loops(g->body, nl);
+}
+
+/* The loops over dims [a, ndim) of a kernel member, the innermost split by F (when not 0). */
+static void cpu_member_loops(cpu_cg *g, const exec_instr *ins, int a, int64_t F) {
   int L = ins->ndim - 1;
   if (F) {
     cpu_open_loops(g->body, a, L, ins->shape, NULL);
@@ -139,6 +166,56 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a) {
   } else {
     cpu_open_loops(g->body, a, ins->ndim, ins->shape, NULL);
   }
+}
+
+/* A lone concat kernel whose axis is a row dim (im2col's taps: [C, 9, N*H*W]): the part a
+ * row lies in is fixed for the row, so the if/else chain runs once per row around the inner
+ * loops, each branch its own loops, instead of inside the innermost loop for every element. */
+static void cpu_member_concat_rows(cpu_cg *g, int i, int a, int64_t F) {
+  const exec_instr *ins = &g->p->instr[i];
+  int ax = (int)IR_ATTR(ins->attr, AXIS, axis), nparts = 0, seen = 0;
+  for (int k = 0; k < ins->nin; k++) nparts += g->p->instr[ins->in[k]].shape[ax] != 0;
+  int64_t off = 0;
+  for (int k = 0; k < ins->nin; k++) {
+    const exec_instr *xk = &g->p->instr[ins->in[k]];
+    int64_t ext = xk->shape[ax];
+    if (ext == 0) continue;
+    seen++;
+    if (seen == 1 && nparts > 1) cpu_sb_printf(g->body, "    if (i%d < %" PRId64 ") {\n", ax, off + ext);
+    else if (seen < nparts) cpu_sb_printf(g->body, "    } else if (i%d < %" PRId64 ") {\n", ax, off + ext);
+    else if (nparts > 1) cpu_sb_puts(g->body, "    } else {\n");
+    cpu_member_loops(g, ins, a, F);
+    g->split_var = F ? cpu_fmt(&g->ar, "i%d", ins->ndim - 1) : NULL;
+    g->split_f = F;
+    g->nmemo = 0;
+    g->self = i;
+    cpu_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
+    cpu_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
+    for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos.c[d];
+    qk.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[ax], off) : pos.c[ax];
+    const char *v = cpu_value(g, ins->in[k], qk);
+    cpu_sb_printf(g->body, "      p%d[%s] = %s;\n", i, cpu_pos_lin(g, &pos), v);
+    cpu_close_loops(g->body, ins->ndim - a);
+    off += ext;
+  }
+  if (nparts > 1) cpu_sb_puts(g->body, "    }\n");
+  g->split_var = NULL;
+  g->split_f = 0;
+}
+
+static void cpu_member_kernel(cpu_cg *g, int i, int a, bool lone) {
+  const exec_instr *ins = &g->p->instr[i];
+  if (g->kmerge_from >= 0 && g->aff_emit) {
+    cpu_member_kernel_merged(g, i, a);
+    return;
+  }
+  int64_t F = cpu_member_split(g, i, a);
+  int L = ins->ndim - 1;
+  if (lone && g->stream != i && ins->op == IR_CONCAT && IR_ATTR(ins->attr, AXIS, axis) < a) {
+    cpu_member_concat_rows(g, i, a, F);
+    return;
+  }
+  cpu_member_loops(g, ins, a, F);
   g->split_var = F ? cpu_fmt(&g->ar, "i%d", L) : NULL;
   g->split_f = F;
   g->nmemo = 0;
@@ -160,7 +237,7 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a) {
 }
 
 /* Reduction root i: vars for its kept dims exist; the unit index r is the output index. */
-static void cpu_member_reduce(cpu_cg *g, int i) {
+static void cpu_member_reduce(cpu_cg *g, int i, bool merge) {
   const exec_instr *ins = &g->p->instr[i];
   const exec_instr *x = &g->p->instr[ins->in[0]];
   int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
@@ -186,30 +263,61 @@ static void cpu_member_reduce(cpu_cg *g, int i) {
     init = mx ? mins[dt] : maxs[dt];
   }
   red = ins->op == IR_REDUCE_SUM ? "+" : ins->op == IR_REDUCE_PROD ? "*" : mx ? "max" : "min";
-  int last = -1, nr = 0;
+  int last = -1, nr = 0, cand[GRAFT_MAX_DIMS], nc = 0;
   for (int d = 0; d < x->ndim; d++)
-    if (mask >> d & 1) { last = d; nr++; }
+    if (mask >> d & 1) {
+      last = d;
+      nr++;
+      if (x->shape[d] > 1) cand[nc++] = d;
+    }
+  /* A lone reduction's reduced dims whose strides compose in every load run as one loop
+   * (cpu_aff.c); the innermost of them carries it, over the product of their sizes. */
+  g->self = -1;
+  int64_t run = last >= 0 ? x->shape[last] : 1;
+  if (merge && cpu_aff_plan(g, ins->in[0], x->ndim, x->shape, cand, nc)) {
+    last = g->aff_inner;
+    run = x->shape[last];
+    for (int d = 0; d < x->ndim; d++)
+      if (g->aff_gone >> d & 1) run *= x->shape[d];
+    nr -= __builtin_popcount(g->aff_gone);
+  }
   cpu_sb_printf(g->body, "    %s acc%d = %s; int nfa%d = 0; (void)nfa%d;\n", acc_t, i, init, i, i);
   /* outer reduced loops */
   for (int d = 0; d < x->ndim; d++)
-    if ((mask >> d & 1) && d != last)
+    if ((mask >> d & 1) && d != last && !(g->aff_emit && (g->aff_gone >> d & 1)))
       cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d,
                     x->shape[d], d);
   const char *a2 = nr ? "a2" : cpu_fmt(&g->ar, "acc%d", i), *nf = nr ? "nf" : cpu_fmt(&g->ar, "nfa%d", i);
   /* An f32 sum over a short innermost run accumulates in f32 lanes (full vector width; PyTorch
-   * sums in f32 throughout), and the runs add up in double. */
-  bool f32_lanes = dt == GRAFT_F32 && ins->op == IR_REDUCE_SUM && nr && x->shape[last] <= 8192;
+   * sums in f32 throughout), and the runs add up in double; a merged run longer than
+   * CPU_F32_RUN does so in blocks of CPU_F32_RUN. */
+  bool f32_lanes = dt == GRAFT_F32 && ins->op == IR_REDUCE_SUM && nr &&
+                   (run <= CPU_F32_RUN || g->aff_emit);
+  bool blocks = f32_lanes && run > CPU_F32_RUN;
+  if (blocks)
+    cpu_sb_printf(g->body, "    for (int64_t i%db = 0; i%db < %" PRId64 "; i%db += %d) {\n", last,
+                  last, run, last, CPU_F32_RUN);
   if (nr) {
     cpu_sb_printf(g->body, "    %s a2 = %s; int nf = 0;\n", f32_lanes ? "float" : acc_t, init);
     cpu_sb_printf(g->body, "    #pragma omp simd reduction(%s:a2)%s\n", red,
                   fl && (mx || mn) ? " reduction(|:nf)" : "");
-    cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", last, last,
-                  x->shape[last], last);
+    if (blocks)
+      cpu_sb_printf(g->body, "    for (int64_t i%d = i%db; i%d < (i%db + %d < %" PRId64 " ? i%db + %d : %"
+                    PRId64 "); i%d++) {\n", last, last, last, last, CPU_F32_RUN, run, last,
+                    CPU_F32_RUN, run, last);
+    else
+      cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", last, last,
+                    run, last);
   }
   g->nmemo = 0;
-  g->self = -1;
   cpu_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
+  if (g->aff_emit) {
+    pos.ap = cpu_aff_root(g, x->ndim);
+    for (int d = 0; d < x->ndim; d++)
+      if (g->aff_gone >> d & 1) pos.c[d] = "0";
+  }
   const char *v = cpu_value(g, ins->in[0], pos);
+  cpu_aff_end(g);
   if (f32_lanes) cpu_sb_printf(g->body, "      %s += %s;\n", a2, v);
   else if (fl && !mx && !mn) cpu_sb_printf(g->body, "      %s %s= (double)%s;\n", a2, red, v);
   else if (fl) cpu_sb_printf(g->body, "      %s = %s %s %s ? %s : %s; %s |= %s != %s;\n", a2, v,
@@ -222,7 +330,7 @@ static void cpu_member_reduce(cpu_cg *g, int i) {
     if (!mx && !mn) cpu_sb_printf(g->body, "    acc%d %s= a2;\n", i, red);
     else cpu_sb_printf(g->body, "    acc%d = a2 %s acc%d ? a2 : acc%d; nfa%d |= nf;\n", i,
                        mx ? ">" : "<", i, i, i);
-    cpu_close_loops(g->body, nr - 1);
+    cpu_close_loops(g->body, nr - 1 + blocks);
   }
   const char *fin;
   if (fl && (mx || mn)) fin = cpu_fmt(&g->ar, "nfa%d ? (%s)NAN : acc%d", i, T, i);
@@ -444,8 +552,8 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
       int i = G->inst[m];
       cpu_sb_printf(&body, "    { /* %s */\n", ir_ops[p->instr[i].op].name);
       if (cpu_is_arg(p->instr[i].op)) cpu_member_arg(g, i);
-      else if (ir_ops[p->instr[i].op].kind == IR_K_REDUCE) cpu_member_reduce(g, i);
-      else cpu_member_kernel(g, i, G->a);
+      else if (ir_ops[p->instr[i].op].kind == IR_K_REDUCE) cpu_member_reduce(g, i, G->nm == 1);
+      else cpu_member_kernel(g, i, G->a, G->nm == 1);
       cpu_sb_puts(&body, "    }\n");
       writes[i] = 1;
       if (G->nm > 1) g->member[i] = 1;
@@ -647,6 +755,27 @@ static void cpu_form_group(const cpu_cg *g, int i, int *inst, cpu_group *G, int 
   }
 }
 
+/* A lone kernel that needs coordinates: the first of its trailing dims (from dim 1 on, so the
+ * rows stay units of parallel work) whose strides compose in every load, merged into one loop
+ * (cpu_aff.c; the emitting state stays set for cpu_member_kernel), or -1. Not for outputs that
+ * stream out (their rows are written through cpu_row_inner's coordinates). */
+static int cpu_kernel_merge(cpu_cg *g, int i) {
+  const exec_instr *ins = &g->p->instr[i];
+  if ((size_t)ins->numel * graft_dtype_size(ins->dtype) >= cpu_nt_min_bytes()) return -1;
+  int cand[GRAFT_MAX_DIMS], nc = 0;
+  for (int d = 1; d < ins->ndim; d++)
+    if (ins->shape[d] > 1) cand[nc++] = d;
+  cpu_sb scratch = {0};
+  g->body = &scratch;
+  memset(g->member, 0, (size_t)g->p->ninstr);
+  g->split_var = NULL;
+  g->self = i;
+  int k = cpu_aff_plan(g, i, ins->ndim, ins->shape, cand, nc);
+  g->body = NULL;
+  cpu_sb_free(&scratch);
+  return k ? cand[nc - k] : -1;
+}
+
 /* Generates group G's kernel: a lone kernel flat when it can be, else by rows; a row group
  * shrinks until its members are row-local. Returns a CPU_GEN_* code (OK when done). */
 static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *osh, int ond,
@@ -660,7 +789,11 @@ static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *o
       G->a = ins->ndim - 1;
       G->oshape = ins->shape;
       G->ond = ins->ndim;
+      int from = cpu_kernel_merge(g, G->inst[0]);
+      if (from >= 1) G->a = g->kmerge_from = from;
       rc = cpu_gen_group(g, G, kid, kern);
+      g->kmerge_from = -1;
+      cpu_aff_end(g);
     }
     return rc;
   }
@@ -713,6 +846,7 @@ static cpu_cg *cpu_cg_new(const exec_program *p, const fuse_plan *pl) {
   g->rc_count = calloc(n, sizeof(int));
   g->cost = calloc(n, sizeof(int));
   if (g->cost) cpu_costs(p, pl, g->cost);
+  g->kmerge_from = -1;
   return g;
 }
 

@@ -5,12 +5,24 @@
 
 /* A position in an instruction's index space: coordinates and/or a linear index (strings of
  * C expressions over the enclosing loop variables). */
+/* An affine form over a kernel's root loop variables: b + sum_r a[r] * i<r> (cpu_aff.c). A
+ * position's affine form (lin: c[0] is the flat index; else one form per coordinate) is
+ * tracked while loop dims may be merged. */
+typedef struct {
+  int64_t a[GRAFT_MAX_DIMS], b;
+} cpu_aff;
+typedef struct {
+  int lin;
+  cpu_aff c[GRAFT_MAX_DIMS];
+} cpu_apos;
+
 typedef struct {
   int nd;
   const int64_t *shape;
   const char *lin;
   const char *c[GRAFT_MAX_DIMS];
   int has_c;
+  const cpu_apos *ap; /* the exact affine form, while merging loop dims (else NULL) */
 } cpu_pos;
 
 typedef struct {
@@ -57,6 +69,17 @@ typedef struct {
   int64_t split_want, split_f;
   cpu_dedup dedup;         /* kernel definitions emitted so far (cpu_dedup.c) */
   int trial;               /* generating to measure, not to emit: nothing is recorded */
+  /* Merging loop dims (cpu_aff.c): while aff_on, positions carry exact affine forms over the
+   * root's dims (aff_n: their sizes); a trial (aff_emit 0) records in aff_bad bit j that some
+   * load's stride of candidate dim aff_cand[j] is not that of aff_cand[j+1] times its size, and
+   * aff_fail that something reads coordinates otherwise (pad, concat, iota, an unravel that is
+   * not exact). Emitting (aff_emit 1), the dims in aff_gone are folded into dim aff_inner,
+   * whose loop runs over their product; loads index by the affine form. */
+  int aff_on, aff_emit, aff_fail, aff_nv, aff_ncand, aff_inner;
+  int aff_cand[GRAFT_MAX_DIMS];
+  int64_t aff_n[GRAFT_MAX_DIMS];
+  unsigned aff_bad, aff_gone;
+  int kmerge_from;         /* a lone row kernel: first dim of its merged trailing dims, or -1 */
 } cpu_cg;
 
 const char *cpu_ctype(graft_dtype dt);
@@ -67,4 +90,20 @@ void cpu_memo_free(cpu_cg *g);
 /* The position of element (i<a>..i<ond-1>) within a row of the group, as a C expression. */
 const char *cpu_row_inner(cpu_cg *g);
 int64_t cpu_row_len(const cpu_cg *g);
+
+/* ---- cpu_aff.c: merging loop dims whose strides compose in every load ---- */
+const cpu_apos *cpu_aff_root(cpu_cg *g, int nd);
+/* The operand's affine position under movement op ins (broadcast, reshape, transpose, slice);
+ * NULL (and aff_fail) when it is not exactly affine. */
+const cpu_apos *cpu_aff_move(cpu_cg *g, const exec_instr *ins, const exec_instr *x,
+                             const cpu_apos *ap);
+/* A load of a buffer of shape (nd, shape) at ap: checks the candidates (trial) or returns the
+ * index expression (emitting; NULL in a trial). */
+const char *cpu_aff_load(cpu_cg *g, const cpu_apos *ap, int nd, const int64_t *shape);
+const char *cpu_aff_key(cpu_cg *g, const cpu_apos *ap, int nd);
+/* Runs a trial of value v at the root (dims nd, shape) with candidates cand[0..nc) (loop order,
+ * innermost last); returns how many trailing candidates merge (0 or >= 2) and sets the emitting
+ * state for them (cpu_aff_end clears it). */
+int cpu_aff_plan(cpu_cg *g, int v, int nd, const int64_t *shape, const int *cand, int nc);
+void cpu_aff_end(cpu_cg *g);
 #endif

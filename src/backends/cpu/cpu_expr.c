@@ -53,10 +53,12 @@ const char *cpu_pos_lin(cpu_cg *g, cpu_pos *pos) {
 }
 
 static const char *cpu_pos_key(cpu_cg *g, const cpu_pos *pos) {
-  if (!pos->has_c) return cpu_fmt(&g->ar, "L%s", pos->lin);
+  /* merged loop dims read "0" in the coordinates: the affine form tells positions apart */
+  const char *ak = g->aff_on && pos->ap ? cpu_aff_key(g, pos->ap, pos->nd) : "";
+  if (!pos->has_c) return cpu_fmt(&g->ar, "L%s%s", pos->lin, ak);
   cpu_sb e = {0};
   for (int d = 0; d < pos->nd; d++) cpu_sb_printf(&e, "%s,", pos->c[d]);
-  char *r = cpu_fmt(&g->ar, "C%s", e.n ? e.s : "");
+  char *r = cpu_fmt(&g->ar, "C%s%s", e.n ? e.s : "", ak);
   cpu_sb_free(&e);
   return r;
 }
@@ -170,7 +172,8 @@ static const char *cpu_load(cpu_cg *g, int s, cpu_pos *pos) {
     }
   }
   g->reads[s] = 1;
-  const char *idx = cpu_pos_lin(g, pos);
+  const char *idx = g->aff_on ? cpu_aff_load(g, pos->ap, pos->nd, pos->shape) : NULL;
+  if (!idx) idx = cpu_pos_lin(g, pos);
   const char *e = src->dtype == GRAFT_BOOL ? cpu_fmt(&g->ar, "(uint8_t)(p%d[%s] != 0)", s, idx)
                                            : cpu_fmt(&g->ar, "p%d[%s]", s, idx);
   return cpu_def(g, src->dtype, e);
@@ -382,6 +385,7 @@ void cpu_memo_free(cpu_cg *g) {
  * slice) reads for its output position pos. */
 static cpu_pos cpu_move_pos(cpu_cg *g, const exec_instr *ins, const exec_instr *x, cpu_pos *pos) {
   cpu_pos q = {.nd = x->ndim, .shape = x->shape};
+  if (g->aff_on) q.ap = cpu_aff_move(g, ins, x, pos->ap);
   switch (ins->op) {
   case IR_BROADCAST: {
     int off = ins->ndim - x->ndim;
@@ -433,6 +437,7 @@ static cpu_pos cpu_move_pos(cpu_cg *g, const exec_instr *ins, const exec_instr *
 static const char *cpu_value_pad(cpu_cg *g, const exec_instr *ins, const exec_instr *x,
                                  cpu_pos *pos) {
   const char *fill = cpu_literal(g, ins->dtype, ins->attr.f);
+  g->aff_fail |= g->aff_on; /* reads coordinates */
   if (x->numel == 0) return fill;
   cpu_pos_coords(g, pos);
   cpu_pos q = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
@@ -464,6 +469,7 @@ static const char *cpu_value_pad(cpu_cg *g, const exec_instr *ins, const exec_in
 static const char *cpu_value_concat(cpu_cg *g, const exec_instr *ins, cpu_pos *pos) {
   const int *in = ins->in;
   int ax = (int)IR_ATTR(ins->attr, AXIS, axis);
+  g->aff_fail |= g->aff_on; /* reads coordinates */
   cpu_pos_coords(g, pos);
   int nparts = 0;
   for (int k = 0; k < ins->nin; k++) nparts += g->p->instr[in[k]].shape[ax] != 0;
@@ -533,6 +539,7 @@ static const char *cpu_value_inlined(cpu_cg *g, int i, cpu_pos pos) {
   switch (ins->op) {
   case IR_CONSTANT: return cpu_literal(g, ins->dtype, ins->attr.f);
   case IR_IOTA: {
+    g->aff_fail |= g->aff_on; /* reads coordinates */
     cpu_pos_coords(g, &pos);
     const char *c = pos.c[IR_ATTR(ins->attr, AXIS, axis)];
     const char *v = dtype_is_float(ins->dtype) ? cpu_fmt(&g->ar, "(%s)%s", cpu_ctype(ins->dtype), c)

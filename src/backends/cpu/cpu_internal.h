@@ -24,6 +24,7 @@ typedef struct {
   int n, cap;
 } cpu_arena;
 char *cpu_fmt(cpu_arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3), nonnull(2)));
+void *cpu_arena_alloc(cpu_arena *a, size_t n); /* zeroed; NULL when out of memory */
 void cpu_arena_free(cpu_arena *a);
 uint64_t cpu_hash_bytes(const void *p, size_t n, uint64_t seed);
 

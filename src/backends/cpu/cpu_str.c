@@ -76,6 +76,20 @@ char *cpu_fmt(cpu_arena *a, const char *fmt, ...) {
   return s;
 }
 
+void *cpu_arena_alloc(cpu_arena *a, size_t n) {
+  char *s = calloc(1, n);
+  if (!s) return NULL;
+  if (a->n == a->cap) {
+    int cap = a->cap ? a->cap * 2 : 256;
+    char **v = realloc(a->v, sizeof *v * (size_t)cap);
+    if (!v) { free(s); return NULL; }
+    a->v = v;
+    a->cap = cap;
+  }
+  a->v[a->n++] = s;
+  return s;
+}
+
 void cpu_arena_free(cpu_arena *a) {
   for (int i = 0; i < a->n; i++) free(a->v[i]);
   free(a->v);
