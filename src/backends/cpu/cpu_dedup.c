@@ -29,6 +29,14 @@ static int dedup_numbered(const char *s, size_t n) {
   return -1;
 }
 
+/* The kernel's own name, k<digits>_. */
+static bool dedup_kernel_name(const char *s, size_t n) {
+  if (n < 3 || s[0] != 'k' || s[n - 1] != '_') return false;
+  for (size_t d = 1; d + 1 < n; d++)
+    if (!isdigit((unsigned char)s[d])) return false;
+  return true;
+}
+
 typedef struct {
   const char *s;
   size_t n;
@@ -66,9 +74,7 @@ static char *dedup_canon(const char *def) {
       while (dedup_ident_char(*e)) e++;
       size_t n = (size_t)(e - s);
       int pre = dedup_numbered(s, n);
-      bool self = n > 2 && s[0] == 'k' && s[n - 1] == '_' && dedup_numbered(s, n - 1) < 0;
-      for (size_t d = 1; self && d + 1 < n; d++) self = isdigit((unsigned char)s[d]);
-      if (self) cpu_sb_puts(&out, "K_");
+      if (dedup_kernel_name(s, n)) cpu_sb_puts(&out, "K_");
       else if (pre < 0) cpu_sb_printf(&out, "%.*s", (int)n, s);
       else {
         int k = dedup_number(&seen, &nseen, &cap, s, n);
