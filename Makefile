@@ -178,8 +178,11 @@ check-layers: build/asan/libgraft.a
 check-dist: build/asan/tests/test_dist
 	$(if $(LIBS_MPI),sh tests/check_dist.sh build/asan/tests/test_dist,@echo "check-dist: graft built without Open MPI (MPI=0): skipped")
 
-check-tsan: build/tsan/tests/test_threads build/tsan/tests/test_async
+# test_tiers: the compile thread, the executor's late switch to native code and its wait for a
+# build (die_after_fork=0: one test forks a child that starts threads).
+check-tsan: build/tsan/tests/test_threads build/tsan/tests/test_async build/tsan/tests/test_tiers
 	TSAN_OPTIONS=halt_on_error=1 ./build/tsan/tests/test_threads
+	TSAN_OPTIONS="halt_on_error=1 die_after_fork=0" ./build/tsan/tests/test_tiers
 	TSAN_OPTIONS=halt_on_error=1 ./build/tsan/tests/test_async
 	TSAN_OPTIONS=halt_on_error=1 GRAFT_COMPILE=sync ./build/tsan/tests/test_async
 

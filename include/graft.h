@@ -366,7 +366,8 @@ void graft_empty_cache(void);
   X(uint64_t, bytes_to_host, "bytes to host", "bytes read")                                       \
   X(double, compile_ms, "graph build ms", "total time building executables (capture miss, lowering, passes)") \
   X(double, execute_ms, "execute ms", "total time running graphs")                                \
-  X(uint64_t, native_compiles, "native compiles", "graphs compiled to native code (background or sync)") \
+  X(uint64_t, native_compiles, "native compiles", "graphs compiled to native code (background or sync), fully optimized") \
+  X(uint64_t, quick_compiles, "quick compiles", "quick native builds that ran until the full one landed (GRAFT_COMPILE_QUICK)") \
   X(uint64_t, native_compile_failures, "native compile failures", "compiles that failed: those graphs stay on the first tier") \
   X(double, native_compile_ms, "native compile ms", "time in the native compiler (mostly off the critical path)") \
   X(uint64_t, compiled_executions, "compiled executions", "executions that ran native code (the rest: first tier)") \

@@ -6,6 +6,8 @@
 #include "check.h"
 #include "graft.h"
 #include "backend.h" /* the registry: a test stands in a compiler */
+#include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -309,6 +311,150 @@ TEST(compiler_supports_decides_what_compiles) {
   graft_shutdown(); /* drop the cache while standin's vtable is still alive */
 }
 
+/* Stand-ins with gates, to hold the executor inside the first tier and the compile thread
+ * inside a quick build (both delegate to the real backends). The vtables are static: cache
+ * entries made meanwhile point at them until graft_shutdown. */
+static const backend *real_first;
+static backend gated_first, gated_compiler;
+static atomic_int first_open = 1, quick_open = 1, first_entered, first_runs, first_sleep_ms,
+    quick_built;
+static int gated_execute(void *exe, const exec_program *p, exec_buffer *const *params,
+                         exec_buffer **outs) {
+  atomic_fetch_add(&first_entered, 1);
+  while (!atomic_load(&first_open)) usleep(1000);
+  atomic_fetch_add(&first_runs, 1);
+  if (atomic_load(&first_sleep_ms)) usleep(1000 * (useconds_t)atomic_load(&first_sleep_ms));
+  return real_first->execute(exe, p, params, outs);
+}
+static void *gated_quick(const exec_program *p, bool *full) {
+  while (!atomic_load(&quick_open)) usleep(1000);
+  void *exe = real_compiler->compile_quick(p, full);
+  atomic_fetch_add(&quick_built, 1);
+  return exe;
+}
+
+static void gates_install(void) {
+  graft_metrics reset;
+  graft_metrics_get(&reset); /* registers the built-in backends */
+  setenv("GRAFT_COMPILE", "async", 1);
+  unsetenv("GRAFT_COMPILE_QUICK");
+  real_first = backend_find("cpu", BACKEND_FIRST_TIER);
+  real_compiler = backend_find("cpu", BACKEND_COMPILER);
+  CHECK(real_first && real_compiler && real_compiler->compile_quick);
+  gated_first = *real_first;
+  gated_first.execute = gated_execute;
+  gated_compiler = *real_compiler;
+  gated_compiler.compile_quick = gated_quick;
+  backend_register("cpu", BACKEND_FIRST_TIER, &gated_first);
+  backend_register("cpu", BACKEND_COMPILER, &gated_compiler);
+  atomic_store(&first_entered, 0);
+  atomic_store(&first_runs, 0);
+  atomic_store(&quick_built, 0);
+}
+
+static void gates_remove(void) {
+  atomic_store(&first_open, 1);
+  atomic_store(&quick_open, 1);
+  atomic_store(&first_sleep_ms, 0);
+  graft_shutdown(); /* drop the cache while the stand-ins' vtables are registered */
+  backend_register("cpu", BACKEND_FIRST_TIER, real_first);
+  backend_register("cpu", BACKEND_COMPILER, real_compiler);
+}
+
+/* Waits (up to 60 s) for the quick build, then a moment for the compile thread to publish it
+ * (not through the metrics: reading them drains the queue, which the gated executor holds). */
+static void await_quick_build(void) {
+  for (int i = 0; i < 60000 && !atomic_load(&quick_built); i++) usleep(1000);
+  CHECK(atomic_load(&quick_built) == 1);
+  usleep(500 * 1000);
+}
+
+/* sin(x * k): k is a parameter, so every k is the same graph; queued, not read. */
+static graft_tensor *queue_sin(graft_tensor *x, double k) {
+  graft_tensor *y = graft_sin(graft_mul_scalar(x, k));
+  CHECK(graft_sync(&y, 1) == GRAFT_OK);
+  return y;
+}
+
+/* Steps queued while no native code exists run the quick build once it lands, not the first
+ * tier they would have run on when queued; later the full build replaces it, same values. */
+TEST(queued_steps_switch_to_native_code) {
+  gates_install();
+  float *v;
+  graft_tensor *x = async_input(1, &v);
+  graft_metrics_reset();
+  atomic_store(&first_open, 0);
+  atomic_store(&quick_open, 0);
+  graft_tensor *y[4];
+  y[0] = queue_sin(x, 1);
+  for (int i = 0; i < 10000 && !atomic_load(&first_entered); i++) usleep(1000);
+  CHECK(atomic_load(&first_entered) == 1); /* the executor holds step 1 on the first tier */
+  for (int k = 1; k < 4; k++) y[k] = queue_sin(x, 1 + k); /* step 2 queues the build */
+  atomic_store(&quick_open, 1);
+  await_quick_build();
+  atomic_store(&first_open, 1);
+  float out[4][1000];
+  for (int k = 0; k < 4; k++) CHECK(graft_to_host(y[k], out[k], sizeof out[k]) == GRAFT_OK);
+  CHECK(atomic_load(&first_runs) == 1);
+  CHECK(M().compiled_executions == 3 && M().quick_compiles == 1);
+  for (int k = 0; k < 4; k++) CHECK_NEAR(out[k][7], sinf((float)(1 + k) * v[7]), 1e-6);
+  graft_wait_compiles(); /* the full build */
+  CHECK(M().native_compiles == 1 && M().quick_compiles == 1);
+  graft_scope_begin();
+  float again[1000];
+  CHECK(graft_to_host(queue_sin(x, 2), again, sizeof again) == GRAFT_OK);
+  CHECK(M().compiled_executions == 4);
+  CHECK(memcmp(again, out[1], sizeof again) == 0); /* -O3 equals -O1, bit for bit */
+  graft_scope_end();
+  for (int k = 0; k < 4; k++) graft_release(y[k]);
+  graft_release(x);
+  free(v);
+  gates_remove();
+}
+
+/* Steps queued far ahead wait for a build that lands sooner than the first tier would run
+ * them (here 200 ms a step, ten steps queued behind another graph's step, the build held for
+ * 300 ms): after the first run, none runs on the first tier. */
+TEST(queued_steps_wait_for_a_sooner_build) {
+  gates_install();
+  float *v;
+  graft_tensor *x = async_input(1, &v);
+  graft_metrics_reset();
+  atomic_store(&first_sleep_ms, 200);
+  atomic_store(&quick_open, 0);
+  float out[1000];
+  graft_scope_begin();
+  CHECK(graft_to_host(graft_cos(graft_mul_scalar(x, 1)), out, sizeof out) == GRAFT_OK);
+  graft_scope_end();
+  CHECK(atomic_load(&first_runs) == 1);
+  /* another graph's step holds the executor until all ten are queued */
+  atomic_store(&first_open, 0);
+  atomic_store(&first_entered, 0);
+  graft_tensor *blocker = graft_atan(x);
+  CHECK(graft_sync(&blocker, 1) == GRAFT_OK);
+  for (int i = 0; i < 10000 && !atomic_load(&first_entered); i++) usleep(1000);
+  CHECK(atomic_load(&first_entered) == 1);
+  graft_tensor *y[10];
+  for (int k = 0; k < 10; k++) {
+    y[k] = graft_cos(graft_mul_scalar(x, 2 + k));
+    CHECK(graft_sync(&y[k], 1) == GRAFT_OK);
+  }
+  atomic_store(&first_open, 1);
+  usleep(300 * 1000);
+  atomic_store(&quick_open, 1);
+  for (int k = 0; k < 10; k++) {
+    CHECK(graft_to_host(y[k], out, sizeof out) == GRAFT_OK);
+    CHECK_NEAR(out[7], cosf((float)(2 + k) * v[7]), 1e-6);
+    graft_release(y[k]);
+  }
+  CHECK(atomic_load(&first_runs) == 2); /* the first run and the blocker */
+  CHECK(M().compiled_executions == 10);
+  graft_release(blocker);
+  graft_release(x);
+  free(v);
+  gates_remove();
+}
+
 int main(void) {
   setenv("GRAFT_DISK_CACHE", "0", 1); /* real compiles */
   RUN(compiled_when_run_again);
@@ -320,6 +466,8 @@ int main(void) {
   RUN(first_tier_reductions_equal_reference);
   RUN(heavy_graph_compiles_before_first_run);
   RUN(compiler_supports_decides_what_compiles);
+  RUN(queued_steps_wait_for_a_sooner_build);
+  RUN(queued_steps_switch_to_native_code);
   graft_shutdown();
   return CHECK_DONE();
 }

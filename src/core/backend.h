@@ -22,6 +22,9 @@ typedef struct backend {
   bool (*supports)(const exec_instr *ins);
   /* Returns an executable or NULL with the error set. */
   void *(*compile)(const exec_program *p);
+  /* Optional: the same code built sooner (less optimized), to run while compile() builds the
+   * full one; sets *full when what it returns already is the full build (a disk-cache hit). */
+  void *(*compile_quick)(const exec_program *p, bool *full);
   /* params[i] binds p->param_slot[i]; outs[i] receives a new reference for output i. */
   int (*execute)(void *exe, const exec_program *p, exec_buffer *const *params, exec_buffer **outs);
   void (*free_exe)(void *exe);

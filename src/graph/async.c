@@ -21,9 +21,7 @@
 struct async_job {
   struct async_job *next;
   uint64_t seq, hash;
-  const backend *be;
-  void *exe;
-  bool fast; /* native code (counted as a compiled execution) */
+  cache_entry *e; /* cached entries live until shutdown, which drains the queue first */
   const exec_program *p;
   exec_buffer **bufs;     /* nparams inputs (the job's references), then the backend's outputs */
   unsigned char *donated; /* per input: its reference goes to the backend */
@@ -65,20 +63,33 @@ static buffer_failure *job_failed_input(const async_job *j) {
   return NULL;
 }
 
+/* How many queued jobs run e's graph (executor thread). */
+static int async_queued_for(const cache_entry *e) {
+  int n = 0;
+  pthread_mutex_lock(&a_mu);
+  for (const async_job *q = a_head; q; q = q->next) n += q->e == e;
+  pthread_mutex_unlock(&a_mu);
+  return n;
+}
+
 /* Runs the job's graph (executor thread); returns the failure, or NULL on success with the
  * backend's outputs in bufs[nparams..]. */
 static buffer_failure *job_execute(async_job *j) {
   const exec_program *p = j->p;
   exec_buffer **outs = j->bufs + p->nparams;
   graft_clear_error();
+  void *native = tier_native_for(j->e, async_queued_for(j->e));
   double x0 = metrics_now_ms();
-  int rc = j->be->execute(j->exe, p, j->bufs, outs);
-  metrics.m.execute_ms += metrics_now_ms() - x0;
+  int rc = native ? j->e->fast->execute(native, p, j->bufs, outs)
+                  : j->e->be->execute(j->e->exe, p, j->bufs, outs);
+  double ms = metrics_now_ms() - x0;
+  metrics.m.execute_ms += ms;
+  if (!native && !rc) j->e->first_tier_ms = ms;
   for (int k = 0; k < p->nparams; k++)
     if (!j->donated[k]) buffer_release(j->bufs[k]); /* the backend released the donated ones */
   if (!rc) {
     metrics.m.executions++;
-    if (j->fast) metrics.m.compiled_executions++;
+    if (native) metrics.m.compiled_executions++;
     metrics.m.last_graph_nodes = (uint64_t)p->ninstr;
     if ((uint64_t)p->ninstr > metrics.m.max_graph_nodes) metrics.m.max_graph_nodes = (uint64_t)p->ninstr;
     return NULL;
@@ -190,8 +201,8 @@ static int async_push(async_job *j) {
   return 0;
 }
 
-async_job *async_job_new(const exec_program *p, const backend *be, void *exe, bool fast,
-                         uint64_t hash) {
+async_job *async_job_new(cache_entry *e) {
+  const exec_program *p = e->prog;
   async_job *j = calloc(1, sizeof *j);
   if (j) {
     j->bufs = calloc((size_t)p->nparams + (size_t)p->noutputs + 1, sizeof *j->bufs);
@@ -202,7 +213,7 @@ async_job *async_job_new(const exec_program *p, const backend *be, void *exe, bo
     if (j) job_free(j);
     return err_set(GRAFT_ERR_OOM, "graft_sync: out of memory queuing a graph");
   }
-  j->p = p, j->be = be, j->exe = exe, j->fast = fast, j->hash = hash;
+  j->p = p, j->e = e, j->hash = p->hash;
   return j;
 }
 

@@ -137,6 +137,7 @@ void cache_clear(void) {
       buckets[b] = e->next;
       if (e->be->free_exe) e->be->free_exe(e->exe);
       if (e->tier == TIER_READY && e->fast->free_exe) e->fast->free_exe(e->fast_exe);
+      if (e->replaced_exe && e->fast->free_exe) e->fast->free_exe(e->replaced_exe);
       program_free(e->prog);
       free(e->sig);
       free(e);

@@ -175,10 +175,10 @@ static graft_status exec_bind_roots(tensor_slot *const *ts, int n, exec_buffer *
 
 /* Queues e's program for the executor thread (async.c): the synced tensors become leaves over
  * its pending outputs at once. */
-static graft_status exec_queue(cache_entry *e, bool fast, exec_buffer **bufs, tensor_slot *const *ts,
+static graft_status exec_queue(cache_entry *e, exec_buffer **bufs, tensor_slot *const *ts,
                                ir_node **roots, int n, int *out_index) {
   const exec_program *p = e->prog;
-  async_job *j = async_job_new(p, fast ? e->fast : e->be, fast ? e->fast_exe : e->exe, fast, p->hash);
+  async_job *j = async_job_new(e);
   if (!j) return graft_last_status();
   if (async_job_make_outputs(j)) { /* before anything is donated: nothing is lost */
     graft_status st = graft_last_status();
@@ -277,7 +277,7 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
   /* Checking reads the inputs here, a memory limit makes running out of memory an expected,
    * recoverable error, and collectives call MPI: all run in this thread, after what is queued. */
   if (async_enabled() && !checking && !buffer_get_limit() && !p->has_collective) {
-    graft_status st = exec_queue(e, fast, bufs, ts, roots, n, out_index);
+    graft_status st = exec_queue(e, bufs, ts, roots, n, out_index);
     free(bufs);
     free(out_index);
     metrics.m.syncs++;

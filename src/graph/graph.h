@@ -4,6 +4,7 @@
 #include "../core/backend.h"
 #include "../core/tensor.h"
 #include "../passes/passes.h"
+#include <stdatomic.h>
 
 /* A captured graph: nodes in post-order (slot = index), with its hash. Arrays are owned by
  * the capture and reused between syncs (capture runs under the global lock). */
@@ -30,13 +31,24 @@ void capture_test_force_hash(uint64_t hash);
 /* TIER_ONCE: ran once on the first tier; queued for compiling when it runs again (a training
  * loop's first step, which sets up optimizer state, is a graph of its own that never recurs). */
 typedef enum { TIER_OFF, TIER_ONCE, TIER_COMPILING, TIER_READY, TIER_FAILED } tier_state;
+/* How optimized the native code is: a quick build lands first, the full one replaces it. */
+typedef enum { TIER_LEVEL_NONE, TIER_LEVEL_QUICK, TIER_LEVEL_FULL } tier_level;
 typedef struct cache_entry {
   exec_program *prog;
   const backend *be;        /* the first tier: runs at once */
   void *exe;
   const backend *fast;      /* the compiling backend, once tier == TIER_READY */
-  void *fast_exe;
+  void *fast_exe;           /* its newest executable (lock held to read) */
+  /* fast_exe for the executor thread, which takes no lock: a queued step runs the newest
+   * native code when it starts, not what was ready when it was queued. */
+  _Atomic(void *) published;
+  atomic_bool building;     /* its first native build is queued or running */
+  _Atomic double build_started_ms; /* when that build started (0: not yet) */
+  double first_tier_ms;     /* its last run's time on the first tier (executor thread only) */
+  void *replaced_exe;       /* the quick build fast_exe replaced: a running step may use it */
   tier_state tier;
+  tier_level level;
+  bool full_only;           /* the caller waits for native code (wait_compiles): no quick build */
   unsigned char check_reported; /* GRAFT_CHECK: bit 0 first tier, bit 1 compiled code reported */
   struct cache_entry *next; /* hash chain */
   struct cache_entry *qnext; /* compile queue */
@@ -102,15 +114,19 @@ const backend *graph_backend(int device, backend_role role);
 /* The backend a new graph on device first runs on: the interpreter with host kernels, or the
  * plain reference backend under GRAFT_COMPILE=off. */
 const backend *tier_first_backend(int device);
+/* Executor thread (no lock): e's native code, waiting for its first build when one is in
+ * flight and the first tier would take longer over e's queued steps (queued: how many, at
+ * e->first_tier_ms each) than the rest of the build; NULL: run on the first tier. */
+void *tier_native_for(cache_entry *e, int queued);
 /* Stops the compile thread (lock NOT held: the thread takes it to publish results). */
 void tier_shutdown(void);
 /* Asynchronous execution (async.c): a job runs one graph on the executor thread. */
 typedef struct async_job async_job;
 /* GRAFT_ASYNC (read per sync): on unless "0". */
 bool async_enabled(void);
-/* A job for p on be's executable (lock held); NULL with the error set. */
-async_job *async_job_new(const exec_program *p, const backend *be, void *exe, bool fast,
-                         uint64_t hash);
+/* A job for e's program (lock held); it runs e's native code if published by the time it
+ * starts (tier_native_for), else the first tier. NULL with the error set. */
+async_job *async_job_new(cache_entry *e);
 /* Makes the pending output placeholders; -1 with the error set (discard the job). */
 int async_job_make_outputs(async_job *j);
 /* Takes the inputs: a reference to each, except a donated one, whose reference it is given. */

@@ -39,12 +39,22 @@ static bool cpu_supports(const exec_instr *ins) {
  * one at a time, and the counters they write are read under the same lock. */
 static pthread_mutex_t cpu_compile_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void *cpu_compile_locked(const exec_program *p);
+static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt);
 
 static void *cpu_compile(const exec_program *p) {
+  cpu_opt opt = CPU_OPT_FULL;
   pthread_mutex_lock(&cpu_compile_mu);
-  void *e = cpu_compile_locked(p);
+  void *e = cpu_compile_locked(p, &opt);
   pthread_mutex_unlock(&cpu_compile_mu);
+  return e;
+}
+
+static void *cpu_compile_quick(const exec_program *p, bool *full) {
+  cpu_opt opt = CPU_OPT_QUICK;
+  pthread_mutex_lock(&cpu_compile_mu);
+  void *e = cpu_compile_locked(p, &opt);
+  pthread_mutex_unlock(&cpu_compile_mu);
+  *full = opt == CPU_OPT_FULL;
   return e;
 }
 
@@ -65,7 +75,7 @@ static void cpu_backend_shutdown(void) {
   pthread_mutex_unlock(&cpu_compile_mu);
 }
 
-static void *cpu_compile_locked(const exec_program *p) {
+static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt) {
   const cpu_blas_fns *bl = cpu_blas();
   fuse_plan pl;
   if (cpu_plan_build(p, bl->sgemm && bl->dgemm, &pl)) return NULL;
@@ -100,7 +110,7 @@ static void *cpu_compile_locked(const exec_program *p) {
     return err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   }
   e->out_buf = out_buf;
-  rc = cpu_compile_source(src.s, &e->obj);
+  rc = cpu_compile_source(src.s, opt, &e->obj);
   cpu_sb_free(&src);
   if (rc) {
     free(out_buf);
@@ -359,6 +369,7 @@ const backend cpu_backend = {
     .name = "cpu",
     .supports = cpu_supports,
     .compile = cpu_compile,
+    .compile_quick = cpu_compile_quick,
     .execute = cpu_execute,
     .free_exe = cpu_free_exe,
     .stats = cpu_backend_stats,

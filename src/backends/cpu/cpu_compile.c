@@ -27,9 +27,11 @@
 
 extern char **environ;
 
-#define CPU_CFLAG_LIST "-std=c11", "-O3", "-fPIC", "-shared", "-fopenmp-simd", \
+#define CPU_CFLAG_LIST "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", \
                        "-fno-math-errno", "-ffp-contract=off", "-w"
-/* The flags as one string: part of the disk cache key. */
+static const char *const cpu_opt_flag[] = {[CPU_OPT_FULL] = "-O3", [CPU_OPT_QUICK] = "-O1"};
+/* The full build's flags as one string: part of the disk cache key (quick builds are not
+ * cached). */
 #define CPU_CFLAGS "-std=c11 -O3 -fPIC -shared -fopenmp-simd -fno-math-errno -ffp-contract=off -w"
 
 /* The target: -march=native, or $GRAFT_MARCH (e.g. x86-64-v3 for code that must run under
@@ -168,12 +170,13 @@ static int cpu_private_workdir(char *work, size_t n) {
 }
 
 /* cc <flags> -march=M -o out src, diagnostics into errf; the exit status (or -1). */
-static int cpu_run_compiler(const char *src, const char *out, const char *errf) {
+static int cpu_run_compiler(const char *src, cpu_opt opt, const char *out, const char *errf) {
   static const char *flags[] = {CPU_CFLAG_LIST};
   enum { NFLAGS = sizeof flags / sizeof *flags };
-  char buf[256], march[80], *argv[CPU_CC_MAXW + NFLAGS + 5];
+  char buf[256], march[80], *argv[CPU_CC_MAXW + NFLAGS + 6];
   int k = cpu_cc_words(buf, sizeof buf, argv);
   if (!k) return -1;
+  argv[k++] = (char *)cpu_opt_flag[opt];
   for (int i = 0; i < NFLAGS; i++) argv[k++] = (char *)flags[i];
   snprintf(march, sizeof march, "-march=%s", cpu_march());
   argv[k++] = march;
@@ -191,7 +194,7 @@ static int cpu_run_compiler(const char *src, const char *out, const char *errf) 
 /* Source -> loaded object: the disk cache lookup, a private work folder, the compile, the
  * atomic publish and the load. One function (~80 lines): each step's paths and its cleanup on
  * failure share the same buffers, and the order is the safety argument (README, Disk cache). */
-int cpu_compile_source(const char *src, cpu_object *obj) {
+int cpu_compile_source(const char *src, cpu_opt *opt, cpu_object *obj) {
   memset(obj, 0, sizeof *obj);
   char id[600], dir[1000], key[40], so[1200], meta[1200], work[1100], tmp[1300], errf[1300];
   cpu_compiler_id(id, sizeof id);
@@ -210,11 +213,15 @@ int cpu_compile_source(const char *src, cpu_object *obj) {
     if (access(so, F_OK) == 0) {
       if (dcache_valid(so, meta) && !cpu_dlopen(so, obj)) {
         cpu_stats.disk_hits++;
+        *opt = CPU_OPT_FULL;
         return 0;
       }
       cpu_stats.disk_corrupt++;
       unlink(so);
     }
+    if (*opt == CPU_OPT_QUICK) dir[0] = 0; /* not cached: the full build replaces it */
+  }
+  if (dir[0]) {
     snprintf(work, sizeof work, "%s/tmp-XXXXXX", dir);
     if (!mkdtemp(work)) { /* a read-only cache: compile elsewhere, cache nothing */
       cpu_stats.disk_refused++;
@@ -236,7 +243,7 @@ int cpu_compile_source(const char *src, cpu_object *obj) {
     goto done;
   }
   double t0 = cpu_now_ms();
-  int st = cpu_run_compiler(tmp, out, errf);
+  int st = cpu_run_compiler(tmp, *opt, out, errf);
   cpu_stats.compile_ms += cpu_now_ms() - t0;
   if (st != 0) {
     char tail[1200];

@@ -64,7 +64,12 @@ typedef struct {
   void *dl;
   cpu_entry_fn entry;
 } cpu_object;
-int cpu_compile_source(const char *src, cpu_object *obj);
+/* How hard the C compiler optimizes: the full build (-O3, cached on disk) or a quick one
+ * (-O1, not cached) that runs while the full one compiles. */
+typedef enum { CPU_OPT_FULL, CPU_OPT_QUICK } cpu_opt;
+/* Compiles (or loads from the disk cache) src into obj; 0, or -1 with the error set. A quick
+ * build loads the full one when the disk cache has it, and says so in *opt. */
+int cpu_compile_source(const char *src, cpu_opt *opt, cpu_object *obj);
 void cpu_object_close(cpu_object *obj);
 
 /* ---- cpu_pool.c ---- */
