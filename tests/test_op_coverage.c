@@ -213,7 +213,8 @@ static const char *interp_path_name(ops_interp_path p) {
 }
 
 /* The first tier's path for the op's instruction must be the declared one (the typed loops are
- * f32/f64 only, other dtypes take the reference kernel; some host kernels are float-only). */
+ * f32/f64 only, but the logical ops' on bool; other dtypes take the reference kernel; some host
+ * kernels are float-only). */
 static void check_interp_route(ir_op op, graft_dtype dt, const exec_program *p) {
   for (int i = 0; i < p->ninstr; i++) {
     const exec_instr *ins = &p->instr[i];
@@ -225,7 +226,8 @@ static void check_interp_route(ir_op op, graft_dtype dt, const exec_program *p) 
     }
     ops_interp_path want = ir_ops[op].interp, got = cpu_interp_route(ins, a);
     bool fl = dt == GRAFT_F32 || dt == GRAFT_F64;
-    if (!fl && want == OPS_INTERP_LOOP) want = OPS_INTERP_REF;
+    bool typed = fl || (dt == GRAFT_BOOL && ir_ops[op].dtypes == IR_D_INTBOOL); /* logic on bool */
+    if (!typed && want == OPS_INTERP_LOOP) want = OPS_INTERP_REF;
     if (!fl && want == OPS_INTERP_HOST && got == OPS_INTERP_REF) got = want; /* some are float-only */
     if (got != want)
       COVER_FAIL("%s on %s: ops.def declares the first tier runs it as %s, cpu_interp.c runs "

@@ -199,6 +199,62 @@ TEST(first_tier_elementwise_equals_reference) {
     }
 }
 
+/* The first tier's strided copies coalesce dims (a scalar broadcast is one fill, split for the
+ * pool; a per-channel one copies rows of H*W equal values), and its bool logic and float fills
+ * are typed loops: the reference kernels' values, bit for bit. Returns the numel. */
+static int64_t copies(int mode, double *res) {
+  int64_t cs[4] = {1, 6, 1, 1}, xs[4] = {5, 6, 7, 9}, big[4] = {40, 50, 1, 20};
+  float *cv = ramp(6, 2), *xv = ramp(5 * 6 * 7 * 9, 3);
+  graft_scope_begin();
+  graft_tensor *c = graft_from_host(cv, GRAFT_F32, 4, cs, 0);
+  graft_tensor *x = graft_from_host(xv, GRAFT_F32, 4, xs, 0);
+  graft_tensor *s = graft_sum(c, NULL, 0, false);                                 /* a scalar */
+  graft_tensor *fill = graft_broadcast_to(s, 4, big);                             /* 40000 */
+  graft_tensor *chan = graft_mul(graft_broadcast_to(c, 4, xs), x);                /* [1,6,1,1] */
+  graft_tensor *tr = graft_transpose(graft_reshape(x, 5, (int64_t[]){5, 1, 6, 7, 9}),
+                                     (int[]){3, 1, 0, 4, 2});                     /* [7,1,5,9,6] */
+  graft_tensor *sl = graft_slice(x, (int64_t[]){1, 0, 2, 0}, (int64_t[]){5, 6, 7, 9},
+                                 (int64_t[]){2, 1, 3, 1});                        /* [2,6,2,9] */
+  graft_tensor *pos = graft_gt(x, graft_scalar(40, GRAFT_F32)), *neg = graft_lt(x, graft_scalar(9, GRAFT_F32));
+  graft_tensor *logic[4] = {graft_logical_or(pos, neg), graft_logical_and(pos, graft_logical_not(neg)),
+                            graft_logical_xor(pos, graft_logical_not(pos)), graft_logical_not(neg)};
+  graft_tensor *full = graft_add(graft_full(0.3, GRAFT_F32, 4, xs), x);
+  /* inner dims that step as one: [6,5,63] at strides [63,378,1]; rows of 756 */
+  graft_tensor *tr2 = graft_transpose(x, (int[]){1, 0, 2, 3});
+  graft_tensor *sl2 = graft_slice(x, (int64_t[]){1, 2, 0, 0}, (int64_t[]){4, 6, 7, 9}, (int64_t[]){1, 1, 1, 1});
+  graft_tensor *parts[11] = {fill, chan, tr, sl, full, tr2, sl2};
+  for (int k = 0; k < 4; k++) parts[7 + k] = graft_convert(logic[k], GRAFT_F32);
+  graft_tensor *flat[11];
+  for (int k = 0; k < 11; k++) flat[k] = graft_reshape(parts[k], 1, (int64_t[]){-1});
+  graft_tensor *y = graft_convert(graft_concat(flat, 11, 0), GRAFT_F64);
+  int64_t m = graft_numel(y);
+  CHECK(m == 40000 + 216 + 1890 * 8 + 756);
+  graft_metrics_reset();
+  distinct_sync(y, x, mode);
+  CHECK(graft_to_host(y, res, sizeof(double) * (size_t)m) == GRAFT_OK);
+  CHECK(M().compiled_executions == 0);
+  graft_scope_end();
+  free(cv), free(xv);
+  return m;
+}
+
+TEST(first_tier_copies_equal_reference) {
+  double *r[2];
+  int64_t m = 0;
+  for (int mode = 0; mode < 2; mode++) {
+    r[mode] = malloc(sizeof(double) * 60000);
+    setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
+    m = copies(mode, r[mode]);
+  }
+  CHECK(memcmp(r[0], r[1], sizeof(double) * (size_t)m) == 0);
+  float *cv = ramp(6, 2), sum = 0;
+  for (int i = 0; i < 6; i++) sum += cv[i];
+  CHECK_NEAR(r[1][0], sum, 1e-5);
+  CHECK(r[1][39999] == r[1][0]); /* the fill's last element */
+  free(cv);
+  free(r[0]), free(r[1]);
+}
+
 /* The first tier's typed reductions (cpu_reduce.c) give the reference kernels' results bit for
  * bit: sums, products, maxima and minima over axis masks, with a NaN, in f32 and f64. */
 static void reductions(graft_dtype dt, int mode, double *res) {
@@ -242,6 +298,49 @@ TEST(first_tier_reductions_equal_reference) {
     }
     CHECK(nan > 0 && nan < 292); /* the NaN reached some results, not all */
   }
+}
+
+/* Big reductions run on the pool, eight outputs at a time sharing the walk (batch norm's
+ * per-channel sums among them): still the reference's bits. */
+static void big_reductions(int mode, double *res) {
+  int64_t xs[4] = {6, 40, 12, 13};
+  float *xv = ramp(6 * 40 * 12 * 13, 5);
+  for (int i = 0; i < 6 * 40 * 12 * 13; i++) xv[i] = sinf(xv[i]) * 1.5f;
+  xv[1234] = NAN;
+  graft_scope_begin();
+  graft_tensor *x = graft_from_host(xv, GRAFT_F32, 4, xs, 0);
+  graft_tensor *parts[4] = {
+      graft_sum(x, (int[]){0, 2, 3}, 3, false),   /* [40], per channel */
+      graft_max(x, (int[]){1}, 1, false),         /* [6,12,13] */
+      graft_sum(x, (int[]){3}, 1, false),         /* [6,40,12] */
+      graft_min(x, NULL, 0, false),               /* [] */
+  };
+  graft_tensor *flat[4];
+  for (int k = 0; k < 4; k++) flat[k] = graft_reshape(parts[k], 1, (int64_t[]){-1});
+  graft_tensor *y = graft_convert(graft_concat(flat, 4, 0), GRAFT_F64);
+  CHECK(graft_numel(y) == 40 + 936 + 2880 + 1);
+  graft_metrics_reset();
+  distinct_sync(y, x, mode);
+  CHECK(graft_to_host(y, res, sizeof(double) * 3857) == GRAFT_OK);
+  CHECK(M().compiled_executions == 0);
+  graft_scope_end();
+  free(xv);
+}
+
+TEST(first_tier_big_reductions_equal_reference) {
+  double *r[2];
+  for (int mode = 0; mode < 2; mode++) {
+    r[mode] = malloc(sizeof(double) * 3857);
+    setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
+    big_reductions(mode, r[mode]);
+  }
+  int nan = 0;
+  for (int i = 0; i < 3857; i++) {
+    CHECK(r[1][i] == r[0][i] || (isnan(r[1][i]) && isnan(r[0][i])));
+    nan += isnan(r[0][i]);
+  }
+  CHECK(nan > 0 && nan < 100);
+  free(r[0]), free(r[1]);
 }
 
 /* 2*1024*2048*1024 FLOPs: slower on the first tier than compiling, so compiled first. */
@@ -464,6 +563,8 @@ int main(void) {
   RUN(first_tier_matches_reference);
   RUN(first_tier_elementwise_equals_reference);
   RUN(first_tier_reductions_equal_reference);
+  RUN(first_tier_copies_equal_reference);
+  RUN(first_tier_big_reductions_equal_reference);
   RUN(heavy_graph_compiles_before_first_run);
   RUN(compiler_supports_decides_what_compiles);
   RUN(queued_steps_wait_for_a_sooner_build);

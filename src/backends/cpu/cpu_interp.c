@@ -106,45 +106,114 @@ static int interp_select(const exec_instr *ins, const ref_arg *in, void *out) {
   return 0;
 }
 
-/* ---- copying movement: out (row-major) = src[base + sum c[d] * sst[d]], any dtype ---- */
+/* ---- bool logic (and, or, xor, not: masks such as hardtanh's gradient) and float fills ---- */
+static int interp_logical(const exec_instr *ins, const ref_arg *in, void *out) {
+  int64_t n = ins->numel;
+  const uint8_t *x = in[0].data, *z = ins->nin > 1 ? in[1].data : NULL;
+  uint8_t *y = out;
+  switch (ins->op) {
+  case IR_AND: for (int64_t i = 0; i < n; i++) y[i] = (x[i] != 0) & (z[i] != 0); break;
+  case IR_OR: for (int64_t i = 0; i < n; i++) y[i] = (x[i] != 0) | (z[i] != 0); break;
+  case IR_XOR: for (int64_t i = 0; i < n; i++) y[i] = (x[i] != 0) ^ (z[i] != 0); break;
+  case IR_NOT: for (int64_t i = 0; i < n; i++) y[i] = x[i] == 0; break;
+  default: return -1;
+  }
+  return 0;
+}
+
+static bool interp_logical_ok(const exec_instr *ins, const ref_arg *in) {
+  if (ins->dtype != GRAFT_BOOL || ir_ops[ins->op].dtypes != IR_D_INTBOOL ||
+      ir_ops[ins->op].interp != OPS_INTERP_LOOP)
+    return false;
+  for (int k = 0; k < ins->nin; k++)
+    if (in[k].dtype != GRAFT_BOOL) return false;
+  return true;
+}
+
+static int interp_constant(const exec_instr *ins, const ref_arg *in, void *out) {
+  (void)in;
+  int64_t n = ins->numel;
+  if (ins->dtype == GRAFT_F32) {
+    float v = (float)ins->attr.f, *y = out;
+    for (int64_t i = 0; i < n; i++) y[i] = v;
+  } else {
+    double v = ins->attr.f, *y = out;
+    for (int64_t i = 0; i < n; i++) y[i] = v;
+  }
+  return 0;
+}
+
+/* ---- copying movement: out (row-major) = src[base + sum c[d] * sst[d]], any dtype ----
+ * The dims are coalesced first (those of size 1 dropped, neighbours that step through the
+ * source as one dim merged), so a per-channel broadcast [1,C,1,1] -> [N,C,H,W] copies rows of
+ * H*W equal values, not rows of W, and a scalar broadcast is one fill. */
 typedef struct {
-  const exec_instr *ins;
+  int nd;
+  int64_t shape[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS];
+  size_t es;
   const void *src;
   int64_t base;
-  const int64_t *sst;
   void *out;
 } interp_gather;
 
-/* Rows [lo, hi) of the output (a row: the innermost dim). */
+static void interp_coalesce(interp_gather *g, int nd, const int64_t *shape, const int64_t *sst) {
+  g->nd = 0;
+  for (int d = 0; d < nd; d++) {
+    if (shape[d] == 1) continue;
+    int k = g->nd - 1;
+    if (k >= 0 && g->sst[k] == sst[d] * shape[d]) { /* dim k steps like d, shape[d] times on */
+      g->shape[k] *= shape[d];
+      g->sst[k] = sst[d];
+      continue;
+    }
+    g->shape[g->nd] = shape[d];
+    g->sst[g->nd++] = sst[d];
+  }
+  if (g->nd == 0) { /* one element */
+    g->shape[0] = 1;
+    g->sst[0] = 0;
+    g->nd = 1;
+  }
+}
+
+/* One row: inner elements at stride is (0: a fill). */
+static void interp_copy_row(char *o, const char *s, int64_t inner, int64_t is, size_t es) {
+  if (is == 1) {
+    memcpy(o, s, (size_t)inner * es);
+  } else if (es == 4) {
+    const uint32_t *sp = (const uint32_t *)(const void *)s;
+    uint32_t *op = (uint32_t *)(void *)o;
+    if (is == 0) {
+      uint32_t v = sp[0];
+      for (int64_t k = 0; k < inner; k++) op[k] = v;
+    } else {
+      for (int64_t k = 0; k < inner; k++) op[k] = sp[k * is];
+    }
+  } else {
+    for (int64_t k = 0; k < inner; k++) memcpy(o + (size_t)k * es, s + (size_t)(k * is) * es, es);
+  }
+}
+
+/* Rows [lo, hi) of the output (a row: the innermost coalesced dim). */
 static void interp_gather_rows(void **S, int64_t lo, int64_t hi) {
   const interp_gather *g = S[0];
-  const exec_instr *ins = g->ins;
-  size_t es = graft_dtype_size(ins->dtype);
-  int nd = ins->ndim;
-  const int64_t *sst = g->sst;
-  int64_t c[GRAFT_MAX_DIMS] = {0}, inner = ins->shape[nd - 1], is = sst[nd - 1], off = g->base;
+  size_t es = g->es;
+  int nd = g->nd;
+  int64_t c[GRAFT_MAX_DIMS] = {0}, inner = g->shape[nd - 1], off = g->base;
   for (int64_t d = nd - 2, r = lo; d >= 0; d--) { /* row lo's coordinates */
-    c[d] = r % ins->shape[d];
-    r /= ins->shape[d];
-    off += c[d] * sst[d];
+    c[d] = r % g->shape[d];
+    r /= g->shape[d];
+    off += c[d] * g->sst[d];
   }
   char *o = (char *)g->out + (size_t)(lo * inner) * es;
   const char *s = g->src;
   for (int64_t r = lo; r < hi; r++) {
-    if (is == 1) {
-      memcpy(o, s + (size_t)off * es, (size_t)inner * es);
-    } else if (es == 4) {
-      const uint32_t *sp = (const uint32_t *)(const void *)s + off;
-      uint32_t *op = (uint32_t *)(void *)o;
-      for (int64_t k = 0; k < inner; k++) op[k] = sp[k * is];
-    } else {
-      for (int64_t k = 0; k < inner; k++) memcpy(o + (size_t)k * es, s + (size_t)(off + k * is) * es, es);
-    }
+    interp_copy_row(o, s + (size_t)off * es, inner, g->sst[nd - 1], es);
     o += (size_t)inner * es;
     for (int d = nd - 2; d >= 0; d--) { /* odometer over the outer dims */
-      off += sst[d];
-      if (++c[d] < ins->shape[d]) break;
-      off -= sst[d] * ins->shape[d];
+      off += g->sst[d];
+      if (++c[d] < g->shape[d]) break;
+      off -= g->sst[d] * g->shape[d];
       c[d] = 0;
     }
   }
@@ -156,15 +225,19 @@ enum { INTERP_PAR_MIN = 32768 };
 
 static void interp_gather_strided(const exec_instr *ins, const void *src, int64_t base,
                                   const int64_t *sst, void *out) {
-  size_t es = graft_dtype_size(ins->dtype);
   if (ins->numel == 0) return;
-  if (ins->ndim == 0) {
-    memcpy(out, (const char *)src + (size_t)base * es, es);
-    return;
-  }
-  interp_gather g = {ins, src, base, sst, out};
+  interp_gather g = {.es = graft_dtype_size(ins->dtype), .src = src, .base = base, .out = out};
+  interp_coalesce(&g, ins->ndim, ins->shape, sst);
+  if (g.nd == 1 && g.shape[0] >= INTERP_PAR_MIN) /* one long row: rows of it for the pool */
+    for (int64_t parts = 64; parts >= 2; parts /= 2)
+      if (g.shape[0] % parts == 0) {
+        g.shape[1] = g.shape[0] / parts, g.sst[1] = g.sst[0];
+        g.shape[0] = parts, g.sst[0] *= g.shape[1];
+        g.nd = 2;
+        break;
+      }
   void *S[1] = {&g};
-  int64_t rows = ins->numel / ins->shape[ins->ndim - 1];
+  int64_t rows = ins->numel / g.shape[g.nd - 1];
   if (ins->numel >= INTERP_PAR_MIN && rows >= 2) cpu_parallel_run(interp_gather_rows, S, rows);
   else interp_gather_rows(S, 0, rows);
 }
@@ -242,11 +315,16 @@ INTERP_PARALLEL(interp_unary)
 INTERP_PARALLEL(interp_binary)
 INTERP_PARALLEL(interp_compare)
 INTERP_PARALLEL(interp_select)
+INTERP_PARALLEL(interp_logical)
+INTERP_PARALLEL(interp_constant)
 
 static ref_fn interp_pick(const exec_instr *ins, const ref_arg *in) {
   cpu_host_fn host = cpu_host_kernel(ins, in);
   if (host || (host = cpu_reduce_kernel(ins, in))) return host;
   bool fl = ins->dtype == GRAFT_F32 || ins->dtype == GRAFT_F64;
+  if (interp_logical_ok(ins, in)) return interp_logical_par;
+  if (ins->op == IR_CONSTANT && fl && ir_ops[IR_CONSTANT].interp == OPS_INTERP_LOOP)
+    return interp_constant_par;
   switch (ir_ops[ins->op].kind) {
   case IR_K_UNARY:
     return fl && in[0].dtype == ins->dtype && interp_loop_ok(ins->op, OPS_MATH_UNARY)

@@ -9,6 +9,15 @@ static bool ref_supports(const exec_instr *ins) { return ref_kernels[ins->op] !=
 /* Nothing to compile: the program is the executable. */
 static void *ref_compile(const exec_program *p) { return (void *)p; }
 
+/* Runs ins into a new buffer *out (pick: the caller's kernel for it, else the reference). */
+static int ref_run_one(const exec_program *p, const exec_instr *ins, const ref_arg *args,
+                       ref_pick_fn pick, exec_buffer **out) {
+  *out = buffer_new((size_t)ins->numel * graft_dtype_size(ins->dtype), p->device, 0,
+                    ir_ops[ins->op].name);
+  ref_fn fn = pick ? pick(ins, args) : NULL;
+  return !*out || (fn ? fn : ref_kernels[ins->op])(ins, args, (*out)->ptr);
+}
+
 int ref_run(const exec_program *p, exec_buffer *const *params, exec_buffer **outs,
             ref_pick_fn pick) {
   exec_buffer **slot = calloc((size_t)p->ninstr + 1, sizeof *slot);
@@ -35,10 +44,10 @@ int ref_run(const exec_program *p, exec_buffer *const *params, exec_buffer **out
       const exec_instr *src = &p->instr[ins->in[k]];
       args[k] = (ref_arg){slot[ins->in[k]]->ptr, src->dtype, src->ndim, src->shape, src->numel};
     }
-    slot[i] = buffer_new((size_t)ins->numel * graft_dtype_size(ins->dtype), p->device, 0,
-                         ir_ops[ins->op].name);
-    ref_fn fn = pick ? pick(ins, args) : NULL;
-    if (!slot[i] || (fn ? fn : ref_kernels[ins->op])(ins, args, slot[i]->ptr)) {
+    if (ins->op == IR_RESHAPE) { /* row-major order is unchanged: the operand's buffer */
+      slot[i] = slot[ins->in[0]];
+      buffer_retain(slot[i]);
+    } else if (ref_run_one(p, ins, args, pick, &slot[i])) {
       rc = -1;
       break;
     }
@@ -54,6 +63,7 @@ int ref_run(const exec_program *p, exec_buffer *const *params, exec_buffer **out
   for (int k = 0; k < p->noutputs && !rc; k++) {
     outs[k] = slot[p->output_slot[k]];
     buffer_retain(outs[k]);
+    outs[k]->donated = 0; /* a donated input's buffer a reshape passed on is the output's now */
   }
   for (int i = 0; i < p->ninstr; i++) buffer_release(slot[i]);
   free(slot);
