@@ -222,13 +222,19 @@ static int64_t copies(int mode, double *res) {
   /* inner dims that step as one: [6,5,63] at strides [63,378,1]; rows of 756 */
   graft_tensor *tr2 = graft_transpose(x, (int[]){1, 0, 2, 3});
   graft_tensor *sl2 = graft_slice(x, (int64_t[]){1, 2, 0, 0}, (int64_t[]){4, 6, 7, 9}, (int64_t[]){1, 1, 1, 1});
-  graft_tensor *parts[11] = {fill, chan, tr, sl, full, tr2, sl2};
-  for (int k = 0; k < 4; k++) parts[7 + k] = graft_convert(logic[k], GRAFT_F32);
-  graft_tensor *flat[11];
-  for (int k = 0; k < 11; k++) flat[k] = graft_reshape(parts[k], 1, (int64_t[]){-1});
-  graft_tensor *y = graft_convert(graft_concat(flat, 11, 0), GRAFT_F64);
+  /* pads: a convolution's [5,6,9,11] frame; interior fill and an i64 pad (8-byte elements) */
+  graft_tensor *pad = graft_pad(x, (int64_t[]){0, 0, 1, 1}, (int64_t[]){0, 0, 1, 1}, -2.5);
+  graft_tensor *padi = graft_pad_ex(x, (int64_t[]){1, 0, 0, 2}, (int64_t[]){0, 1, 2, 0},
+                                    (int64_t[]){0, 1, 0, 2}, 7);               /* [6,12,9,27] */
+  graft_tensor *pad64 = graft_convert(graft_pad(graft_convert(x, GRAFT_I64), (int64_t[]){1, 0, 2, 0},
+                                                (int64_t[]){0, 0, 0, 1}, 3), GRAFT_F32); /* [6,6,9,10] */
+  graft_tensor *parts[14] = {fill, chan, tr, sl, full, tr2, sl2, pad, padi, pad64};
+  for (int k = 0; k < 4; k++) parts[10 + k] = graft_convert(logic[k], GRAFT_F32);
+  graft_tensor *flat[14];
+  for (int k = 0; k < 14; k++) flat[k] = graft_reshape(parts[k], 1, (int64_t[]){-1});
+  graft_tensor *y = graft_convert(graft_concat(flat, 14, 0), GRAFT_F64);
   int64_t m = graft_numel(y);
-  CHECK(m == 40000 + 216 + 1890 * 8 + 756);
+  CHECK(m == 40000 + 216 + 1890 * 8 + 756 + 5 * 6 * 9 * 11 + 6 * 12 * 9 * 27 + 6 * 6 * 9 * 10);
   graft_metrics_reset();
   distinct_sync(y, x, mode);
   CHECK(graft_to_host(y, res, sizeof(double) * (size_t)m) == GRAFT_OK);
@@ -242,7 +248,7 @@ TEST(first_tier_copies_equal_reference) {
   double *r[2];
   int64_t m = 0;
   for (int mode = 0; mode < 2; mode++) {
-    r[mode] = malloc(sizeof(double) * 60000);
+    r[mode] = malloc(sizeof(double) * 80000);
     setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
     m = copies(mode, r[mode]);
   }

@@ -143,77 +143,89 @@ static int interp_constant(const exec_instr *ins, const ref_arg *in, void *out) 
   return 0;
 }
 
-/* ---- copying movement: out (row-major) = src[base + sum c[d] * sst[d]], any dtype ----
- * The dims are coalesced first (those of size 1 dropped, neighbours that step through the
- * source as one dim merged), so a per-channel broadcast [1,C,1,1] -> [N,C,H,W] copies rows of
- * H*W equal values, not rows of W, and a scalar broadcast is one fill. */
+/* ---- copying movement: dst[dbase + sum c[d] * dst[d]] = src[sbase + sum c[d] * sst[d]] over
+ * a shape, any dtype (broadcast, transpose, slice: dst is the output, row-major; pad: the
+ * operand is copied into the filled output at strides). The dims are coalesced first (those
+ * of size 1 dropped, neighbours that step through both sides as one dim merged), so a
+ * per-channel broadcast [1,C,1,1] -> [N,C,H,W] copies rows of H*W equal values, not rows of
+ * W, and a scalar broadcast is one fill. */
 typedef struct {
   int nd;
-  int64_t shape[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS];
+  int64_t shape[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS], dst[GRAFT_MAX_DIMS];
   size_t es;
   const void *src;
-  int64_t base;
+  int64_t sbase, dbase;
   void *out;
-} interp_gather;
+} interp_copy;
 
-static void interp_coalesce(interp_gather *g, int nd, const int64_t *shape, const int64_t *sst) {
+static void interp_coalesce(interp_copy *g, int nd, const int64_t *shape, const int64_t *sst,
+                            const int64_t *dst) {
   g->nd = 0;
   for (int d = 0; d < nd; d++) {
     if (shape[d] == 1) continue;
     int k = g->nd - 1;
-    if (k >= 0 && g->sst[k] == sst[d] * shape[d]) { /* dim k steps like d, shape[d] times on */
-      g->shape[k] *= shape[d];
+    if (k >= 0 && g->sst[k] == sst[d] * shape[d] && g->dst[k] == dst[d] * shape[d]) {
+      g->shape[k] *= shape[d]; /* dim k steps like d, shape[d] times on */
       g->sst[k] = sst[d];
+      g->dst[k] = dst[d];
       continue;
     }
     g->shape[g->nd] = shape[d];
-    g->sst[g->nd++] = sst[d];
+    g->sst[g->nd] = sst[d];
+    g->dst[g->nd++] = dst[d];
   }
   if (g->nd == 0) { /* one element */
     g->shape[0] = 1;
-    g->sst[0] = 0;
+    g->sst[0] = g->dst[0] = 0;
     g->nd = 1;
   }
 }
 
-/* One row: inner elements at stride is (0: a fill). */
-static void interp_copy_row(char *o, const char *s, int64_t inner, int64_t is, size_t es) {
-  if (is == 1) {
+/* One row: inner elements from stride is (0: a fill) to stride os. */
+static void interp_copy_row(char *o, int64_t os, const char *s, int64_t is, int64_t inner,
+                            size_t es) {
+  if (is == 1 && os == 1) {
     memcpy(o, s, (size_t)inner * es);
   } else if (es == 4) {
     const uint32_t *sp = (const uint32_t *)(const void *)s;
     uint32_t *op = (uint32_t *)(void *)o;
-    if (is == 0) {
+    if (is == 0 && os == 1) {
       uint32_t v = sp[0];
       for (int64_t k = 0; k < inner; k++) op[k] = v;
-    } else {
+    } else if (os == 1) {
       for (int64_t k = 0; k < inner; k++) op[k] = sp[k * is];
+    } else {
+      for (int64_t k = 0; k < inner; k++) op[k * os] = sp[k * is];
     }
   } else {
-    for (int64_t k = 0; k < inner; k++) memcpy(o + (size_t)k * es, s + (size_t)(k * is) * es, es);
+    for (int64_t k = 0; k < inner; k++)
+      memcpy(o + (size_t)(k * os) * es, s + (size_t)(k * is) * es, es);
   }
 }
 
-/* Rows [lo, hi) of the output (a row: the innermost coalesced dim). */
-static void interp_gather_rows(void **S, int64_t lo, int64_t hi) {
-  const interp_gather *g = S[0];
+/* Rows [lo, hi) of the shape (a row: the innermost coalesced dim). */
+static void interp_copy_rows(void **S, int64_t lo, int64_t hi) {
+  const interp_copy *g = S[0];
   size_t es = g->es;
   int nd = g->nd;
-  int64_t c[GRAFT_MAX_DIMS] = {0}, inner = g->shape[nd - 1], off = g->base;
+  int64_t c[GRAFT_MAX_DIMS] = {0}, inner = g->shape[nd - 1], so = g->sbase, doff = g->dbase;
   for (int64_t d = nd - 2, r = lo; d >= 0; d--) { /* row lo's coordinates */
     c[d] = r % g->shape[d];
     r /= g->shape[d];
-    off += c[d] * g->sst[d];
+    so += c[d] * g->sst[d];
+    doff += c[d] * g->dst[d];
   }
-  char *o = (char *)g->out + (size_t)(lo * inner) * es;
+  char *o = g->out;
   const char *s = g->src;
   for (int64_t r = lo; r < hi; r++) {
-    interp_copy_row(o, s + (size_t)off * es, inner, g->sst[nd - 1], es);
-    o += (size_t)inner * es;
+    interp_copy_row(o + (size_t)doff * es, g->dst[nd - 1], s + (size_t)so * es, g->sst[nd - 1],
+                    inner, es);
     for (int d = nd - 2; d >= 0; d--) { /* odometer over the outer dims */
-      off += g->sst[d];
+      so += g->sst[d];
+      doff += g->dst[d];
       if (++c[d] < g->shape[d]) break;
-      off -= g->sst[d] * g->shape[d];
+      so -= g->sst[d] * g->shape[d];
+      doff -= g->dst[d] * g->shape[d];
       c[d] = 0;
     }
   }
@@ -223,32 +235,45 @@ static void interp_gather_rows(void **S, int64_t lo, int64_t hi) {
  * mobilenet_v2's first steps spent a quarter of their time in these copies and loops). */
 enum { INTERP_PAR_MIN = 32768 };
 
-static void interp_gather_strided(const exec_instr *ins, const void *src, int64_t base,
-                                  const int64_t *sst, void *out) {
-  if (ins->numel == 0) return;
-  interp_gather g = {.es = graft_dtype_size(ins->dtype), .src = src, .base = base, .out = out};
-  interp_coalesce(&g, ins->ndim, ins->shape, sst);
+static void interp_copy_strided(int nd, const int64_t *shape, graft_dtype dt, const void *src,
+                                int64_t sbase, const int64_t *sst, void *out, int64_t dbase,
+                                const int64_t *dst) {
+  int64_t numel = 1;
+  for (int d = 0; d < nd; d++) numel *= shape[d];
+  if (numel == 0) return;
+  interp_copy g = {.es = graft_dtype_size(dt), .src = src, .sbase = sbase, .out = out, .dbase = dbase};
+  interp_coalesce(&g, nd, shape, sst, dst);
   if (g.nd == 1 && g.shape[0] >= INTERP_PAR_MIN) /* one long row: rows of it for the pool */
     for (int64_t parts = 64; parts >= 2; parts /= 2)
       if (g.shape[0] % parts == 0) {
-        g.shape[1] = g.shape[0] / parts, g.sst[1] = g.sst[0];
-        g.shape[0] = parts, g.sst[0] *= g.shape[1];
+        g.shape[1] = g.shape[0] / parts, g.sst[1] = g.sst[0], g.dst[1] = g.dst[0];
+        g.shape[0] = parts, g.sst[0] *= g.shape[1], g.dst[0] *= g.shape[1];
         g.nd = 2;
         break;
       }
   void *S[1] = {&g};
-  int64_t rows = ins->numel / g.shape[g.nd - 1];
-  if (ins->numel >= INTERP_PAR_MIN && rows >= 2) cpu_parallel_run(interp_gather_rows, S, rows);
-  else interp_gather_rows(S, 0, rows);
+  int64_t rows = numel / g.shape[g.nd - 1];
+  if (numel >= INTERP_PAR_MIN && rows >= 2) cpu_parallel_run(interp_copy_rows, S, rows);
+  else interp_copy_rows(S, 0, rows);
 }
 
-static void interp_src_strides(const ref_arg *x, int64_t *st) {
+static void interp_row_major(int nd, const int64_t *shape, int64_t *st) {
   int64_t s = 1;
-  for (int d = x->ndim - 1; d >= 0; d--) {
+  for (int d = nd - 1; d >= 0; d--) {
     st[d] = s;
-    s *= x->shape[d];
+    s *= shape[d];
   }
 }
+
+/* The instruction's output, row-major, from src at strides sst. */
+static void interp_gather_strided(const exec_instr *ins, const void *src, int64_t base,
+                                  const int64_t *sst, void *out) {
+  int64_t ost[GRAFT_MAX_DIMS];
+  interp_row_major(ins->ndim, ins->shape, ost);
+  interp_copy_strided(ins->ndim, ins->shape, ins->dtype, src, base, sst, out, 0, ost);
+}
+
+static void interp_src_strides(const ref_arg *x, int64_t *st) { interp_row_major(x->ndim, x->shape, st); }
 
 static int interp_broadcast(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t st[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS] = {0};
@@ -275,6 +300,30 @@ static int interp_slice(const exec_instr *ins, const ref_arg *in, void *out) {
     base += IR_ATTR_AT(ins->attr, SLICE, start, d) * st[d];
   }
   interp_gather_strided(ins, in[0].data, base, sst, out);
+  return 0;
+}
+
+/* The fill everywhere, then the operand at strides (1 + interior) from lo (pads are >= 0:
+ * the API's checks). */
+static int interp_pad(const exec_instr *ins, const ref_arg *in, void *out) {
+  size_t es = graft_dtype_size(ins->dtype);
+  unsigned char v[16];
+  dtype_store(v, ins->dtype, 0, ins->attr.f);
+  if (es == 4) {
+    uint32_t f, *y = out;
+    memcpy(&f, v, 4);
+    for (int64_t i = 0; i < ins->numel; i++) y[i] = f;
+  } else {
+    for (int64_t i = 0; i < ins->numel; i++) memcpy((char *)out + (size_t)i * es, v, es);
+  }
+  int64_t ost[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS], dst[GRAFT_MAX_DIMS], dbase = 0;
+  interp_row_major(ins->ndim, ins->shape, ost);
+  interp_src_strides(&in[0], sst);
+  for (int d = 0; d < ins->ndim; d++) {
+    dst[d] = ost[d] * (1 + IR_ATTR_AT(ins->attr, PAD, interior, d));
+    dbase += IR_ATTR_AT(ins->attr, PAD, lo, d) * ost[d];
+  }
+  interp_copy_strided(in[0].ndim, in[0].shape, ins->dtype, in[0].data, 0, sst, out, dbase, dst);
   return 0;
 }
 
@@ -344,6 +393,7 @@ static ref_fn interp_pick(const exec_instr *ins, const ref_arg *in) {
   case IR_BROADCAST: return interp_broadcast;
   case IR_TRANSPOSE: return interp_transpose;
   case IR_SLICE: return interp_slice;
+  case IR_PAD: return interp_pad;
   default: return NULL;
   }
 }
@@ -352,7 +402,8 @@ ops_interp_path cpu_interp_route(const exec_instr *ins, const ref_arg *in) {
   if (cpu_host_kernel(ins, in)) return OPS_INTERP_HOST;
   ref_fn f = interp_pick(ins, in);
   if (!f) return OPS_INTERP_REF;
-  return f == interp_broadcast || f == interp_transpose || f == interp_slice ? OPS_INTERP_COPY
+  return f == interp_broadcast || f == interp_transpose || f == interp_slice || f == interp_pad
+             ? OPS_INTERP_COPY
                                                                             : OPS_INTERP_LOOP; /* cpu_interp.c, or cpu_reduce.c for reductions */
 }
 
