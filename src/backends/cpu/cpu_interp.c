@@ -23,7 +23,7 @@ static void *interp_compile(const exec_program *p) { return (void *)p; } /* noth
   do {                                                                                           \
     const T *x = in[0].data;                                                                     \
     T *y = out;                                                                                  \
-    for (int64_t i = 0; i < n; i++) {                                                            \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                                        \
       double v = x[i];                                                                           \
       y[i] = (T)(EXPR);                                                                          \
     }                                                                                            \
@@ -44,7 +44,7 @@ static int interp_unary(const exec_instr *ins, const ref_arg *in, void *out) {
   do {                                                                                           \
     const T *x = in[0].data, *z = in[1].data;                                                    \
     T *y = out;                                                                                  \
-    for (int64_t i = 0; i < n; i++) {                                                            \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                                        \
       double a = x[i], b = z[i];                                                                 \
       y[i] = (T)(EXPR);                                                                          \
     }                                                                                            \
@@ -67,20 +67,25 @@ static bool interp_loop_ok(ir_op op, int math) {
 }
 
 /* NaN: every comparison false except ne */
-#define COMPARE_OPS(T)                                                                           \
+#define COMPARE_LOOP(T, EXPR)                                                                    \
   do {                                                                                           \
     const T *x = in[0].data, *z = in[1].data;                                                    \
     uint8_t *y = out;                                                                            \
-    for (int64_t i = 0; i < n; i++) {                                                            \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                                        \
       T a = x[i], b = z[i];                                                                      \
-      switch (ins->op) {                                                                         \
-      case IR_EQ: y[i] = a == b; break;                                                          \
-      case IR_NE: y[i] = !(a == b); break;                                                       \
-      case IR_LT: y[i] = a < b; break;                                                           \
-      case IR_LE: y[i] = a <= b; break;                                                          \
-      case IR_GT: y[i] = a > b; break;                                                           \
-      default: y[i] = a >= b; break;                                                             \
-      }                                                                                          \
+      y[i] = (EXPR);                                                                             \
+    }                                                                                            \
+  } while (0)
+
+#define COMPARE_OPS(T)                                                                           \
+  do {                                                                                           \
+    switch (ins->op) {                                                                           \
+    case IR_EQ: COMPARE_LOOP(T, a == b); break;                                                  \
+    case IR_NE: COMPARE_LOOP(T, !(a == b)); break;                                               \
+    case IR_LT: COMPARE_LOOP(T, a < b); break;                                                   \
+    case IR_LE: COMPARE_LOOP(T, a <= b); break;                                                  \
+    case IR_GT: COMPARE_LOOP(T, a > b); break;                                                   \
+    default: COMPARE_LOOP(T, a >= b); break;                                                     \
     }                                                                                            \
   } while (0)
 
@@ -96,7 +101,7 @@ static int interp_compare(const exec_instr *ins, const ref_arg *in, void *out) {
     const uint8_t *c = in[0].data;                                                               \
     const T *a = in[1].data, *b = in[2].data;                                                    \
     T *y = out;                                                                                  \
-    for (int64_t i = 0; i < n; i++) y[i] = c[i] ? a[i] : b[i];                                   \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i] = c[i] ? a[i] : b[i];               \
   } while (0)
 
 static int interp_select(const exec_instr *ins, const ref_arg *in, void *out) {
@@ -112,10 +117,10 @@ static int interp_logical(const exec_instr *ins, const ref_arg *in, void *out) {
   const uint8_t *x = in[0].data, *z = ins->nin > 1 ? in[1].data : NULL;
   uint8_t *y = out;
   switch (ins->op) {
-  case IR_AND: for (int64_t i = 0; i < n; i++) y[i] = (x[i] != 0) & (z[i] != 0); break;
-  case IR_OR: for (int64_t i = 0; i < n; i++) y[i] = (x[i] != 0) | (z[i] != 0); break;
-  case IR_XOR: for (int64_t i = 0; i < n; i++) y[i] = (x[i] != 0) ^ (z[i] != 0); break;
-  case IR_NOT: for (int64_t i = 0; i < n; i++) y[i] = x[i] == 0; break;
+  case IR_AND: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i] = (x[i] != 0) & (z[i] != 0); break;
+  case IR_OR: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i] = (x[i] != 0) | (z[i] != 0); break;
+  case IR_XOR: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i] = (x[i] != 0) ^ (z[i] != 0); break;
+  case IR_NOT: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i] = x[i] == 0; break;
   default: return -1;
   }
   return 0;
