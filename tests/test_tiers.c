@@ -199,6 +199,18 @@ TEST(first_tier_elementwise_equals_reference) {
     }
 }
 
+/* Runs run() on the reference kernels (mode 0, GRAFT_COMPILE=off) and on the first tier (mode
+ * 1) into r[0] and r[1] (cap doubles each; the caller frees them); returns the numel. */
+static int64_t both_modes(int64_t (*run)(int mode, double *res), size_t cap, double *r[2]) {
+  int64_t m = 0;
+  for (int mode = 0; mode < 2; mode++) {
+    r[mode] = malloc(sizeof(double) * cap);
+    setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
+    m = run(mode, r[mode]);
+  }
+  return m;
+}
+
 /* The first tier's strided copies coalesce dims (a scalar broadcast is one fill, split for the
  * pool; a per-channel one copies rows of H*W equal values), and its bool logic and float fills
  * are typed loops: the reference kernels' values, bit for bit. Returns the numel. */
@@ -246,12 +258,7 @@ static int64_t copies(int mode, double *res) {
 
 TEST(first_tier_copies_equal_reference) {
   double *r[2];
-  int64_t m = 0;
-  for (int mode = 0; mode < 2; mode++) {
-    r[mode] = malloc(sizeof(double) * 80000);
-    setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
-    m = copies(mode, r[mode]);
-  }
+  int64_t m = both_modes(copies, 80000, r);
   CHECK(memcmp(r[0], r[1], sizeof(double) * (size_t)m) == 0);
   float *cv = ramp(6, 2), sum = 0;
   for (int i = 0; i < 6; i++) sum += cv[i];
@@ -308,7 +315,7 @@ TEST(first_tier_reductions_equal_reference) {
 
 /* Big reductions run on the pool, eight outputs at a time sharing the walk (batch norm's
  * per-channel sums among them): still the reference's bits. */
-static void big_reductions(int mode, double *res) {
+static int64_t big_reductions(int mode, double *res) {
   int64_t xs[4] = {6, 40, 12, 13};
   float *xv = ramp(6 * 40 * 12 * 13, 5);
   for (int i = 0; i < 6 * 40 * 12 * 13; i++) xv[i] = sinf(xv[i]) * 1.5f;
@@ -331,17 +338,14 @@ static void big_reductions(int mode, double *res) {
   CHECK(M().compiled_executions == 0);
   graft_scope_end();
   free(xv);
+  return 3857;
 }
 
 TEST(first_tier_big_reductions_equal_reference) {
   double *r[2];
-  for (int mode = 0; mode < 2; mode++) {
-    r[mode] = malloc(sizeof(double) * 3857);
-    setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
-    big_reductions(mode, r[mode]);
-  }
+  int64_t m = both_modes(big_reductions, 3857, r);
   int nan = 0;
-  for (int i = 0; i < 3857; i++) {
+  for (int64_t i = 0; i < m; i++) {
     CHECK(r[1][i] == r[0][i] || (isnan(r[1][i]) && isnan(r[0][i])));
     nan += isnan(r[0][i]);
   }

@@ -115,8 +115,8 @@ const backend *graph_backend(int device, backend_role role);
  * plain reference backend under GRAFT_COMPILE=off. */
 const backend *tier_first_backend(int device);
 /* Executor thread (no lock): e's native code, waiting for its first build when one is in
- * flight and the first tier would take longer over e's queued steps (queued: how many, at
- * e->first_tier_ms each) than the rest of the build; NULL: run on the first tier. */
+ * flight and native code would save more on e's queued steps (queued: how many, at
+ * e->first_tier_ms each) than the rest of the build takes; NULL: run on the first tier. */
 void *tier_native_for(cache_entry *e, int queued);
 /* Stops the compile thread (lock NOT held: the thread takes it to publish results). */
 void tier_shutdown(void);

@@ -91,15 +91,10 @@ static bool tier_quick_enabled(void) {
  * held: the program is immutable and outlives the queue, since shutdown joins this thread
  * first). */
 static tier_level tier_build(cache_entry *e, bool quick, void **exe, char *err, size_t n) {
-  bool full = false;
-  if (quick) {
-    *exe = e->fast->compile_quick(e->prog, &full);
-    snprintf(err, n, "%s", *exe ? "" : graft_last_error());
-    return full ? TIER_LEVEL_FULL : TIER_LEVEL_QUICK;
-  }
-  *exe = e->fast->compile(e->prog);
+  bool full = !quick;
+  *exe = quick ? e->fast->compile_quick(e->prog, &full) : e->fast->compile(e->prog);
   snprintf(err, n, "%s", *exe ? "" : graft_last_error());
-  return TIER_LEVEL_FULL;
+  return full ? TIER_LEVEL_FULL : TIER_LEVEL_QUICK;
 }
 
 /* A build of e finished (compile thread, before it takes the lock: an executor waiting for
@@ -128,12 +123,11 @@ static void *tier_worker(void *arg) {
     q_busy = 1;
     pthread_mutex_unlock(&q_mu);
     /* e->level and e->full_only change only under the lock, and not while e is queued */
-    bool quick = e->level == TIER_LEVEL_NONE && !e->full_only && e->fast->compile_quick &&
-                 tier_quick_enabled();
+    bool first = e->level == TIER_LEVEL_NONE;
+    bool quick = first && !e->full_only && e->fast->compile_quick && tier_quick_enabled();
     void *exe;
     char err[512];
     double t0 = metrics_now_ms();
-    bool first = e->level == TIER_LEVEL_NONE;
     if (first) atomic_store(&e->build_started_ms, t0);
     tier_level level = tier_build(e, quick, &exe, err, sizeof err);
     double ms = metrics_now_ms() - t0;

@@ -41,19 +41,21 @@ static pthread_mutex_t cpu_compile_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt);
 
-static void *cpu_compile(const exec_program *p) {
-  cpu_opt opt = CPU_OPT_FULL;
+static void *cpu_compile_opt(const exec_program *p, cpu_opt *opt) {
   pthread_mutex_lock(&cpu_compile_mu);
-  void *e = cpu_compile_locked(p, &opt);
+  void *e = cpu_compile_locked(p, opt);
   pthread_mutex_unlock(&cpu_compile_mu);
   return e;
 }
 
+static void *cpu_compile(const exec_program *p) {
+  cpu_opt opt = CPU_OPT_FULL;
+  return cpu_compile_opt(p, &opt);
+}
+
 static void *cpu_compile_quick(const exec_program *p, bool *full) {
   cpu_opt opt = CPU_OPT_QUICK;
-  pthread_mutex_lock(&cpu_compile_mu);
-  void *e = cpu_compile_locked(p, &opt);
-  pthread_mutex_unlock(&cpu_compile_mu);
+  void *e = cpu_compile_opt(p, &opt);
   *full = opt == CPU_OPT_FULL;
   return e;
 }

@@ -135,16 +135,27 @@ static bool interp_logical_ok(const exec_instr *ins, const ref_arg *in) {
   return true;
 }
 
+/* n elements of value as dt stores it (dtype_store's rounding, as the reference kernels). */
+static void interp_fill(void *out, graft_dtype dt, int64_t n, double value) {
+  size_t es = graft_dtype_size(dt);
+  unsigned char v[16];
+  dtype_store(v, dt, 0, value);
+  if (es == 4) {
+    uint32_t f, *y = out;
+    memcpy(&f, v, 4);
+    for (int64_t i = 0; i < n; i++) y[i] = f;
+  } else if (es == 8) {
+    uint64_t f, *y = out;
+    memcpy(&f, v, 8);
+    for (int64_t i = 0; i < n; i++) y[i] = f;
+  } else {
+    for (int64_t i = 0; i < n; i++) memcpy((char *)out + (size_t)i * es, v, es);
+  }
+}
+
 static int interp_constant(const exec_instr *ins, const ref_arg *in, void *out) {
   (void)in;
-  int64_t n = ins->numel;
-  if (ins->dtype == GRAFT_F32) {
-    float v = (float)ins->attr.f, *y = out;
-    for (int64_t i = 0; i < n; i++) y[i] = v;
-  } else {
-    double v = ins->attr.f, *y = out;
-    for (int64_t i = 0; i < n; i++) y[i] = v;
-  }
+  interp_fill(out, ins->dtype, ins->numel, ins->attr.f);
   return 0;
 }
 
@@ -311,16 +322,7 @@ static int interp_slice(const exec_instr *ins, const ref_arg *in, void *out) {
 /* The fill everywhere, then the operand at strides (1 + interior) from lo (pads are >= 0:
  * the API's checks). */
 static int interp_pad(const exec_instr *ins, const ref_arg *in, void *out) {
-  size_t es = graft_dtype_size(ins->dtype);
-  unsigned char v[16];
-  dtype_store(v, ins->dtype, 0, ins->attr.f);
-  if (es == 4) {
-    uint32_t f, *y = out;
-    memcpy(&f, v, 4);
-    for (int64_t i = 0; i < ins->numel; i++) y[i] = f;
-  } else {
-    for (int64_t i = 0; i < ins->numel; i++) memcpy((char *)out + (size_t)i * es, v, es);
-  }
+  interp_fill(out, ins->dtype, ins->numel, ins->attr.f);
   int64_t ost[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS], dst[GRAFT_MAX_DIMS], dbase = 0;
   interp_row_major(ins->ndim, ins->shape, ost);
   interp_src_strides(&in[0], sst);
