@@ -533,6 +533,29 @@ TEST(merged_loops) {
   release_all();
 }
 
+/* Elementwise members of one shape in one group (SGD with momentum on a [8,6,3,3] weight: the
+ * new buffer, then the weight from it) run as one flat loop, not as rows of 3; a member that
+ * reads another's output off its own element (through a transpose), or an operand broadcast
+ * along a middle dim, keeps the row kernel. Each against the reference, f32 and f64. */
+TEST(flat_groups) {
+  int64_t w4[4] = {8, 6, 3, 3}, one[4] = {1, 1, 1, 1}, b4[4] = {1, 6, 1, 1};
+  for (int c = 0; c < 6; c++) {
+    graft_dtype dt = c & 1 ? GRAFT_F64 : GRAFT_F32;
+    int shape = c / 2; /* 0 flat, 1 transposed read of a member, 2 broadcast bias */
+    ir_node *w = data(dt, 4, w4), *buf = data(dt, 4, w4), *g = data(dt, 4, w4);
+    ir_node *mom = bcast(data(dt, 4, one), 4, w4), *lr = bcast(data(dt, 4, one), 4, w4);
+    if (shape == 2) g = bcast(data(dt, 4, b4), 4, w4);
+    ir_node *nb = b2(IR_ADD, b2(IR_MUL, buf, mom), g);
+    ir_node *step = shape == 1 ? tr(nb, 0, 1, 3, 2) : nb;
+    ir_node *outs[2] = {nb, b2(IR_SUB, w, b2(IR_MUL, step, lr))};
+    CHECK(compare(outs, 2, 1e-6) == 0);
+    const char *src = cpu_last_source();
+    bool flat = strstr(src, "for (int64_t L = lo; L < hi; L++)") && !strstr(src, "% 3;");
+    CHECK(flat == (shape == 0));
+    release_all();
+  }
+}
+
 /* im2col's concat along a row dim ([C, 9, N*H*W], parts padded and sliced): the part is fixed
  * per row, so the if/else chain sits around each part's own inner loops, against the
  * reference (f32 and f64, 3 and 2 parts; a last part of zero width on one). */
@@ -1864,6 +1887,7 @@ int main(void) {
   RUN(reshape_digits);
   RUN(column_sums);
   RUN(merged_loops);
+  RUN(flat_groups);
   RUN(concat_rows);
   RUN(softmax_layernorm_rows);
   RUN(streaming_stores);

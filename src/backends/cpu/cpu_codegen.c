@@ -475,6 +475,46 @@ static void cpu_kernel_emit(cpu_cg *g, cpu_sb *out, int kid, const unsigned char
  * kernel, whose innermost loop is a real dim). */
 enum { CPU_GEN_OK = 0, CPU_GEN_NOT_ROW_LOCAL = 1, CPU_GEN_NEEDS_COORDS = 2 };
 
+/* A flat kernel: one loop over the linear index L, every member (all of one shape) computed
+ * and stored at L in turn, so a later member reads an earlier one's element of this iteration
+ * (or its value, memoized); the member whose output streams out (the last) goes through a
+ * block buffer. Returns CPU_GEN_NEEDS_COORDS when some load needs coordinates. */
+static int cpu_gen_flat(cpu_cg *g, const cpu_group *G, unsigned char *writes, cpu_sb *body) {
+  const exec_program *p = g->p;
+  bool streams = g->stream >= 0;
+  if (streams) { /* blocks computed into ob<i>, streamed out */
+    cpu_sb_printf(body, "  for (int64_t L0 = lo; L0 < hi; L0 += %d) {\n", CPU_NT_BLOCK);
+    cpu_sb_printf(body, "    const int64_t L1 = L0 + %d < hi ? L0 + %d : hi;\n", CPU_NT_BLOCK,
+                  CPU_NT_BLOCK);
+    cpu_sb_puts(body, "    for (int64_t L = L0; L < L1; L++) {\n");
+  } else {
+    cpu_sb_puts(body, "  for (int64_t L = lo; L < hi; L++) {\n");
+  }
+  g->nmemo = 0;
+  for (int m = 0; m < G->nm && !g->violation; m++) {
+    int i = G->inst[m];
+    const exec_instr *ins = &p->instr[i];
+    writes[i] = 1;
+    g->self = i;
+    cpu_pos pos = {.nd = ins->ndim, .shape = ins->shape, .lin = "L"};
+    if (ins->ndim <= 1) {
+      pos.has_c = 1;
+      if (ins->ndim == 1) pos.c[0] = ins->shape[0] == 1 ? "0" : "L";
+    }
+    const char *v = cpu_value(g, i, pos);
+    if (g->stream == i) cpu_sb_printf(body, "      ob%d[L - L0] = %s;\n", i, v);
+    else cpu_sb_printf(body, "      p%d[L] = %s;\n", i, v);
+    if (G->nm > 1) g->member[i] = 1;
+  }
+  if (streams)
+    cpu_sb_printf(body, "    }\n    gc_stream(p%d + L0, ob%d, (L1 - L0) * %d);\n  }\n", g->stream,
+                  g->stream, (int)graft_dtype_size(p->instr[g->stream].dtype));
+  else
+    cpu_sb_puts(body, "  }\n");
+  if (g->violation) return CPU_GEN_NOT_ROW_LOCAL;
+  return g->need_unravel && p->instr[G->inst[0]].ndim >= 2 ? CPU_GEN_NEEDS_COORDS : CPU_GEN_OK;
+}
+
 /* Generates the kernel of group G into out; returns a CPU_GEN_* code. One function (~95 lines):
  * the loop nest's header, members' bodies and stores, and the row-scratch and streaming
  * declarations share the same per-kernel locals; split, each piece would take most of them. */
@@ -493,34 +533,8 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   g->oshape = G->a >= 0 ? G->oshape : NULL;
   g->ond = G->a >= 0 ? G->ond : 0;
   int rc = 0;
-  if (G->a < 0) { /* flat elementwise */
-    int i = G->inst[0];
-    const exec_instr *ins = &p->instr[i];
-    writes[i] = 1;
-    if (g->stream == i) { /* blocks computed into ob<i>, streamed out */
-      cpu_sb_printf(&body, "  for (int64_t L0 = lo; L0 < hi; L0 += %d) {\n", CPU_NT_BLOCK);
-      cpu_sb_printf(&body, "    const int64_t L1 = L0 + %d < hi ? L0 + %d : hi;\n", CPU_NT_BLOCK,
-                    CPU_NT_BLOCK);
-      cpu_sb_puts(&body, "    for (int64_t L = L0; L < L1; L++) {\n");
-    } else {
-      cpu_sb_puts(&body, "  for (int64_t L = lo; L < hi; L++) {\n");
-    }
-    g->nmemo = 0;
-    g->self = i;
-    cpu_pos pos = {.nd = ins->ndim, .shape = ins->shape, .lin = "L"};
-    if (ins->ndim <= 1) {
-      pos.has_c = 1;
-      if (ins->ndim == 1) pos.c[0] = ins->shape[0] == 1 ? "0" : "L";
-    }
-    const char *v = cpu_value(g, i, pos);
-    if (g->stream == i) {
-      cpu_sb_printf(&body, "      ob%d[L - L0] = %s;\n    }\n", i, v);
-      cpu_sb_printf(&body, "    gc_stream(p%d + L0, ob%d, (L1 - L0) * %d);\n  }\n", i, i,
-                    (int)graft_dtype_size(ins->dtype));
-    } else {
-      cpu_sb_printf(&body, "      p%d[L] = %s;\n  }\n", i, v);
-    }
-    if (g->need_unravel && ins->ndim >= 2) rc = CPU_GEN_NEEDS_COORDS;
+  if (G->a < 0) {
+    rc = cpu_gen_flat(g, G, writes, &body);
   } else {
     const exec_instr *f = &p->instr[G->inst[0]];
     bool standalone_reduce = G->nm == 1 && ir_ops[f->op].kind == IR_K_REDUCE;
@@ -776,6 +790,21 @@ static int cpu_kernel_merge(cpu_cg *g, int i) {
   return k ? cand[nc - k] : -1;
 }
 
+/* A group of several elementwise members of one shape: a candidate for one flat loop (the
+ * rows of a [512, 512, 3, 3] weight update would be 3 elements long). */
+static bool cpu_group_flat_shaped(const cpu_cg *g, const cpu_group *G) {
+  const exec_program *p = g->p;
+  const exec_instr *f = &p->instr[G->inst[0]];
+  if (G->nm < 2) return false;
+  for (int m = 0; m < G->nm; m++) {
+    const exec_instr *x = &p->instr[G->inst[m]];
+    if (g->pl->role[G->inst[m]] != FUSE_KERNEL || x->ndim != f->ndim ||
+        memcmp(x->shape, f->shape, sizeof(int64_t) * (size_t)f->ndim))
+      return false;
+  }
+  return true;
+}
+
 /* Generates group G's kernel: a lone kernel flat when it can be, else by rows; a row group
  * shrinks until its members are row-local. Returns a CPU_GEN_* code (OK when done). */
 static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *osh, int ond,
@@ -796,6 +825,11 @@ static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *o
       cpu_aff_end(g);
     }
     return rc;
+  }
+  if (cpu_group_flat_shaped(g, G)) { /* flat when no load needs coordinates */
+    G->a = -1;
+    rc = cpu_gen_group(g, G, kid, kern);
+    if (rc == CPU_GEN_OK) return rc;
   }
   G->a = G->nm > 1 ? a : 0;
   G->oshape = osh;

@@ -162,7 +162,9 @@ static const char *cpu_compare(cpu_cg *g, ir_op op, const char *a, const char *b
 /* Load of materialized slot s at pos; records the read; checks row-locality inside a group. */
 static const char *cpu_load(cpu_cg *g, int s, cpu_pos *pos) {
   const exec_instr *src = &g->p->instr[s];
-  if (g->member && g->member[s]) { /* produced earlier in this row group: same row only */
+  if (g->member && g->member[s] && !g->oshape) { /* a flat group's: this element only */
+    if (!pos->lin || strcmp(pos->lin, "L")) g->violation = 1;
+  } else if (g->member && g->member[s]) { /* produced earlier in this row group: same row only */
     cpu_pos_coords(g, pos);
     for (int d = 0; d < g->gouter; d++) {
       char want[24];
