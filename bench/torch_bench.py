@@ -6,8 +6,8 @@
 Each benchmark runs the same PyTorch code on graft's device (graft.step() per step) and on eager
 CPU at its best settings (OMP_WAIT_POLICY=PASSIVE, set before torch is imported; the faster of 1
 and 2 intra-op threads; OpenBLAS uses both cores), from the same initial weights. Times are
-medians over blocks of 3 steps after warm-up (a graft block ends with graft.wait(): steps
-run asynchronously), graft and eager timed in alternating blocks so that
+medians over blocks of steps after warm-up, each block at least 3 steps and ~30 ms of eager's
+time (a graft block ends with graft.wait(): steps run asynchronously; see block_steps), graft and eager timed in alternating blocks so that
 both see the same machine (it is shared; its speed drifts); each block starts with a pause and
 a few untimed steps, the same for both. For graft, graft.wait_compiles()
 after the warm-up makes the steady state run natively compiled code.
@@ -88,7 +88,8 @@ def sgemm_gflops():
 
 
 def best_eager(make_fn, warmup, reps):
-    """Eager at its best thread setting: (step fn, threads), from a short probe of each."""
+    """Eager at its best thread setting: (step fn, threads, ms a step), from a short probe of
+    each."""
     best = None
     for th in (1, 2):
         torch.set_num_threads(th)
@@ -99,7 +100,7 @@ def best_eager(make_fn, warmup, reps):
         if best is None or ms < best[0]:
             best = (ms, th, fn)
     torch.set_num_threads(1)
-    return best[2], best[1]
+    return best[2], best[1], best[0]
 
 
 def timed_block(fn, sync, finish, n):
@@ -112,16 +113,24 @@ def timed_block(fn, sync, finish, n):
     return (time.perf_counter() - t0) * 1000 / n
 
 
-BLOCK = 3  # steps per timed sample
+BLOCK_MS = 30  # a timed sample: at least 3 steps and about this long (in eager's time)
 
 
-def interleaved(gfn, efn, eth, reps, rounds=5, warm=3):
+def block_steps(eager_ms):
+    """Steps per timed sample. A sample ends by waiting for graft's queue, so it pays the
+    asynchronous pipeline's fill and drain once (the first step's trace is not overlapped): a
+    training loop that reads a value every ~30 ms pays it as often. 3 steps of the demo's 1.6 ms
+    CNN would charge a 5 ms sample with a whole trace, as a loop syncing every third step does."""
+    return max(3, round(BLOCK_MS / max(eager_ms, 1e-3)))
+
+
+def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3):
     """Median ms per step of graft and of eager, timed in alternating blocks: this machine is
     shared and its speed drifts, so both see the same conditions. Every block starts the same
     way: a pause (OpenBLAS's threads spin for a while after eager's last product) and a few
     untimed steps (caches, sleeping threads, clock speed after the pause)."""
     gts, ets = [], []
-    per = max(2, reps // rounds // BLOCK)
+    per = max(2, reps // rounds // 3)
     for _ in range(rounds):
         for fn, sync, fin, th, ts in ((gfn, graft_sync, graft.wait, 1, gts),
                                       (efn, cpu_sync, lambda: None, eth, ets)):
@@ -130,7 +139,7 @@ def interleaved(gfn, efn, eth, reps, rounds=5, warm=3):
             for _ in range(warm):
                 sync(fn())
             fin()
-            ts += [timed_block(fn, sync, fin, BLOCK) for _ in range(per)]
+            ts += [timed_block(fn, sync, fin, block) for _ in range(per)]
     torch.set_num_threads(1)
     return statistics.median(gts), statistics.median(ets)
 
@@ -159,8 +168,9 @@ def run_train(name, model, X, Y, loss_fn, opt_fn, flops, gflops, warmup, reps):
     gstep = train_step_fn(gm, xg, yg, loss_fn, opt_fn)
     graft.step()
     graft_warm(gstep, warmup)
-    estep, th = best_eager(lambda: train_step_fn(copy.deepcopy(model), X, Y, loss_fn, opt_fn), warmup, reps)
-    g_ms, e_ms = interleaved(gstep, estep, th, reps)
+    estep, th, probe_ms = best_eager(lambda: train_step_fn(copy.deepcopy(model), X, Y, loss_fn, opt_fn),
+                                     warmup, reps)
+    g_ms, e_ms = interleaved(gstep, estep, th, reps, block_steps(probe_ms))
     m = graft.metrics()
     print(f"# {name}: eager best at {th} thread(s); graft in the timed steps: graphs compiled "
           f"{m['graphs_compiled']}, compiled executions {m['compiled_executions']}/{m['executions']}, "
@@ -217,8 +227,8 @@ def bench_encoder(gflops, quick):
             with torch.no_grad():
                 return e(x)
         return f
-    efn, th = best_eager(make, 2, reps)
-    g_ms, e_ms = interleaved(gfn, efn, th, reps)
+    efn, th, probe_ms = best_eager(make, 2, reps)
+    g_ms, e_ms = interleaved(gfn, efn, th, reps, block_steps(probe_ms))
     m = graft.metrics()
     print(f"# torch_encoder_fwd: eager best at {th} thread(s); graft in the timed steps: graphs "
           f"compiled {m['graphs_compiled']}, compiled executions {m['compiled_executions']}/"
