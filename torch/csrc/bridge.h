@@ -73,6 +73,8 @@ int gdevice(const at::Tensor &t);  // a graft tensor's device
 // "xla:4 (graft opencl:0)": a tensor's device, for error messages
 std::string device_desc(const at::Tensor &t);
 inline graft_tensor *dev_scalar(double v, graft_dtype dt) { return graft_scalar_on(v, dt, cur_device()); }
+// A new step: scalar operands' uses count from the first again (lower.cpp's scalar reuse).
+void new_step_scalars();
 inline graft_tensor *dev_full(double v, graft_dtype dt, int nd, const int64_t *sh) {
   return graft_full_on(v, dt, nd, sh, cur_device());
 }

@@ -700,6 +700,7 @@ TORCH_LIBRARY_IMPL(aten, XLA, m) {
 // ---------------------------------------------------------------- torch.ops.graft helpers
 static void py_step() {
   std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  new_step_scalars();
   chk_status(graft_step(), "step");
 }
 

@@ -2,6 +2,7 @@
 // lower_<concept>.cpp files; the helpers they share (lower.h); and the ops every tensor needs:
 // creation, copies, item.
 #include "lower.h"
+#include <cstring>
 
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/DefaultDtype.h>
@@ -41,6 +42,49 @@ at::ScalarType promote(std::initializer_list<const c10::IValue *> ivs) {
   return at::native::result_type(st);
 }
 
+// Device scalars are reused across steps: an optimizer's alpha and factors come back with the same
+// values every step, and a new scalar cost a buffer, an upload and a graph parameter per use (2 us
+// of an add_'s trace). The k-th use of a value within a step gets the k-th scalar made for it, so
+// each use stays its own parameter: a graph's structure never depends on two values being equal.
+// Leaked on purpose: released after graft's own state at exit, they would be freed twice.
+static uint64_t scalar_gen = 1;  // the step uses count in (new_step_scalars bumps it)
+
+void new_step_scalars() { scalar_gen++; }
+
+static G scalar_value(double x, graft_dtype dt) {
+  struct Key {
+    uint64_t bits;
+    int dt, dev;
+    bool operator==(const Key &o) const { return bits == o.bits && dt == o.dt && dev == o.dev; }
+  };
+  struct Hash {
+    size_t operator()(const Key &k) const {
+      return std::hash<uint64_t>()(k.bits * 31 + (uint64_t)k.dt * 7 + (uint64_t)k.dev);
+    }
+  };
+  struct Uses {
+    std::vector<G> made;
+    uint64_t gen = 0;
+    size_t next = 0;
+  };
+  static auto *cache = new std::unordered_map<Key, Uses, Hash>();
+  static size_t total = 0;
+  if (total >= 4096) {  // a schedule's ever-new values: bounded
+    cache->clear();
+    total = 0;
+  }
+  Key k{0, (int)dt, cur_device()};
+  std::memcpy(&k.bits, &x, sizeof x);
+  Uses &u = (*cache)[k];
+  if (u.gen != scalar_gen) u.gen = scalar_gen, u.next = 0;
+  if (u.next < u.made.size()) return u.made[u.next++];
+  G v = chk(dev_scalar(x, dt), "scalar");
+  u.made.push_back(v);
+  u.next++;
+  total++;
+  return v;
+}
+
 // A graft value for an operand (graft tensor, CPU 0-dim tensor or Scalar) in dtype st.
 G operand(const c10::IValue &iv, at::ScalarType st) {
   graft_dtype dt = to_gdt(st);
@@ -48,20 +92,20 @@ G operand(const c10::IValue &iv, at::ScalarType st) {
     const at::Tensor &t = iv.toTensor();
     if (!is_graft(t)) {
       check_device(t);
-      return chk(dev_scalar(t.item().toDouble(), dt), "scalar");
+      return scalar_value(t.item().toDouble(), dt);
     }
     G v = value(t);
     if (graft_get_dtype(v.get()) != dt) v = chk(graft_convert(v.get(), dt), "convert");
     return v;
   }
   TORCH_CHECK(iv.isScalar(), "graft: expected a tensor or a number");
-  return chk(dev_scalar(iv.toScalar().toDouble(), dt), "scalar");
+  return scalar_value(iv.toScalar().toDouble(), dt);
 }
 
 G tv(const at::Tensor &t) {
   if (!is_graft(t)) {
     check_device(t);
-    return chk(dev_scalar(t.item().toDouble(), to_gdt(t.scalar_type())), "scalar");
+    return scalar_value(t.item().toDouble(), to_gdt(t.scalar_type()));
   }
   return value(t);
 }
@@ -72,7 +116,7 @@ G conv(G v, at::ScalarType st) {
   return v;
 }
 
-G scal(double x, at::ScalarType st) { return chk(dev_scalar(x, to_gdt(st)), "scalar"); }
+G scal(double x, at::ScalarType st) { return scalar_value(x, to_gdt(st)); }
 
 at::ScalarType gst(const G &v) { return to_st(graft_get_dtype(v.get())); }
 
