@@ -7,10 +7,10 @@ Each benchmark runs the same PyTorch code on graft's device (graft.step() per st
 CPU at its best settings (OMP_WAIT_POLICY=PASSIVE, set before torch is imported; the faster of 1
 and 2 intra-op threads; OpenBLAS uses both cores), from the same initial weights. Times are
 medians over blocks of steps after warm-up, each block at least 3 steps and ~30 ms of eager's
-time (a graft block ends with graft.wait(): steps run asynchronously; see block_steps), graft and eager timed in alternating blocks so that
-both see the same machine (it is shared; its speed drifts); each block starts with a pause and
-a few untimed steps, the same for both. For graft, graft.wait_compiles()
-after the warm-up makes the steady state run natively compiled code.
+time (a graft block ends with graft.wait(): steps run asynchronously; see block_steps), graft
+and eager timed in alternating blocks so that both see the same machine (it is shared; its
+speed drifts); each block starts with a pause and a few untimed steps, the same for both. For
+graft, graft.wait_compiles() after the warm-up makes the steady state run natively compiled code.
 
 Roofline: FLOPs of the step's matrix products / convolutions (counted analytically) divided by
 the sgemm rate measured here (torch.mm 2048x2048 = OpenBLAS sgemm on 2 threads). The steps are
@@ -113,7 +113,8 @@ def timed_block(fn, sync, finish, n):
     return (time.perf_counter() - t0) * 1000 / n
 
 
-BLOCK_MS = 30  # a timed sample: at least 3 steps and about this long (in eager's time)
+BLOCK_MS = 30  # a timed sample: at least MIN_BLOCK steps and about this long (in eager's time)
+MIN_BLOCK = 3
 
 
 def block_steps(eager_ms):
@@ -121,7 +122,7 @@ def block_steps(eager_ms):
     asynchronous pipeline's fill and drain once (the first step's trace is not overlapped): a
     training loop that reads a value every ~30 ms pays it as often. 3 steps of the demo's 1.6 ms
     CNN would charge a 5 ms sample with a whole trace, as a loop syncing every third step does."""
-    return max(3, round(BLOCK_MS / max(eager_ms, 1e-3)))
+    return max(MIN_BLOCK, round(BLOCK_MS / max(eager_ms, 1e-3)))
 
 
 def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3):
@@ -130,7 +131,7 @@ def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3):
     way: a pause (OpenBLAS's threads spin for a while after eager's last product) and a few
     untimed steps (caches, sleeping threads, clock speed after the pause)."""
     gts, ets = [], []
-    per = max(2, reps // rounds // 3)
+    per = max(2, reps // rounds // MIN_BLOCK)
     for _ in range(rounds):
         for fn, sync, fin, th, ts in ((gfn, graft_sync, graft.wait, 1, gts),
                                       (efn, cpu_sync, lambda: None, eth, ets)):

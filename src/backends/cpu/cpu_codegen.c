@@ -805,8 +805,8 @@ static bool cpu_group_flat_shaped(const cpu_cg *g, const cpu_group *G) {
   return true;
 }
 
-/* Generates group G's kernel: a lone kernel flat when it can be, else by rows; a row group
- * shrinks until its members are row-local. Returns a CPU_GEN_* code (OK when done). */
+/* Generates group G's kernel: a lone kernel, or a group of elementwise members of one shape,
+ * flat when it can be, else by rows; a row group shrinks until its members are row-local. Returns a CPU_GEN_* code (OK when done). */
 static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *osh, int ond,
                                 int kid, cpu_sb *kern) {
   const exec_instr *ins = &g->p->instr[G->inst[0]];
