@@ -6,6 +6,7 @@
 #include "../src/graph/graph.h" /* capture_test_force_hash */
 #include "buffer.h"
 #include <dirent.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,6 +430,19 @@ TEST(debug_blocks_read_as_nan) {
 #endif
 }
 
+/* Blocks of a page multiple from 64 KB up go back to the pool whole pages; smaller ones (a
+ * scalar parameter, a bias) go back to malloc, sized in cache lines rather than pages. */
+TEST(small_blocks_skip_the_pool) {
+  graft_empty_cache();
+  exec_buffer *s = buffer_new(4, 0, 0, "test"), *b = buffer_new((64u << 10) + 1, 0, 0, "test");
+  CHECK(s && b && ((uintptr_t)s->ptr & 63) == 0 && ((uintptr_t)b->ptr & 63) == 0);
+  buffer_release(s);
+  CHECK(buffer_pool_bytes() == 0);
+  buffer_release(b);
+  CHECK(buffer_pool_bytes() == (64u << 10) + 4096); /* rounded up to whole pages */
+  graft_empty_cache();
+}
+
 /* Three optimizer-like updates p = p * 0.5 + 1 on 1M floats; with hold, the user keeps each old
  * value alive (so nothing may be donated). Returns the peak bytes above the start. */
 static uint64_t update_steps(bool hold, uint64_t *donated, float *last2) {
@@ -619,6 +633,7 @@ int main(void) {
   RUN(memory_metrics_follow_data);
   RUN(released_blocks_are_pooled_and_reused);
   RUN(debug_blocks_read_as_nan);
+  RUN(small_blocks_skip_the_pool);
   RUN(an_input_only_the_graph_holds_is_donated);
   RUN(oom_is_an_error_and_state_survives);
   RUN(devices_are_separate);

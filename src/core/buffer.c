@@ -42,7 +42,12 @@ static struct { void *p; size_t size; int device; /* -1: host memory */ } pool[P
 static int pool_n;
 static size_t pool_bytes;
 
-static size_t round_size(size_t bytes) { return (bytes + 4095) & ~(size_t)4095; }
+/* Pooled blocks are whole pages; smaller ones only cache lines: a scalar parameter in a
+ * page-sized block cost a fresh page (a fault, ~10 us) for each new optimizer factor. */
+static size_t round_size(size_t bytes) {
+  size_t page = (bytes + 4095) & ~(size_t)4095;
+  return page >= POOL_MIN_BYTES || page < bytes ? page : (bytes + 63) & ~(size_t)63;
+}
 
 /* Frees a pooled block (host memory, or a device's). */
 static void pool_free_block(void *p, int device) {
