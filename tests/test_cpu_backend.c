@@ -779,6 +779,51 @@ TEST(dot_blas_and_fallback) {
   release_all();
 }
 
+/* Pooling's host kernels (max and sum reduce_window, max_pool_grad) equal the reference
+ * exactly over window geometries with pads, strides past the window, rows wider than a block
+ * of 64 outputs; inputs with ties (the first maximum takes the gradient), -inf (as the pads)
+ * and NaN (a max window gives NaN, its gradient goes nowhere). The pools are exact, and so is the
+ * gradient but for f32 sums where windows overlap. */
+TEST(pool_host_kernels) {
+  static const int geo[][6] = {/* kh kw sh sw ph pw */
+      {2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 3, 1, 1, 1, 1}, {2, 3, 3, 1, 0, 1},
+      {1, 1, 2, 2, 0, 0}, {4, 2, 1, 3, 2, 1}, {3, 1, 2, 1, 1, 0}, {5, 5, 2, 2, 2, 2}};
+  static const int64_t planes[][4] = {{2, 3, 7, 9}, {1, 2, 5, 131}, {3, 1, 8, 8}};
+  for (size_t g = 0; g < sizeof geo / sizeof *geo; g++)
+    for (size_t q = 0; q < sizeof planes / sizeof *planes; q++)
+      for (int d = 0; d < 2; d++) {
+        const int *k = geo[g];
+        const int64_t *xs = planes[q];
+        if (xs[2] + 2 * k[4] < k[0] || xs[3] + 2 * k[5] < k[1]) continue;
+        graft_dtype dt = d ? GRAFT_F64 : GRAFT_F32;
+        ir_node *x = data(dt, 4, xs);
+        for (int64_t i = 0; i < x->numel; i++) { /* few values: ties; some -inf and NaN */
+          double v = floor(dtype_load(x->data->ptr, dt, i) * 1.5);
+          if (i % 23 == 5) v = -INFINITY;
+          if (q == 2 && i % 41 == 7) v = NAN;
+          dtype_store(x->data->ptr, dt, i, v);
+        }
+        ir_attrs at = {0};
+        for (int a = 0; a < 4; a++) {
+          at.a[8 + a] = a < 2 ? 1 : k[a - 2];
+          at.a[16 + a] = a < 2 ? 1 : k[a];
+          at.a[24 + a] = at.a[32 + a] = a < 2 ? 0 : k[a + 2];
+        }
+        ir_node *mx = mk(IR_REDUCE_WINDOW, 1, &x, &at, dt, 0, NULL);
+        ir_node *gin[2] = {x, data(dt, 4, mx->shape)};
+        ir_node *grad = mk(IR_MAX_POOL_GRAD, 2, gin, &at, dt, 0, NULL);
+        at.a[0] = 1; /* sum */
+        ir_node *sum = mk(IR_REDUCE_WINDOW, 1, &x, &at, dt, 0, NULL);
+        ir_node *r[3] = {mx, grad, sum};
+        /* where windows overlap, an input's dy terms sum in f32 here, in f64 in the reference */
+        const double tol[3] = {0, d ? 0 : 1e-5, 0};
+        int bad = compare_tol(r, 3, tol);
+        if (bad) fprintf(stderr, "  pool geometry %zu, plane %zu, %s\n", g, q, graft_dtype_name(dt));
+        CHECK(bad == 0);
+        release_all();
+      }
+}
+
 /* argmax/argmin: generated code, every dtype and axis; ties (the first wins) and NaNs (the
  * first NaN is the extreme) as the reference. */
 TEST(argmax_argmin) {
@@ -1891,6 +1936,7 @@ int main(void) {
   RUN(concat_rows);
   RUN(softmax_layernorm_rows);
   RUN(streaming_stores);
+  RUN(pool_host_kernels);
   RUN(argmax_argmin);
   RUN(dot_blas_and_fallback);
   RUN(profile_table);
