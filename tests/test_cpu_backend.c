@@ -824,6 +824,55 @@ TEST(pool_host_kernels) {
       }
 }
 
+/* A 2-D index along axis 0: gather and scatter_add move whole rows when each index row repeats
+ * one value (an embedding's [n,1] broadcast), element by element otherwise (one row differs);
+ * both equal the reference, for i32 and i64 indices, rows of the source wider than the index's,
+ * and repeated rows (scatter_add sums them in order). A uniform row out of range is an error
+ * naming the index. */
+TEST(gather_scatter_rows) {
+  const int64_t V = 9, D = 70, xs[2] = {V, D + 3}, n = 12, col[2] = {n, 1}, rows[2] = {n, D};
+  for (int mixed = 0; mixed < 2; mixed++)
+    for (int d = 0; d < 4; d++) {
+      graft_dtype dt = d & 1 ? GRAFT_F64 : GRAFT_F32, it = d & 2 ? GRAFT_I64 : GRAFT_I32;
+      ir_node *x = data(dt, 2, xs), *ix = data(it, 2, mixed ? rows : col);
+      for (int64_t i = 0; i < ix->numel; i++)
+        dtype_store(ix->data->ptr, it, i, (double)((i / (mixed ? D : 1) * 5 + (i == 3 * D + 7)) % V));
+      ir_node *idx = mixed ? ix : bcast(ix, 2, rows);
+      ir_attrs at = {0}; /* axis 0 */
+      ir_node *gin[2] = {x, idx};
+      ir_node *g = mk(IR_GATHER, 2, gin, &at, dt, 0, NULL);
+      ir_node *sin[3] = {x, idx, data(dt, 2, rows)};
+      ir_node *sc = mk(IR_SCATTER_ADD, 3, sin, &at, dt, 0, NULL);
+      ir_node *r[2] = {g, sc};
+      const double tol[2] = {0, dt == GRAFT_F32 ? 1e-6 : 0}; /* the reference sums in f64 */
+      int bad = compare_tol(r, 2, tol);
+      if (bad) fprintf(stderr, "  rows %s, %s %s\n", mixed ? "mixed" : "uniform",
+                       graft_dtype_name(dt), graft_dtype_name(it));
+      CHECK(bad == 0);
+      release_all();
+    }
+  int64_t bad_rows[2] = {n, D};
+  ir_node *x = data(GRAFT_F32, 2, xs), *ix = data(GRAFT_I64, 2, col);
+  for (int64_t i = 0; i < n; i++) dtype_store(ix->data->ptr, GRAFT_I64, i, i == 4 ? (double)V : 1);
+  ir_attrs at = {0};
+  ir_node *gin[2] = {x, bcast(ix, 2, bad_rows)};
+  ir_node *g = mk(IR_GATHER, 2, gin, &at, GRAFT_F32, 0, NULL);
+  CHECK(capture_run(&cap, &g, 1) == 0);
+  exec_program *p = capture_lower(&cap);
+  CHECK(p != NULL);
+  if (p) {
+    exec_buffer *params[8], *o[2] = {0};
+    for (int k = 0; k < p->nparams && k < 8; k++) params[k] = cap.params[k]->data;
+    void *exe = cpu_backend.compile(p);
+    CHECK(exe && cpu_backend.execute(exe, p, params, o) != 0);
+    CHECK(strstr(graft_last_error(), "index 9 out of range [0, 9)") != NULL);
+    if (exe) cpu_backend.free_exe(exe);
+    program_free(p);
+  }
+  graft_clear_error();
+  release_all();
+}
+
 /* argmax/argmin: generated code, every dtype and axis; ties (the first wins) and NaNs (the
  * first NaN is the extreme) as the reference. */
 TEST(argmax_argmin) {
@@ -1937,6 +1986,7 @@ int main(void) {
   RUN(softmax_layernorm_rows);
   RUN(streaming_stores);
   RUN(pool_host_kernels);
+  RUN(gather_scatter_rows);
   RUN(argmax_argmin);
   RUN(dot_blas_and_fallback);
   RUN(profile_table);

@@ -370,6 +370,28 @@ static int64_t cpu_idx(const ref_arg *ix, int64_t i) {
     }                                                                                            \
   } while (0)
 
+/* An embedding's gather (and its gradient's scatter_add) picks whole rows: a 2-D index along
+ * axis 0 whose rows each repeat one value (graft_embedding broadcasts [n,1] to [n,D]). Such a
+ * row moves as one block; the element-wise odometer took 0.28 ms for a GPT block's 256x256
+ * lookup. Returns the row's value, or -1 when the row is not uniform (it takes the odometer). */
+static int64_t cpu_uniform_row(const ref_arg *ix, int64_t row) {
+  int64_t d = ix->shape[1], v = cpu_idx(ix, row * d);
+  if (ix->dtype == GRAFT_I64) {
+    const int64_t *r = (const int64_t *)ix->data + row * d;
+    int64_t diff = 0;
+    for (int64_t j = 1; j < d; j++) diff |= r[j] ^ v;
+    return diff ? -1 : v;
+  }
+  const int32_t *r = (const int32_t *)ix->data + row * d;
+  int32_t diff = 0;
+  for (int64_t j = 1; j < d; j++) diff |= r[j] ^ (int32_t)v;
+  return diff ? -1 : v;
+}
+
+static bool cpu_rows_case(const ref_arg *x, const ref_arg *ix, int axis) {
+  return axis == 0 && x->ndim == 2 && ix->ndim == 2 && ix->shape[1] > 0;
+}
+
 static int cpu_k_gather(const exec_instr *ins, const ref_arg *in, void *out) {
   const char *nm = "gather";
   int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
@@ -377,9 +399,57 @@ static int cpu_k_gather(const exec_instr *ins, const ref_arg *in, void *out) {
   const char *x = in[0].data;
   char *y = out;
   if (!ins->numel) return 0;
+  if (cpu_rows_case(&in[0], &in[1], axis)) {
+    int64_t n = in[1].shape[0], d = in[1].shape[1], V = in[0].shape[0], xd = in[0].shape[1];
+    bool all = true;
+    for (int64_t i = 0; i < n && all; i++) {
+      int64_t v = cpu_uniform_row(&in[1], i);
+      if (v >= V) return cpu_bad_index(nm, v, V, axis);
+      if (v >= 0) memcpy(y + (size_t)(i * d) * es, x + (size_t)(v * xd) * es, (size_t)d * es);
+      all = v >= 0;
+    }
+    if (all) return 0; /* else the odometer does it all again */
+  }
 #define GATHER_EL(i, off) memcpy(y + (size_t)(i) * es, x + (size_t)(off) * es, es)
   ODOMETER(&in[1], in[0].shape, in[0].ndim, axis, GATHER_EL);
 #undef GATHER_EL
+  return 0;
+}
+
+/* scatter_add of uniform rows (cpu_uniform_row): src row i added to out row v; false when a row
+ * is not uniform (nothing was added: every row is checked first). */
+#define SCATTER_ROWS(T)                                                                         \
+  do {                                                                                          \
+    T *y_ = out;                                                                                \
+    const T *s_ = in[2].data;                                                                   \
+    for (int64_t i = 0; i < n; i++) {                                                           \
+      T *restrict yr = y_ + rows[i] * xd;                                                       \
+      const T *restrict sr = s_ + i * d;                                                        \
+      for (int64_t j = 0; j < d; j++) yr[j] += sr[j];                                           \
+    }                                                                                           \
+  } while (0)
+
+static int cpu_scatter_rows(const exec_instr *ins, const ref_arg *in, void *out, bool *done) {
+  int64_t n = in[1].shape[0], d = in[1].shape[1], V = ins->shape[0], xd = ins->shape[1];
+  int64_t *rows = malloc(sizeof *rows * (size_t)(n + 1));
+  *done = false;
+  if (!rows) return 0; /* the odometer needs no memory */
+  for (int64_t i = 0; i < n; i++) {
+    rows[i] = cpu_uniform_row(&in[1], i);
+    if (rows[i] >= V) {
+      int64_t v = rows[i];
+      free(rows);
+      return cpu_bad_index("scatter_add", v, V, 0);
+    }
+    if (rows[i] < 0) {
+      free(rows);
+      return 0;
+    }
+  }
+  if (ins->dtype == GRAFT_F32) SCATTER_ROWS(float);
+  else SCATTER_ROWS(double);
+  free(rows);
+  *done = true;
   return 0;
 }
 
@@ -388,6 +458,10 @@ static int cpu_k_scatter_add(const exec_instr *ins, const ref_arg *in, void *out
   int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
   memcpy(out, in[0].data, (size_t)ins->numel * graft_dtype_size(ins->dtype));
   if (!in[1].numel) return 0;
+  if (cpu_rows_case(&in[0], &in[1], axis)) {
+    bool done;
+    if (cpu_scatter_rows(ins, in, out, &done) || done) return done ? 0 : -1;
+  }
   if (ins->dtype == GRAFT_F32) {
     float *y = out;
     const float *s = in[2].data;
