@@ -416,8 +416,8 @@ static int cpu_k_gather(const exec_instr *ins, const ref_arg *in, void *out) {
   return 0;
 }
 
-/* scatter_add of uniform rows (cpu_uniform_row): src row i added to out row v; false when a row
- * is not uniform (nothing was added: every row is checked first). */
+/* scatter_add of uniform rows (cpu_uniform_row): src row i added to out row v. *done stays
+ * false when a row is not uniform (nothing was added: every row is checked first). */
 #define SCATTER_ROWS(T)                                                                         \
   do {                                                                                          \
     T *y_ = out;                                                                                \
