@@ -392,6 +392,28 @@ static bool cpu_rows_case(const ref_arg *x, const ref_arg *ix, int axis) {
   return axis == 0 && x->ndim == 2 && ix->ndim == 2 && ix->shape[1] > 0;
 }
 
+/* The rows an index of cpu_rows_case picks, each checked against V (-1 with the error set for
+ * one out of range); *rows is NULL when a row is not uniform (or memory is short: the odometer
+ * needs none), and the caller frees it. */
+static int cpu_index_rows(const char *nm, const ref_arg *ix, int64_t V, int64_t **rows) {
+  int64_t n = ix->shape[0], *r = malloc(sizeof *r * (size_t)(n + 1));
+  *rows = NULL;
+  for (int64_t i = 0; r && i < n; i++) {
+    r[i] = cpu_uniform_row(ix, i);
+    if (r[i] >= V) {
+      int64_t v = r[i];
+      free(r);
+      return cpu_bad_index(nm, v, V, 0);
+    }
+    if (r[i] < 0) { /* not uniform, or negative: the odometer says which */
+      free(r);
+      return 0;
+    }
+  }
+  *rows = r;
+  return 0;
+}
+
 static int cpu_k_gather(const exec_instr *ins, const ref_arg *in, void *out) {
   const char *nm = "gather";
   int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
@@ -400,15 +422,14 @@ static int cpu_k_gather(const exec_instr *ins, const ref_arg *in, void *out) {
   char *y = out;
   if (!ins->numel) return 0;
   if (cpu_rows_case(&in[0], &in[1], axis)) {
-    int64_t n = in[1].shape[0], d = in[1].shape[1], V = in[0].shape[0], xd = in[0].shape[1];
-    bool all = true;
-    for (int64_t i = 0; i < n && all; i++) {
-      int64_t v = cpu_uniform_row(&in[1], i);
-      if (v >= V) return cpu_bad_index(nm, v, V, axis);
-      if (v >= 0) memcpy(y + (size_t)(i * d) * es, x + (size_t)(v * xd) * es, (size_t)d * es);
-      all = v >= 0;
+    int64_t *rows, d = in[1].shape[1], xd = in[0].shape[1];
+    if (cpu_index_rows(nm, &in[1], in[0].shape[0], &rows)) return -1;
+    if (rows) {
+      for (int64_t i = 0; i < in[1].shape[0]; i++)
+        memcpy(y + (size_t)(i * d) * es, x + (size_t)(rows[i] * xd) * es, (size_t)d * es);
+      free(rows);
+      return 0;
     }
-    if (all) return 0; /* else the odometer does it all again */
   }
 #define GATHER_EL(i, off) memcpy(y + (size_t)(i) * es, x + (size_t)(off) * es, es)
   ODOMETER(&in[1], in[0].shape, in[0].ndim, axis, GATHER_EL);
@@ -416,8 +437,7 @@ static int cpu_k_gather(const exec_instr *ins, const ref_arg *in, void *out) {
   return 0;
 }
 
-/* scatter_add of uniform rows (cpu_uniform_row): src row i added to out row v. *done stays
- * false when a row is not uniform (nothing was added: every row is checked first). */
+/* scatter_add of uniform rows (cpu_index_rows): src row i added to out row rows[i]. */
 #define SCATTER_ROWS(T)                                                                         \
   do {                                                                                          \
     T *y_ = out;                                                                                \
@@ -429,38 +449,20 @@ static int cpu_k_gather(const exec_instr *ins, const ref_arg *in, void *out) {
     }                                                                                           \
   } while (0)
 
-static int cpu_scatter_rows(const exec_instr *ins, const ref_arg *in, void *out, bool *done) {
-  int64_t n = in[1].shape[0], d = in[1].shape[1], V = ins->shape[0], xd = ins->shape[1];
-  int64_t *rows = malloc(sizeof *rows * (size_t)(n + 1));
-  *done = false;
-  if (!rows) return 0; /* the odometer needs no memory */
-  for (int64_t i = 0; i < n; i++) {
-    rows[i] = cpu_uniform_row(&in[1], i);
-    if (rows[i] >= V) {
-      int64_t v = rows[i];
-      free(rows);
-      return cpu_bad_index("scatter_add", v, V, 0);
-    }
-    if (rows[i] < 0) {
-      free(rows);
-      return 0;
-    }
-  }
-  if (ins->dtype == GRAFT_F32) SCATTER_ROWS(float);
-  else SCATTER_ROWS(double);
-  free(rows);
-  *done = true;
-  return 0;
-}
-
 static int cpu_k_scatter_add(const exec_instr *ins, const ref_arg *in, void *out) {
   const char *nm = "scatter_add";
   int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
   memcpy(out, in[0].data, (size_t)ins->numel * graft_dtype_size(ins->dtype));
   if (!in[1].numel) return 0;
   if (cpu_rows_case(&in[0], &in[1], axis)) {
-    bool done;
-    if (cpu_scatter_rows(ins, in, out, &done) || done) return done ? 0 : -1;
+    int64_t *rows, n = in[1].shape[0], d = in[1].shape[1], xd = ins->shape[1];
+    if (cpu_index_rows(nm, &in[1], ins->shape[0], &rows)) return -1;
+    if (rows) {
+      if (ins->dtype == GRAFT_F32) SCATTER_ROWS(float);
+      else SCATTER_ROWS(double);
+      free(rows);
+      return 0;
+    }
   }
   if (ins->dtype == GRAFT_F32) {
     float *y = out;
