@@ -593,6 +593,63 @@ TEST(concat_rows) {
   }
 }
 
+/* A pad whose rows are at least 8 long reads its operand in a branch (masked vector loads)
+ * instead of at clamped coordinates: against the reference over fills, low/high and interior
+ * padding, an expression operand and every dtype; and a convolution's input gradient (nine
+ * taps of [9, 4, 16] padded into [6, 18] and summed), exactly in f64. */
+TEST(padded_rows) {
+  int64_t xs[3] = {3, 5, 12};
+  for (int d = 0; d < 6; d++) {
+    graft_dtype dt = all_dt[d];
+    ir_node *x = data(dt, 3, xs);
+    ir_node *e = dt == GRAFT_BOOL ? u1(IR_NOT, x) : dt == GRAFT_U8 ? x : u1(IR_NEG, b2(IR_MUL, x, x));
+    ir_attrs pd = {0};
+    pd.a[1] = 1, pd.a[9] = 2;                 /* rows: 1 before, 2 after */
+    pd.a[2] = 2, pd.a[10] = 3, pd.a[18] = 1; /* columns: 12 + 11 between + 5 = 28 */
+    pd.f = dtype_is_float(dt) ? -1.5 : 1;
+    ir_node *y = mk(IR_PAD, 1, &e, &pd, 0, 0, NULL);
+    CHECK(compare(&y, 1, 0) == 0);
+    CHECK(strstr(cpu_last_source(), "if ((uint64_t)") != NULL);
+    release_all();
+  }
+  int64_t cs[3] = {9, 4, 16}, tap[2] = {4, 16};
+  for (int d = 0; d < 2; d++) {
+    ir_node *col = data(all_dt[d], 3, cs), *sum = NULL;
+    for (int k = 0; k < 9; k++) {
+      ir_attrs sl = {0}, pd = {0};
+      int64_t lim[3] = {k + 1, 4, 16};
+      for (int a = 0; a < 3; a++) sl.a[8 + a] = lim[a], sl.a[16 + a] = 1;
+      sl.a[0] = k;
+      ir_node *s = mk(IR_SLICE, 1, &col, &sl, 0, 0, NULL);
+      ir_node *t = reshape(s, 2, tap);
+      pd.a[0] = k / 3, pd.a[8] = 2 - k / 3, pd.a[1] = k % 3, pd.a[9] = 2 - k % 3;
+      ir_node *p = mk(IR_PAD, 1, &t, &pd, 0, 0, NULL); /* [6, 18] */
+      sum = sum ? b2(IR_ADD, sum, p) : p;
+    }
+    CHECK(compare(&sum, 1, 0) == 0);
+    release_all();
+  }
+}
+
+/* A graph output that nothing else in the graph reads (an optimizer's new parameter) streams
+ * out from 1 MB (GRAFT_NT_OUT_MIN_BYTES), where other values wait for 16 MB: the same values as
+ * the reference either way. */
+TEST(unread_outputs_stream) {
+  int64_t n[1] = {300000}; /* 1.2 MB of f32 */
+  ir_node *p = data(GRAFT_F32, 1, n), *g = data(GRAFT_F32, 1, n);
+  ir_node *y = b2(IR_SUB, p, b2(IR_MUL, g, cnst(GRAFT_F32, 0.01, 1, n)));
+  CHECK(compare(&y, 1, 0) == 0);
+  CHECK(strstr(cpu_last_source(), "gc_stream(p") != NULL);
+  release_all();
+  setenv("GRAFT_NT_OUT_MIN_BYTES", "2000000", 1);
+  p = data(GRAFT_F32, 1, n), g = data(GRAFT_F32, 1, n); /* another graph: not a cached build */
+  y = b2(IR_ADD, p, b2(IR_MUL, g, cnst(GRAFT_F32, 0.01, 1, n)));
+  CHECK(compare(&y, 1, 0) == 0);
+  CHECK(strstr(cpu_last_source(), "gc_stream(p") == NULL);
+  release_all();
+  unsetenv("GRAFT_NT_OUT_MIN_BYTES");
+}
+
 /* GRAFT_PROFILE=1: a graph's table (runs, time a run, a row per kernel / GEMM call site)
  * goes to stderr when the graph is freed. */
 TEST(profile_table) {
@@ -1985,6 +2042,8 @@ int main(void) {
   RUN(concat_rows);
   RUN(softmax_layernorm_rows);
   RUN(streaming_stores);
+  RUN(unread_outputs_stream);
+  RUN(padded_rows);
   RUN(pool_host_kernels);
   RUN(gather_scatter_rows);
   RUN(argmax_argmin);

@@ -435,10 +435,36 @@ static cpu_pos cpu_move_pos(cpu_cg *g, const exec_instr *ins, const exec_instr *
   return q;
 }
 
-/* pad: the operand's element where pos maps onto one (clamped), else the fill. */
+/* Rows of a pad at least this long read the operand only where the element lies inside it
+ * (a branch, as concat's parts do): gcc turns the branch into masked vector loads, and the
+ * unclamped index stays affine. A convolution's input gradient (nine padded taps summed) ran
+ * 1.5-2.3x faster so on 8- and 16-wide rows; on 4-wide rows the scalar branches lost to the
+ * clamped loads and a select. */
+#define CPU_PAD_BRANCH_MIN 8
+
+/* The branch form of pad: t = fill; if (cond) t = operand at q (its values scoped to the
+ * branch: memo rolled back, no row scratch). */
+static const char *cpu_value_pad_branch(cpu_cg *g, const exec_instr *ins, cpu_pos q,
+                                        const char *fill, const char *cond) {
+  char *t = cpu_tmp(g);
+  cpu_sb_printf(g->body, "      %s %s = %s;\n      if (%s) {\n", cpu_ctype(ins->dtype), t, fill,
+                cond);
+  unsigned char *rc_state = g->rc_state;
+  g->rc_state = NULL;
+  int nmemo = g->nmemo;
+  const char *a = cpu_value(g, ins->in[0], q);
+  cpu_sb_printf(g->body, "      %s = %s;\n      }\n", t, a);
+  g->nmemo = nmemo;
+  g->rc_state = rc_state;
+  return t;
+}
+
+/* pad: the operand's element where pos maps onto one (clamped, or read in a branch), else the
+ * fill. */
 static const char *cpu_value_pad(cpu_cg *g, const exec_instr *ins, const exec_instr *x,
                                  cpu_pos *pos) {
   const char *fill = cpu_literal(g, ins->dtype, ins->attr.f);
+  bool branch = ins->ndim && ins->shape[ins->ndim - 1] >= CPU_PAD_BRANCH_MIN;
   g->aff_fail |= g->aff_on; /* reads coordinates */
   if (x->numel == 0) return fill;
   cpu_pos_coords(g, pos);
@@ -455,7 +481,12 @@ static const char *cpu_value_pad(cpu_cg *g, const exec_instr *ins, const exec_in
       r = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", r, step);
     }
     cpu_sb_printf(&cond, "%s(uint64_t)%s < %" PRId64 "ull", cond.n ? " && " : "", r, x->shape[d]);
-    q.c[d] = cpu_clamp(g, r, x->shape[d]);
+    q.c[d] = branch ? r : cpu_clamp(g, r, x->shape[d]);
+  }
+  if (branch && cond.n) {
+    const char *t = cpu_value_pad_branch(g, ins, q, fill, cond.s);
+    cpu_sb_free(&cond);
+    return t;
   }
   const char *a = cpu_value(g, ins->in[0], q);
   const char *v = cond.n ? cpu_def(g, ins->dtype, cpu_fmt(&g->ar, "(%s) ? %s : %s", cond.s, a, fill))
