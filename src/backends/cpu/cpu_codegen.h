@@ -80,6 +80,7 @@ typedef struct {
   int64_t aff_n[GRAFT_MAX_DIMS];
   unsigned aff_bad, aff_gone;
   int kmerge_from;         /* a lone row kernel: first dim of its merged trailing dims, or -1 */
+  size_t footprint;        /* bytes of the program's buffers: parameters and materialized values */
 } cpu_cg;
 
 const char *cpu_ctype(graft_dtype dt);
