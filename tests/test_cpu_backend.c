@@ -752,6 +752,12 @@ TEST(streaming_stores) {
   unsetenv("GRAFT_NT_MIN_BYTES");
 }
 
+static ir_node *tr2(ir_node *a) {
+  ir_attrs tp = {0};
+  tp.a[0] = 1;
+  return mk(IR_TRANSPOSE, 1, &a, &tp, 0, 0, NULL);
+}
+
 TEST(dot_blas_and_fallback) {
   int64_t a[3] = {3, 33, 17}, b[3] = {3, 17, 45}, a2[2] = {64, 0}, b2s[2] = {0, 5};
   for (int d = 0; d < 4; d++) {
@@ -784,6 +790,19 @@ TEST(dot_blas_and_fallback) {
       snprintf(want, sizeof want, "gemm(%d, %d, %d,", all_dt[d] == GRAFT_F64, m & 1 ? 112 : 111,
                m & 2 ? 112 : 111);
       CHECK(strstr(cpu_last_source(), want) != NULL);
+      release_all();
+    }
+  /* products big enough to split over the pool: by rows ([600, 130]), by columns when there
+   * are few rows ([100, 600]) or 4x more columns than rows ([130, 600]), transposed or not */
+  int64_t split[3][2] = {{600, 130}, {100, 600}, {130, 600}};
+  for (int c = 0; c < 3; c++)
+    for (int m = 0; m < 4; m++) {
+      int64_t as[2] = {split[c][0], 64}, bs[2] = {64, split[c][1]};
+      int64_t ast[2] = {64, split[c][0]}, bst[2] = {split[c][1], 64};
+      ir_node *A = data(GRAFT_F32, 2, m & 1 ? ast : as), *B = data(GRAFT_F32, 2, m & 2 ? bst : bs);
+      ir_node *in[2] = {m & 1 ? tr2(A) : A, m & 2 ? tr2(B) : B};
+      ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+      CHECK(compare(&y, 1, 1e-5) == 0);
       release_all();
     }
   /* reshaped operands (a conv weight [O,I,kh,kw] read as [O,I*kh*kw], also transposed, also
