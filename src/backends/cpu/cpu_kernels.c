@@ -223,11 +223,45 @@ typedef struct {
   int is_max;
 } cpu_pool_job;
 
+/* The 2x2 stride-2 unpadded window (most CNNs' pooling) has every window inside the plane
+ * and four taps: straight-line code, no per-window bounds. The taps in the generic order, so
+ * ties and NaNs come out the same. The demo CNN's max pool 0.113 -> 0.04 ms. */
+static bool cpu_window_2x2(const cpu_window *w) {
+  return w->KH == 2 && w->KW == 2 && w->SH == 2 && w->SW == 2 && w->PH == 0 && w->PW == 0;
+}
+
+#define POOL_2X2(T)                                                                             \
+  do {                                                                                          \
+    for (int64_t p = lo; p < hi; p++) {                                                         \
+      const T *x = (const T *)j->x + p * win.H * win.W;                                         \
+      T *y = (T *)j->y + p * win.OH * win.OW;                                                   \
+      for (int64_t oh = 0; oh < win.OH; oh++) {                                                 \
+        const T *r0 = x + 2 * oh * win.W, *r1 = r0 + win.W;                                     \
+        for (int64_t ow = 0; ow < win.OW; ow++) {                                               \
+          T a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];             \
+          if (is_max) {                                                                         \
+            T m = a;                                                                            \
+            m = b > m ? b : m;                                                                  \
+            m = c > m ? c : m;                                                                  \
+            m = d > m ? d : m;                                                                  \
+            *y++ = (a != a) | (b != b) | (c != c) | (d != d) ? (T)NAN : m;                      \
+          } else {                                                                              \
+            *y++ = (T)0 + a + b + c + d;                                                        \
+          }                                                                                     \
+        }                                                                                       \
+      }                                                                                         \
+    }                                                                                           \
+  } while (0)
+
 #define POOL_PLANES(T)                                                                          \
   do {                                                                                          \
     const cpu_pool_job *j = S[0];                                                               \
     const cpu_window win = j->w;                                                                \
     const int is_max = j->is_max;                                                               \
+    if (cpu_window_2x2(&win)) {                                                                 \
+      POOL_2X2(T);                                                                              \
+      break;                                                                                    \
+    }                                                                                           \
     for (int64_t p = lo; p < hi; p++) {                                                         \
       const T *x = (const T *)j->x + p * win.H * win.W;                                         \
       T *y = (T *)j->y + p * win.OH * win.OW;                                                   \
@@ -269,10 +303,39 @@ typedef struct {
   cpu_window w;
 } cpu_pool_grad_job;
 
+/* 2x2 stride 2: windows do not overlap, each inside the plane (see cpu_window_2x2). Writing
+ * each window's four outputs instead of clearing the plane first ran 4x slower. */
+#define POOL_GRAD_2X2(T)                                                                        \
+  do {                                                                                          \
+    for (int64_t p = lo; p < hi; p++) {                                                         \
+      const T *x = (const T *)j->x + p * win.H * win.W, *g = (const T *)j->g + p * win.OH * win.OW; \
+      T *y = (T *)j->y + p * win.H * win.W;                                                     \
+      memset(y, 0, sizeof(T) * (size_t)(win.H * win.W));                                        \
+      for (int64_t oh = 0; oh < win.OH; oh++)                                                   \
+        for (int64_t ow = 0; ow < win.OW; ow++, g++) {                                          \
+          int64_t i0 = 2 * oh * win.W + 2 * ow, i[4] = {i0, i0 + 1, i0 + win.W, i0 + win.W + 1}; \
+          T m = x[i0];                                                                          \
+          int64_t best = i0;                                                                    \
+          int nan = m != m;                                                                     \
+          for (int t = 1; t < 4; t++) {                                                         \
+            T v = x[i[t]];                                                                      \
+            nan |= v != v;                                                                      \
+            best = v > m ? i[t] : best;                                                         \
+            m = v > m ? v : m;                                                                  \
+          }                                                                                     \
+          if (!nan) y[best] += *g;                                                              \
+        }                                                                                       \
+    }                                                                                           \
+  } while (0)
+
 #define POOL_GRAD_PLANES(T)                                                                     \
   do {                                                                                          \
     const cpu_pool_grad_job *j = S[0];                                                          \
     const cpu_window win = j->w;                                                                \
+    if (cpu_window_2x2(&win)) {                                                                 \
+      POOL_GRAD_2X2(T);                                                                         \
+      break;                                                                                    \
+    }                                                                                           \
     for (int64_t p = lo; p < hi; p++) {                                                         \
       const T *x = (const T *)j->x + p * win.H * win.W, *g = (const T *)j->g + p * win.OH * win.OW; \
       T *y = (T *)j->y + p * win.H * win.W;                                                     \
