@@ -862,9 +862,11 @@ TEST(dot_blas_and_fallback) {
  * and NaN (a max window gives NaN, its gradient goes nowhere). The pools are exact, and so is the
  * gradient but for f32 sums where windows overlap. */
 TEST(pool_host_kernels) {
-  static const int geo[][6] = {/* kh kw sh sw ph pw */
-      {2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 3, 1, 1, 1, 1}, {2, 3, 3, 1, 0, 1},
-      {1, 1, 2, 2, 0, 0}, {4, 2, 1, 3, 2, 1}, {3, 1, 2, 1, 1, 0}, {5, 5, 2, 2, 2, 2}};
+  static const int geo[][8] = {/* kh kw sh sw, pads low h w, extra high pads h w (ceil mode) */
+      {2, 2, 2, 2, 0, 0, 0, 0}, {3, 3, 2, 2, 1, 1, 0, 0}, {3, 3, 1, 1, 1, 1, 0, 0},
+      {2, 3, 3, 1, 0, 1, 0, 0}, {1, 1, 2, 2, 0, 0, 0, 0}, {4, 2, 1, 3, 2, 1, 0, 0},
+      {3, 1, 2, 1, 1, 0, 0, 0}, {5, 5, 2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 0, 0, 0, 0},
+      {3, 3, 1, 2, 0, 0, 0, 0}, {2, 2, 2, 2, 0, 0, 1, 1}, {3, 3, 2, 2, 0, 0, 1, 0}};
   static const int64_t planes[][4] = {{2, 3, 7, 9}, {1, 2, 5, 131}, {3, 1, 8, 8}};
   for (size_t g = 0; g < sizeof geo / sizeof *geo; g++)
     for (size_t q = 0; q < sizeof planes / sizeof *planes; q++)
@@ -885,6 +887,7 @@ TEST(pool_host_kernels) {
           at.a[8 + a] = a < 2 ? 1 : k[a - 2];
           at.a[16 + a] = a < 2 ? 1 : k[a];
           at.a[24 + a] = at.a[32 + a] = a < 2 ? 0 : k[a + 2];
+          if (a >= 2) at.a[32 + a] += k[a + 4];
         }
         ir_node *mx = mk(IR_REDUCE_WINDOW, 1, &x, &at, dt, 0, NULL);
         ir_node *gin[2] = {x, data(dt, 4, mx->shape)};
