@@ -100,10 +100,48 @@ static int64_t cpu_gcd(int64_t a, int64_t b) {
 CONV_ROW(float)
 CONV_ROW(double)
 
+/* [lo, hi) of inputs i (of n) whose output i*l + p - k lies in [0, on): an input-dilated,
+ * unit-stride convolution seen from its input. */
+static void cpu_conv_from_input(int64_t n, int64_t on, int64_t l, int64_t k, int64_t p,
+                                int64_t *lo, int64_t *hi) {
+  int64_t off = p - k; /* o = i*l + off */
+  *lo = off >= 0 ? 0 : (-off + l - 1) / l;
+  *hi = on - 1 - off < 0 ? 0 : (on - 1 - off) / l + 1;
+  if (*hi > n) *hi = n;
+  if (*lo > *hi) *lo = *hi;
+}
+
+/* An input-dilated convolution of unit stride and dilation (a strided convolution's input
+ * gradient) walks its input instead: each input element, times a tap, adds to the output
+ * l apart, with no test for the dilation's holes (mobilenet_v2's 4x576x2x2 -> 4x4 gradient
+ * made ~80k row calls of a step search each). Taps in the same (ci, kh, kw) order as the row
+ * form, so every output adds the same terms in the same order. */
+#define CONV_SCATTER_PLANE(T)                                                                    \
+  static inline void cpu_conv_scatter_##T(const cpu_conv *c, T *y, const T *xp, const T *wp) {   \
+    for (int64_t kh = 0; kh < c->KH; kh++) {                                                     \
+      int64_t h0, h1;                                                                            \
+      cpu_conv_from_input(c->H, c->OH, c->lh, kh, c->ph, &h0, &h1);                              \
+      for (int64_t kw = 0; kw < c->KW; kw++) {                                                   \
+        int64_t w0, w1;                                                                          \
+        cpu_conv_from_input(c->W, c->OW, c->lw, kw, c->pw, &w0, &w1);                            \
+        T wv = wp[kh * c->KW + kw];                                                              \
+        for (int64_t h = h0; h < h1; h++) {                                                      \
+          T *yr = y + (h * c->lh + c->ph - kh) * c->OW + c->pw - kw;                             \
+          const T *xr = xp + h * c->W;                                                           \
+          for (int64_t w = w0; w < w1; w++) yr[w * c->lw] += wv * xr[w];                         \
+        }                                                                                        \
+      }                                                                                          \
+    }                                                                                            \
+  }
+CONV_SCATTER_PLANE(float)
+CONV_SCATTER_PLANE(double)
+
 #define CONV_DIRECT(T)                                                                           \
   static void cpu_conv_direct_##T(void **S, int64_t lo, int64_t hi) {                            \
     const cpu_conv *c = S[0];                                                                    \
     const T *x = c->x, *w = c->w;                                                                \
+    const bool scatter = (c->lh > 1 || c->lw > 1) && c->sh == 1 && c->sw == 1 && c->dh == 1 &&    \
+                         c->dw == 1;                                                             \
     for (int64_t plane = lo; plane < hi; plane++) { /* plane = n * O + o */                      \
       int64_t n = plane / c->O, o = plane % c->O, g = o / c->Og;                                 \
       T *y = (T *)c->y + plane * c->OH * c->OW;                                                  \
@@ -111,6 +149,10 @@ CONV_ROW(double)
       for (int64_t ci = 0; ci < c->Cg; ci++) {                                                   \
         const T *xp = x + (n * c->C + g * c->Cg + ci) * c->H * c->W;                             \
         const T *wp = w + (o * c->Cg + ci) * c->KH * c->KW;                                      \
+        if (scatter) {                                                                           \
+          cpu_conv_scatter_##T(c, y, xp, wp);                                                    \
+          continue;                                                                              \
+        }                                                                                        \
         for (int64_t kh = 0; kh < c->KH; kh++) {                                                 \
           int64_t oh0, oh1;                                                                      \
           cpu_conv_range(c->H, c->OH, c->sh, kh, c->dh, c->ph, c->lh, &oh0, &oh1);               \
