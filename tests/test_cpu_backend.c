@@ -1031,6 +1031,30 @@ TEST(conv_direct_input_dilated) {
   }
 }
 
+/* Unit-stride 3x3 grouped convolutions on planes under 8 wide run output by output (the
+ * small-plane form): depthwise and two input channels per group, channel multipliers 1 and 2,
+ * pads 0 to 2, planes 2x2 to 5x7 (a plane 8 wide keeps the row form), against the reference. */
+TEST(conv_direct_small_planes) {
+  static const int64_t planes[][2] = {{2, 2}, {4, 4}, {3, 7}, {5, 6}, {6, 8}};
+  for (size_t q = 0; q < sizeof planes / sizeof *planes; q++)
+    for (int cg = 1; cg <= 2; cg++)
+      for (int og = 1; og <= 2; og++)
+        for (int pad = 0; pad <= 2; pad++) {
+          if (planes[q][0] + 2 * pad < 3 || planes[q][1] + 2 * pad < 3) continue;
+          int64_t xs[4] = {2, 3 * cg, planes[q][0], planes[q][1]}, ws[4] = {3 * og, cg, 3, 3};
+          ir_node *in[2] = {data(GRAFT_F32, 4, xs), data(GRAFT_F32, 4, ws)};
+          ir_attrs a = {0};
+          a.a[0] = a.a[1] = 1;                       /* stride */
+          a.a[2] = a.a[3] = a.a[4] = a.a[5] = pad;   /* padding */
+          a.a[6] = a.a[7] = a.a[8] = a.a[9] = 1;     /* dilations */
+          a.a[10] = 3;                               /* groups */
+          ir_node *y = mk(IR_CONV2D, 2, in, &a, 0, 0, NULL);
+          CHECK(y != NULL);
+          CHECK(compare(&y, 1, 1e-5) == 0);
+          release_all();
+        }
+}
+
 /* Kernels of the same code on other buffers share one body (cpu_dedup.c): a block repeated
  * four times on its own inputs, and once at another shape and once with another constant
  * (neither may share). Every output is compared with the reference, so a wrapper passing the
@@ -2074,6 +2098,7 @@ int main(void) {
   RUN(profile_table);
   RUN(fallbacks_counted);
   RUN(conv_direct_input_dilated);
+  RUN(conv_direct_small_planes);
   RUN(kernels_share_bodies);
   RUN(compiler_failure_is_an_error);
   RUN(disk_cache);

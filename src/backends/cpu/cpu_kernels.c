@@ -173,6 +173,42 @@ CONV_SCATTER_PLANE(double)
 CONV_DIRECT(float)
 CONV_DIRECT(double)
 
+/* Unit-stride 3x3 convolutions on planes under 8 wide (mobilenet_v2's last blocks: 4x4 and 2x2
+ * depthwise planes) run output by output, the taps in range found by comparisons: the row form
+ * made ~32 calls of 2-4 elements per plane, the dot form two range divisions per output
+ * (4x960x2x2: 0.17 -> 0.08 ms a call; 8 wide, the row form's vector rows won: 0.20 against
+ * 0.24). Per output the terms are added in the same (ci, kh, kw) order as the row form, from 0. */
+static bool cpu_conv_small3(const cpu_conv *c) {
+  return c->KH == 3 && c->KW == 3 && c->sh == 1 && c->sw == 1 && c->dh == 1 && c->dw == 1 &&
+         c->lh == 1 && c->lw == 1 && c->OW < 8;
+}
+
+#define CONV_SMALL3(T)                                                                           \
+  static void cpu_conv_small3_##T(void **S, int64_t lo, int64_t hi) {                            \
+    const cpu_conv *c = S[0];                                                                    \
+    const T *x = c->x, *w = c->w;                                                                \
+    for (int64_t plane = lo; plane < hi; plane++) {                                              \
+      int64_t n = plane / c->O, o = plane % c->O, g = o / c->Og;                                 \
+      T *y = (T *)c->y + plane * c->OH * c->OW;                                                  \
+      for (int64_t oh = 0; oh < c->OH; oh++) {                                                   \
+        int64_t h = oh - c->ph, kh0 = h < 0 ? -h : 0, kh1 = c->H - h < 3 ? c->H - h : 3;         \
+        for (int64_t ow = 0; ow < c->OW; ow++) {                                                 \
+          int64_t v = ow - c->pw, kw0 = v < 0 ? -v : 0, kw1 = c->W - v < 3 ? c->W - v : 3;       \
+          T acc = 0;                                                                             \
+          for (int64_t ci = 0; ci < c->Cg; ci++) {                                               \
+            const T *xp = x + (n * c->C + g * c->Cg + ci) * c->H * c->W + h * c->W + v;          \
+            const T *wp = w + (o * c->Cg + ci) * 9;                                              \
+            for (int64_t kh = kh0; kh < kh1; kh++)                                               \
+              for (int64_t kw = kw0; kw < kw1; kw++) acc += wp[kh * 3 + kw] * xp[kh * c->W + kw]; \
+          }                                                                                      \
+          *y++ = acc;                                                                            \
+        }                                                                                        \
+      }                                                                                          \
+    }                                                                                            \
+  }
+CONV_SMALL3(float)
+CONV_SMALL3(double)
+
 /* The same with the kernel offsets innermost: a weight gradient's "kernel" is the forward's
  * output plane (32x32) and its output the forward's kernel (3x3), so each output element is a
  * long dot product instead of many 3-long loops. No input dilation (the weight gradient has
@@ -229,8 +265,9 @@ static int cpu_k_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
                   sh, sw, ph, pw, dh, dw, lh, lw};
     void *S[1] = {&c};
     bool f32 = ins->dtype == GRAFT_F32, dot = KH * KW > OH * OW && lh == 1 && lw == 1;
-    cpu_kernel_fn fn = dot ? (f32 ? cpu_conv_dot_float : cpu_conv_dot_double)
-                           : (f32 ? cpu_conv_direct_float : cpu_conv_direct_double);
+    cpu_kernel_fn fn = cpu_conv_small3(&c) ? (f32 ? cpu_conv_small3_float : cpu_conv_small3_double)
+                       : dot ? (f32 ? cpu_conv_dot_float : cpu_conv_dot_double)
+                             : (f32 ? cpu_conv_direct_float : cpu_conv_direct_double);
     cpu_parallel_run(fn, S, N * O);
     return 0;
   }
