@@ -52,6 +52,19 @@ typedef struct {
   int64_t C, H, W, O, KH, KW, Cg, Og, OH, OW, sh, sw, ph, pw, dh, dw, lh, lw;
 } cpu_conv;
 
+/* Where output plane `plane` (n * O + o) reads and writes, in elements: its group's first input
+ * plane and its first kernel plane (input channel ci of the group adds ci planes to each), and
+ * the output plane itself. */
+typedef struct {
+  int64_t x, w, y;
+} cpu_conv_at;
+
+static cpu_conv_at cpu_conv_plane(const cpu_conv *c, int64_t plane) {
+  int64_t n = plane / c->O, o = plane % c->O, g = o / c->Og;
+  return (cpu_conv_at){(n * c->C + g * c->Cg) * c->H * c->W, o * c->Cg * c->KH * c->KW,
+                       plane * c->OH * c->OW};
+}
+
 /* [lo, hi) of outputs o whose input coordinate (o*s + k*d - p) / l is a whole index in [0, n). */
 static void cpu_conv_range(int64_t n, int64_t on, int64_t s, int64_t k, int64_t d, int64_t p,
                            int64_t l, int64_t *lo, int64_t *hi) {
@@ -143,12 +156,11 @@ CONV_SCATTER_PLANE(double)
     const bool scatter = (c->lh > 1 || c->lw > 1) && c->sh == 1 && c->sw == 1 && c->dh == 1 &&    \
                          c->dw == 1;                                                             \
     for (int64_t plane = lo; plane < hi; plane++) { /* plane = n * O + o */                      \
-      int64_t n = plane / c->O, o = plane % c->O, g = o / c->Og;                                 \
-      T *y = (T *)c->y + plane * c->OH * c->OW;                                                  \
+      const cpu_conv_at at = cpu_conv_plane(c, plane);                                           \
+      T *y = (T *)c->y + at.y;                                                                   \
       memset(y, 0, sizeof(T) * (size_t)(c->OH * c->OW));                                         \
       for (int64_t ci = 0; ci < c->Cg; ci++) {                                                   \
-        const T *xp = x + (n * c->C + g * c->Cg + ci) * c->H * c->W;                             \
-        const T *wp = w + (o * c->Cg + ci) * c->KH * c->KW;                                      \
+        const T *xp = x + at.x + ci * c->H * c->W, *wp = w + at.w + ci * c->KH * c->KW;          \
         if (scatter) {                                                                           \
           cpu_conv_scatter_##T(c, y, xp, wp);                                                    \
           continue;                                                                              \
@@ -188,16 +200,15 @@ static bool cpu_conv_small3(const cpu_conv *c) {
     const cpu_conv *c = S[0];                                                                    \
     const T *x = c->x, *w = c->w;                                                                \
     for (int64_t plane = lo; plane < hi; plane++) {                                              \
-      int64_t n = plane / c->O, o = plane % c->O, g = o / c->Og;                                 \
-      T *y = (T *)c->y + plane * c->OH * c->OW;                                                  \
+      const cpu_conv_at at = cpu_conv_plane(c, plane);                                           \
+      T *y = (T *)c->y + at.y;                                                                   \
       for (int64_t oh = 0; oh < c->OH; oh++) {                                                   \
         int64_t h = oh - c->ph, kh0 = h < 0 ? -h : 0, kh1 = c->H - h < 3 ? c->H - h : 3;         \
         for (int64_t ow = 0; ow < c->OW; ow++) {                                                 \
           int64_t v = ow - c->pw, kw0 = v < 0 ? -v : 0, kw1 = c->W - v < 3 ? c->W - v : 3;       \
           T acc = 0;                                                                             \
           for (int64_t ci = 0; ci < c->Cg; ci++) {                                               \
-            const T *xp = x + (n * c->C + g * c->Cg + ci) * c->H * c->W + h * c->W + v;          \
-            const T *wp = w + (o * c->Cg + ci) * 9;                                              \
+            const T *xp = x + at.x + ci * c->H * c->W + h * c->W + v, *wp = w + at.w + ci * 9;   \
             for (int64_t kh = kh0; kh < kh1; kh++)                                               \
               for (int64_t kw = kw0; kw < kw1; kw++) acc += wp[kh * 3 + kw] * xp[kh * c->W + kw]; \
           }                                                                                      \
@@ -218,8 +229,8 @@ CONV_SMALL3(double)
     const cpu_conv *c = S[0];                                                                    \
     const T *x = c->x, *w = c->w;                                                                \
     for (int64_t plane = lo; plane < hi; plane++) {                                              \
-      int64_t n = plane / c->O, o = plane % c->O, g = o / c->Og;                                 \
-      T *y = (T *)c->y + plane * c->OH * c->OW;                                                  \
+      const cpu_conv_at at = cpu_conv_plane(c, plane);                                           \
+      T *y = (T *)c->y + at.y;                                                                   \
       for (int64_t oh = 0; oh < c->OH; oh++)                                                     \
         for (int64_t ow = 0; ow < c->OW; ow++) {                                                 \
           int64_t kh0, kh1, kw0, kw1;                                                            \
@@ -227,8 +238,7 @@ CONV_SMALL3(double)
           cpu_conv_range(c->W, c->KW, c->dw, ow, c->sw, c->pw, 1, &kw0, &kw1);                   \
           T acc = 0;                                                                             \
           for (int64_t ci = 0; ci < c->Cg; ci++) {                                               \
-            const T *xp = x + (n * c->C + g * c->Cg + ci) * c->H * c->W;                         \
-            const T *wp = w + (o * c->Cg + ci) * c->KH * c->KW;                                  \
+            const T *xp = x + at.x + ci * c->H * c->W, *wp = w + at.w + ci * c->KH * c->KW;      \
             for (int64_t kh = kh0; kh < kh1; kh++) {                                             \
               const T *xr = xp + (oh * c->sh + kh * c->dh - c->ph) * c->W + ow * c->sw - c->pw;  \
               const T *wr = wp + kh * c->KW;                                                     \
@@ -345,8 +355,8 @@ static int cpu_window_fixed(const cpu_window *w) {
     const cpu_pool_job *j = S[0];                                                               \
     const cpu_window win = j->w;                                                                \
     const int is_max = j->is_max;                                                               \
-    int fixed = cpu_window_fixed(&win);                                                         \
-    if (fixed == 2 || fixed == 3) {                                                             \
+    const int fixed = cpu_window_fixed(&win);                                                   \
+    if (fixed) {                                                                                \
       if (fixed == 2) POOL_FIXED(T, 2);                                                         \
       else POOL_FIXED(T, 3);                                                                    \
       break;                                                                                    \
