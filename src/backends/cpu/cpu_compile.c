@@ -29,14 +29,18 @@ extern char **environ;
 
 /* -mprefer-vector-width=512: gcc's default on AVX-512 targets is 256-bit vectors; 512-bit ones
  * ran a 64x256x256 softmax (exp-bound) 2.56 -> 1.66 ms here (Sapphire Rapids), the kernels of a
- * GPT block's and resnet18's steps ~5% faster; targets without AVX-512 ignore it. */
-#define CPU_CFLAG_LIST "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", \
-                       "-fno-math-errno", "-ffp-contract=off", "-mprefer-vector-width=512", "-w"
+ * GPT block's and resnet18's steps ~5% faster; targets without AVX-512 ignore it.
+ * -fno-trapping-math: the inline exp/erf/tanh/log are branch-free selects, which gcc only turns
+ * into vector blends when a float compare may not trap; without it every loop calling them ran
+ * scalar ("control flow in loop"). Results are the same (exceptions are masked; no
+ * reassociation): a GPT block's gelu backward 4.27 -> 1.43 ms, forward 1.98 -> 0.93 (Zen 1). */
+#define CPU_CFLAG_LIST "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno", \
+                       "-fno-trapping-math", "-ffp-contract=off", "-mprefer-vector-width=512", "-w"
 static const char *const cpu_opt_flag[] = {[CPU_OPT_FULL] = "-O3", [CPU_OPT_QUICK] = "-O1"};
 /* The full build's flags as one string: part of the disk cache key (quick builds are not
  * cached). */
-#define CPU_CFLAGS "-std=c11 -O3 -fPIC -shared -fopenmp-simd -fno-math-errno -ffp-contract=off " \
-                   "-mprefer-vector-width=512 -w"
+#define CPU_CFLAGS "-std=c11 -O3 -fPIC -shared -fopenmp-simd -fno-math-errno -fno-trapping-math " \
+                   "-ffp-contract=off -mprefer-vector-width=512 -w"
 
 /* The target: -march=native, or $GRAFT_MARCH (e.g. x86-64-v3 for code that must run under
  * valgrind, which has no AVX-512); anything but a plain name is taken as native. */
