@@ -33,7 +33,8 @@ extern char **environ;
  * -fno-trapping-math: the inline exp/erf/tanh/log are branch-free selects, which gcc only turns
  * into vector blends when a float compare may not trap; without it every loop calling them ran
  * scalar ("control flow in loop"). Results are the same (exceptions are masked; no
- * reassociation): a GPT block's gelu backward 4.27 -> 1.43 ms, forward 1.98 -> 0.93 (Zen 1). */
+ * reassociation): a GPT block's gelu backward 4.27 -> 1.43 ms, forward 1.98 -> 0.93. Clamp
+ * chains need cpu_expr.c's own max/min form under it. */
 #define CPU_CFLAG_LIST "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno", \
                        "-fno-trapping-math", "-ffp-contract=off", "-mprefer-vector-width=512", "-w"
 static const char *const cpu_opt_flag[] = {[CPU_OPT_FULL] = "-O3", [CPU_OPT_QUICK] = "-O1"};
