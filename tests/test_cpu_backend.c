@@ -805,6 +805,23 @@ TEST(dot_blas_and_fallback) {
       CHECK(compare(&y, 1, 1e-5) == 0);
       release_all();
     }
+  /* products of 16 columns ([m,k] x [k,16], a convolution on a 2x2 plane at batch 4) run on
+   * cpu_blas.c's row kernel where the CPU has AVX-512: rows not a multiple of 4, serial and
+   * over the pool; a transposed A stays on OpenBLAS */
+  int64_t narrow[4][2] = {{4, 64}, {130, 300}, {1027, 300}, {61, 96}};
+  for (int c = 0; c < 5; c++) {
+    int64_t as[2] = {narrow[c % 4][0], narrow[c % 4][1]}, bs[2] = {narrow[c % 4][1], 16};
+    int64_t ast[2] = {as[1], as[0]};
+    ir_node *A = data(GRAFT_F32, 2, c == 4 ? ast : as), *B = data(GRAFT_F32, 2, bs);
+    ir_node *in[2] = {c == 4 ? tr2(A) : A, B};
+    ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+    uint64_t before = cpu_stats.narrow_gemms;
+    /* up to 300 f32 terms summed in order against the reference's f64 sum: ~k * 2^-24 * |a||b| */
+    CHECK(compare(&y, 1, 1e-4) == 0);
+    bool expect = __builtin_cpu_supports("avx512f") && c != 4;
+    CHECK((cpu_stats.narrow_gemms > before) == expect);
+    release_all();
+  }
   /* reshaped operands (a conv weight [O,I,kh,kw] read as [O,I*kh*kw], also transposed, also
    * through two reshapes, also computed): the GEMM reads the buffer under the reshapes, so
    * nothing is copied and a graph of data inputs has no kernel at all */

@@ -25,6 +25,7 @@ typedef struct {
   double compile_ms;      /* wall time spent in the compiler */
   uint64_t fallback[IR_OP_COUNT]; /* per op: instructions run on ref kernels (per execution) */
   uint64_t kernels;       /* generated kernels (after fusion), summed over compiles */
+  uint64_t narrow_gemms;  /* f32 products [m,k] x [k,16] run on cpu_blas.c's row kernel */
 } cpu_counters;
 extern cpu_counters cpu_stats;
 
