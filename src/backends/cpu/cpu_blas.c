@@ -90,9 +90,13 @@ __attribute__((target("avx512f"))) static void cpu_narrow_rows(void **S, int64_t
 }
 
 static bool cpu_narrow_fits(const cpu_gemm_job *j) {
-  static int avx512 = -1;
-  if (avx512 < 0) avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0; /* same answer each time */
-  return avx512 && !j->dbl && j->ta == CPU_NO_TRANS && j->tb == CPU_NO_TRANS && j->n == 16 &&
+  static int avx512 = -1; /* any thread may set it first: the same answer each time */
+  int has = __atomic_load_n(&avx512, __ATOMIC_RELAXED);
+  if (has < 0) {
+    has = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    __atomic_store_n(&avx512, has, __ATOMIC_RELAXED);
+  }
+  return has && !j->dbl && j->ta == CPU_NO_TRANS && j->tb == CPU_NO_TRANS && j->n == 16 &&
          j->alpha == 1.0 && j->beta == 0.0 && j->m >= 4 && j->k >= 64;
 }
 
