@@ -56,11 +56,9 @@ const char *kx_float_binary(cpu_arena *ar, ir_op op, const char *a, const char *
   case IR_SUB: return cpu_fmt(ar, "%s - %s", a, b);
   case IR_MUL: return cpu_fmt(ar, "%s * %s", a, b);
   case IR_DIV: return cpu_fmt(ar, "%s / %s", a, b);
-  /* NaN-propagating: a when a > b or a is NaN, else b (b's NaN included). The ordered compare is
-   * always evaluated, so the compiler may turn the select into a blend: a chain that compares
-   * only after the NaN tests cannot be if-converted under -ftrapping-math (the ordered compare
-   * would be speculated), and the ReLU6 clamps of mobilenet_v2 ran as scalar branches that
-   * mispredicted, ~8 ns an element. */
+  /* NaN-propagating: a when a > b or a is NaN, else b (b's NaN included); valid on the GPU
+   * dialects' vectors. The CPU generator has its own form (cpu_expr.c): under its
+   * -fno-trapping-math gcc does not vectorize a clamp chain of this one. */
   case IR_MAX: return cpu_fmt(ar, "((%s > %s || %s != %s) ? %s : %s)", a, b, a, a, a, b);
   case IR_MIN: return cpu_fmt(ar, "((%s < %s || %s != %s) ? %s : %s)", a, b, a, a, a, b);
   default: return NULL;

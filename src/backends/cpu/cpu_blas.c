@@ -65,6 +65,9 @@ static void cpu_gemm_part(void **S, int64_t lo, int64_t hi) {
  * two; this streams each row of A once against B's rows, one 16-float vector each, four rows of
  * C in registers: 144 GF/s on one thread. Each C element sums its k terms in order. AVX-512
  * only (checked at run time; valgrind's CPU has none). */
+/* Products smaller than this are not worth a second thread. */
+#define CPU_GEMM_PAR_MIN_FLOPS 4e6
+
 typedef float cpu_v16 __attribute__((vector_size(64), aligned(4)));
 
 __attribute__((target("avx512f"))) static void cpu_narrow_rows(void **S, int64_t lo, int64_t hi) {
@@ -90,35 +93,30 @@ __attribute__((target("avx512f"))) static void cpu_narrow_rows(void **S, int64_t
 }
 
 static bool cpu_narrow_fits(const cpu_gemm_job *j) {
-  static int avx512 = -1; /* any thread may set it first: the same answer each time */
-  int has = __atomic_load_n(&avx512, __ATOMIC_RELAXED);
-  if (has < 0) {
-    has = __builtin_cpu_supports("avx512f") ? 1 : 0;
-    __atomic_store_n(&avx512, has, __ATOMIC_RELAXED);
-  }
-  return has && !j->dbl && j->ta == CPU_NO_TRANS && j->tb == CPU_NO_TRANS && j->n == 16 &&
-         j->alpha == 1.0 && j->beta == 0.0 && j->m >= 4 && j->k >= 64;
+  return __builtin_cpu_supports("avx512f") && !j->dbl && j->ta == CPU_NO_TRANS &&
+         j->tb == CPU_NO_TRANS && j->n == 16 && j->alpha == 1.0 && j->beta == 0.0 && j->m >= 4 &&
+         j->k >= 64;
 }
 
 static void cpu_gemm_run(cpu_gemm_job *j) {
+  double flops = 2.0 * j->m * j->n * j->k;
   if (cpu_narrow_fits(j)) {
     __atomic_fetch_add(&cpu_stats.narrow_gemms, 1, __ATOMIC_RELAXED);
     int64_t blocks = (j->m + 3) / 4;
-    if (2.0 * j->m * j->n * j->k < 4e6) cpu_narrow_rows((void **)j, 0, blocks);
+    if (flops < CPU_GEMM_PAR_MIN_FLOPS) cpu_narrow_rows((void **)j, 0, blocks);
     else cpu_parallel_run(cpu_narrow_rows, (void **)j, blocks);
     return;
   }
   int saved = get_threads && set_threads ? get_threads() : 0;
   if (saved > 1) set_threads(1);
-  /* Small products are not worth a second thread. */
-  double flops = 2.0 * j->m * j->n * j->k;
   /* Rows, unless there are few of them and many columns (a convolution's [32, 1024]: 0.11 ms
    * by columns against 0.23 by rows), or at least 4x more columns than rows: each part packs
    * all of the operand the split does not cut, op(B) (k x n) by rows and op(A) (m x k) by
    * columns. An MLP's [256, 784] x [784, 1024]: 1.84-1.93 -> 1.72-1.75 ms by columns; at 2x
    * (resnet18's [128, 1152] x [1152, 256]) columns measured no better. */
   j->cols = j->n > j->m && (j->m < 128 || j->n >= 4 * j->m);
-  j->parts = flops < 4e6 || (j->cols ? j->n : j->m) < 32 ? 1 : cpu_pool_threads();
+  bool small = flops < CPU_GEMM_PAR_MIN_FLOPS || (j->cols ? j->n : j->m) < 32;
+  j->parts = small ? 1 : cpu_pool_threads();
   if (j->parts == 1) cpu_gemm_part((void **)j, 0, 1);
   else cpu_parallel_run(cpu_gemm_part, (void **)j, j->parts);
   if (saved > 1) set_threads(saved);
