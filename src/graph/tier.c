@@ -293,11 +293,14 @@ static void tier_stop_thread(void) {
     return;
   }
   q_stop = 1;
-  q_head = q_tail = NULL; /* queued entries are freed by cache_clear */
   pthread_cond_broadcast(&q_cv);
   pthread_cond_broadcast(&q_landed);
   pthread_mutex_unlock(&q_mu);
   pthread_join(q_thread, NULL);
+  /* Emptied after the join: a quick build finishing during the stop re-queues its entry for the
+   * full one (tier_finish), and the queue must not keep it past cache_clear, which frees it
+   * (a later session's enqueue wrote through the stale tail: AddressSanitizer, test_tiers). */
+  q_head = q_tail = NULL;
   q_started = 0;
   q_busy = 0;
 }
