@@ -805,20 +805,26 @@ TEST(dot_blas_and_fallback) {
       CHECK(compare(&y, 1, 1e-5) == 0);
       release_all();
     }
-  /* products of 16 columns ([m,k] x [k,16], a convolution on a 2x2 plane at batch 4) run on
-   * cpu_blas.c's row kernel where the CPU has AVX-512: rows not a multiple of 4, serial and
-   * over the pool; a transposed A stays on OpenBLAS */
-  int64_t narrow[4][2] = {{4, 64}, {130, 300}, {1027, 300}, {61, 96}};
-  for (int c = 0; c < 5; c++) {
-    int64_t as[2] = {narrow[c % 4][0], narrow[c % 4][1]}, bs[2] = {narrow[c % 4][1], 16};
-    int64_t ast[2] = {as[1], as[0]};
-    ir_node *A = data(GRAFT_F32, 2, c == 4 ? ast : as), *B = data(GRAFT_F32, 2, bs);
-    ir_node *in[2] = {c == 4 ? tr2(A) : A, B};
+  /* products with a side of 16 (a convolution on a 2x2 plane at batch 4, forward and both
+   * backward products) run on cpu_narrow.c's kernels where the CPU has AVX-512: row counts
+   * off the kernels' blocks, column counts off 16, serial and over the pool; other shapes and
+   * transposes stay on OpenBLAS. {m, k, n, transposed A, transposed B, narrow kernel} */
+  static const int64_t narrow[][6] = {
+      {4, 64, 16, 0, 0, 1},    {130, 300, 16, 0, 0, 1}, {1027, 300, 16, 0, 0, 1},
+      {61, 96, 16, 0, 0, 1},   {16, 64, 16, 1, 0, 1},   {130, 300, 16, 1, 0, 1},
+      {1027, 300, 16, 1, 0, 1}, {4, 64, 16, 1, 0, 0},   {61, 96, 16, 0, 1, 0},
+      {5, 16, 16, 0, 1, 1},    {130, 16, 300, 0, 1, 1}, {1027, 16, 600, 0, 1, 1},
+      {64, 17, 64, 0, 1, 0},   {64, 16, 64, 1, 1, 0}};
+  for (size_t c = 0; c < sizeof narrow / sizeof *narrow; c++) {
+    const int64_t *q = narrow[c];
+    int64_t as[2] = {q[0], q[1]}, ast[2] = {q[1], q[0]}, bs[2] = {q[1], q[2]}, bst[2] = {q[2], q[1]};
+    ir_node *A = data(GRAFT_F32, 2, q[3] ? ast : as), *B = data(GRAFT_F32, 2, q[4] ? bst : bs);
+    ir_node *in[2] = {q[3] ? tr2(A) : A, q[4] ? tr2(B) : B};
     ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
     uint64_t before = cpu_stats.narrow_gemms;
     /* up to 300 f32 terms summed in order against the reference's f64 sum: ~k * 2^-24 * |a||b| */
     CHECK(compare(&y, 1, 1e-4) == 0);
-    bool expect = __builtin_cpu_supports("avx512f") && c != 4;
+    bool expect = __builtin_cpu_supports("avx512f") && q[5];
     CHECK((cpu_stats.narrow_gemms > before) == expect);
     release_all();
   }
@@ -871,6 +877,40 @@ TEST(dot_blas_and_fallback) {
   ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL); /* K = 0 */
   CHECK(compare(&y, 1, 0) == 0);
   release_all();
+}
+
+/* f32 products big enough for cpu_sgemm.c's 12x32 tiles run on it where the CPU has AVX-512:
+ * every transpose; C's rows and columns off the tiles; k off the 256-deep blocks (and off the
+ * transposed pack's 16x16 blocks); more than one block of rows (192) and of columns (2048);
+ * A read in place (at most 128 columns) with a padded last panel; serial and split over the
+ * pool; a batch spread over the pool. Thin products (4 rows, 10 columns) stay on OpenBLAS.
+ * {m, k, n, transposed A, transposed B, batch, own kernel} */
+TEST(dot_avx512_gemm) {
+  static const int64_t cases[][7] = {
+      {200, 300, 60, 0, 0, 1, 1},   {200, 300, 60, 1, 0, 1, 1},  {130, 520, 150, 0, 1, 1, 1},
+      {130, 520, 150, 1, 1, 1, 1},  {130, 520, 150, 0, 0, 1, 1}, {24, 20, 2080, 0, 0, 1, 1},
+      {400, 64, 64, 1, 1, 1, 1},    {61, 40, 120, 0, 1, 1, 1},   {48, 50, 64, 0, 0, 6, 1},
+      {48, 50, 64, 1, 1, 6, 1},     {4, 64, 64, 0, 0, 1, 0},     {256, 31, 10, 0, 0, 1, 0}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    const int64_t *q = cases[c];
+    int nd = q[5] > 1 ? 3 : 2, o = nd - 2;
+    int64_t as[3] = {q[5]}, bs[3] = {q[5]};
+    as[o] = q[3] ? q[1] : q[0], as[o + 1] = q[3] ? q[0] : q[1];
+    bs[o] = q[4] ? q[2] : q[1], bs[o + 1] = q[4] ? q[1] : q[2];
+    ir_attrs tp = {0};
+    if (nd == 2) tp.a[0] = 1, tp.a[1] = 0;
+    else tp.a[0] = 0, tp.a[1] = 2, tp.a[2] = 1;
+    ir_node *A = data(GRAFT_F32, nd, as), *B = data(GRAFT_F32, nd, bs);
+    ir_node *in[2] = {q[3] ? mk(IR_TRANSPOSE, 1, &A, &tp, 0, 0, NULL) : A,
+                      q[4] ? mk(IR_TRANSPOSE, 1, &B, &tp, 0, 0, NULL) : B};
+    ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+    uint64_t before = cpu_stats.own_gemms;
+    /* up to 520 f32 terms (FMAs, in order) against the reference's f64 sum */
+    CHECK(compare(&y, 1, 1e-4) == 0);
+    bool expect = __builtin_cpu_supports("avx512f") && q[6];
+    CHECK((cpu_stats.own_gemms > before) == expect);
+    release_all();
+  }
 }
 
 /* Pooling's host kernels (max and sum reduce_window, max_pool_grad) equal the reference
@@ -2112,6 +2152,7 @@ int main(void) {
   RUN(gather_scatter_rows);
   RUN(argmax_argmin);
   RUN(dot_blas_and_fallback);
+  RUN(dot_avx512_gemm);
   RUN(profile_table);
   RUN(fallbacks_counted);
   RUN(conv_direct_input_dilated);

@@ -1,10 +1,12 @@
 /* OpenBLAS, loaded at run time so libgraft has no link-time BLAS dependency: a machine without
  * it runs dot on the reference kernel. GRAFT_BLAS=0 disables it.
  *
- * GEMMs are split by rows (or columns, when short and wide) over graft's own thread pool, each part a single-threaded BLAS call:
- * OpenBLAS's threads spin (sched_yield) after each call and fought the pool's next kernel for
- * the two cores. The process's BLAS thread count (shared with PyTorch, which links the same
- * library) is set to 1 only for the duration of a call and restored after. */
+ * GEMMs are split by rows (or columns, when short and wide) over graft's own thread pool, each
+ * part a single-threaded call: cpu_sgemm.c's AVX-512 kernel for f32 where the CPU has it and
+ * the part suits its tiles, OpenBLAS otherwise. OpenBLAS's own threads spin (sched_yield)
+ * after each call and fought the pool's next kernel for the two cores, so the process's BLAS
+ * thread count (shared with PyTorch, which links the same library) is set to 1 only for the
+ * duration of a call and restored after. */
 #include "cpu_internal.h"
 #include <dlfcn.h>
 #include <pthread.h>
@@ -52,61 +54,22 @@ static void cpu_gemm_part(void **S, int64_t lo, int64_t hi) {
     if (j->dbl)
       raw_dgemm(CPU_ROW_MAJOR, j->ta, j->tb, m, n, j->k, j->alpha, (const double *)j->A + aoff,
                 j->lda, (const double *)j->B + boff, j->ldb, j->beta, (double *)j->C + coff, j->ldc);
-    else
+    else if (j->alpha != 1.0 || j->beta != 0.0 ||
+             !cpu_sgemm_avx512(j->ta != CPU_NO_TRANS, j->tb != CPU_NO_TRANS, m, n, j->k,
+                               (const float *)j->A + aoff, j->lda, (const float *)j->B + boff,
+                               j->ldb, (float *)j->C + coff, j->ldc))
       raw_sgemm(CPU_ROW_MAJOR, j->ta, j->tb, m, n, j->k, (float)j->alpha, (const float *)j->A + aoff,
                 j->lda, (const float *)j->B + boff, j->ldb, (float)j->beta, (float *)j->C + coff,
                 j->ldc);
   }
 }
 
-/* C[m,16] = A[m,k] B[k,16], untransposed f32, alpha 1, beta 0: a convolution's forward GEMM
- * on a 2x2 plane at batch 4 (resnet18's layer4: [512,4608] x [4608,16]). OpenBLAS (its Haswell
- * kernels, as OPENBLAS_CORETYPE selects here) ran it at 82 GF/s on one thread, 116 split over
- * two; this streams each row of A once against B's rows, one 16-float vector each, four rows of
- * C in registers: 144 GF/s on one thread. Each C element sums its k terms in order. AVX-512
- * only (checked at run time; valgrind's CPU has none). */
-/* Products smaller than this are not worth a second thread. */
-#define CPU_GEMM_PAR_MIN_FLOPS 4e6
-
-typedef float cpu_v16 __attribute__((vector_size(64), aligned(4)));
-
-__attribute__((target("avx512f"))) static void cpu_narrow_rows(void **S, int64_t lo, int64_t hi) {
-  const cpu_gemm_job *j = (const cpu_gemm_job *)S;
-  const float *A = j->A, *B = j->B;
-  float *C = j->C;
-  int64_t m = j->m, k = j->k, lda = j->lda, ldb = j->ldb, ldc = j->ldc;
-  for (int64_t i = lo * 4; i < hi * 4 && i < m; i += 4) {
-    int64_t rows = m - i < 4 ? m - i : 4;
-    const float *a[4];
-    for (int r = 0; r < 4; r++) a[r] = A + (i + (r < rows ? r : 0)) * lda;
-    cpu_v16 c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
-    for (int64_t p = 0; p < k; p++) {
-      cpu_v16 b = *(const cpu_v16 *)(B + p * ldb);
-      c0 += a[0][p] * b;
-      c1 += a[1][p] * b;
-      c2 += a[2][p] * b;
-      c3 += a[3][p] * b;
-    }
-    cpu_v16 c[4] = {c0, c1, c2, c3};
-    for (int r = 0; r < rows; r++) *(cpu_v16 *)(C + (i + r) * ldc) = c[r];
-  }
-}
-
-static bool cpu_narrow_fits(const cpu_gemm_job *j) {
-  return __builtin_cpu_supports("avx512f") && !j->dbl && j->ta == CPU_NO_TRANS &&
-         j->tb == CPU_NO_TRANS && j->n == 16 && j->alpha == 1.0 && j->beta == 0.0 && j->m >= 4 &&
-         j->k >= 64;
-}
-
 static void cpu_gemm_run(cpu_gemm_job *j) {
   double flops = 2.0 * j->m * j->n * j->k;
-  if (cpu_narrow_fits(j)) {
-    __atomic_fetch_add(&cpu_stats.narrow_gemms, 1, __ATOMIC_RELAXED);
-    int64_t blocks = (j->m + 3) / 4;
-    if (flops < CPU_GEMM_PAR_MIN_FLOPS) cpu_narrow_rows((void **)j, 0, blocks);
-    else cpu_parallel_run(cpu_narrow_rows, (void **)j, blocks);
+  if (!j->dbl && j->alpha == 1.0 && j->beta == 0.0 &&
+      cpu_narrow_gemm(j->ta != CPU_NO_TRANS, j->tb != CPU_NO_TRANS, j->m, j->n, j->k, j->A, j->lda,
+                      j->B, j->ldb, j->C, j->ldc))
     return;
-  }
   int saved = get_threads && set_threads ? get_threads() : 0;
   if (saved > 1) set_threads(1);
   /* Rows, unless there are few of them and many columns (a convolution's [32, 1024]: 0.11 ms
@@ -159,7 +122,10 @@ static void cpu_batch_part(void **S, int64_t lo, int64_t hi) {
       raw_dgemm(CPU_ROW_MAJOR, j->ta, j->tb, j->m, j->n, j->k, 1.0, (const double *)j->A + q * j->sa,
                 j->lda, (const double *)j->B + q * j->sb, j->ldb, 0.0, (double *)j->C + q * j->sc,
                 j->ldc);
-    else
+    else if (!cpu_sgemm_avx512(j->ta != CPU_NO_TRANS, j->tb != CPU_NO_TRANS, j->m, j->n, j->k,
+                               (const float *)j->A + q * j->sa, j->lda,
+                               (const float *)j->B + q * j->sb, j->ldb,
+                               (float *)j->C + q * j->sc, j->ldc))
       raw_sgemm(CPU_ROW_MAJOR, j->ta, j->tb, j->m, j->n, j->k, 1.0f, (const float *)j->A + q * j->sa,
                 j->lda, (const float *)j->B + q * j->sb, j->ldb, 0.0f, (float *)j->C + q * j->sc,
                 j->ldc);

@@ -76,6 +76,8 @@ void cpu_object_close(cpu_object *obj);
 void cpu_parallel_run(cpu_kernel_fn fn, void **S, int64_t total);
 
 /* ---- cpu_blas.c ---- */
+/* Products smaller than this are not worth a second thread. */
+#define CPU_GEMM_PAR_MIN_FLOPS 4e6
 typedef struct {
   void (*sgemm)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
                 float *, int);
@@ -86,6 +88,19 @@ typedef struct {
                const void *b, int ldb, int64_t sb, void *c, int ldc, int64_t sc, int64_t batch);
 } cpu_blas_fns;
 const cpu_blas_fns *cpu_blas(void); /* NULL fields when OpenBLAS cannot be loaded */
+
+/* ---- cpu_sgemm.c ---- */
+/* C = op(A) op(B) (alpha 1, beta 0, row-major f32) on one thread with AVX-512; false when the
+ * CPU has none, C is too thin for its tiles, or its pack buffers cannot be allocated (the
+ * caller then uses OpenBLAS). */
+bool cpu_sgemm_avx512(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a,
+                      int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc);
+
+/* ---- cpu_narrow.c ---- */
+/* C = op(A) op(B) (alpha 1, beta 0, row-major f32) on an AVX-512 kernel when one side is 16
+ * wide (n 16 untransposed B, or k 16 as A B^T) and the CPU has AVX-512; false: not taken. */
+bool cpu_narrow_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
+                     const float *b, int ldb, float *c, int ldc);
 
 /* ---- cpu_profile.c: GRAFT_PROFILE=1, time per call site of each compiled graph ---- */
 typedef struct {
