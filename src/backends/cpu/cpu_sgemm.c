@@ -29,25 +29,38 @@ typedef struct {
   int64_t m, n, k, lda, ldb, ldc;
   const float *A, *B;
   float *C;
+  float *pa, *pb; /* pack buffers */
 } cpu_sg_job;
 
-/* Per-thread pack buffers (A's block, then B's), kept between calls (a GEMM a kernel apart
- * would otherwise fault in 2 MB each time) and freed when the thread ends. */
-static _Thread_local float *cpu_sg_pa, *cpu_sg_pb;
-static pthread_key_t cpu_sg_key;
-static pthread_once_t cpu_sg_once = PTHREAD_ONCE_INIT;
+/* Pack buffers (A's block, then B's), kept between calls in a free list (a GEMM a kernel
+ * apart would otherwise fault in 2 MB each time): one per GEMM running at once (the pool's
+ * threads, an asynchronous step's thread), reachable from the list while idle. Not thread-local:
+ * a thread that exits would strand its buffer. */
+typedef struct cpu_sg_buf {
+  struct cpu_sg_buf *next;
+} cpu_sg_buf;
+enum { CPU_SG_HEAD = 64 }; /* the link, padded so the floats after it stay 64-byte aligned */
+static pthread_mutex_t cpu_sg_lock = PTHREAD_MUTEX_INITIALIZER;
+static cpu_sg_buf *cpu_sg_idle;
 
-static void cpu_sg_key_init(void) { (void)pthread_key_create(&cpu_sg_key, free); }
+static float *cpu_sg_take(void) {
+  pthread_mutex_lock(&cpu_sg_lock);
+  cpu_sg_buf *b = cpu_sg_idle;
+  if (b) cpu_sg_idle = b->next;
+  pthread_mutex_unlock(&cpu_sg_lock);
+  if (!b) {
+    size_t n = (size_t)CPU_SG_MC * CPU_SG_KC + (size_t)CPU_SG_KC * (CPU_SG_NC + CPU_SG_NR);
+    b = aligned_alloc(64, CPU_SG_HEAD + sizeof(float) * n);
+  }
+  return b ? (float *)((char *)b + CPU_SG_HEAD) : NULL;
+}
 
-static bool cpu_sg_buffers(void) {
-  if (cpu_sg_pa) return true;
-  pthread_once(&cpu_sg_once, cpu_sg_key_init);
-  size_t na = (size_t)CPU_SG_MC * CPU_SG_KC, nb = (size_t)CPU_SG_KC * (CPU_SG_NC + CPU_SG_NR);
-  float *buf = aligned_alloc(64, sizeof(float) * (na + nb));
-  if (!buf) return false;
-  cpu_sg_pa = buf, cpu_sg_pb = buf + na;
-  (void)pthread_setspecific(cpu_sg_key, buf); /* the key's destructor frees it */
-  return true;
+static void cpu_sg_give(float *pa) {
+  cpu_sg_buf *b = (cpu_sg_buf *)((char *)pa - CPU_SG_HEAD);
+  pthread_mutex_lock(&cpu_sg_lock);
+  b->next = cpu_sg_idle;
+  cpu_sg_idle = b;
+  pthread_mutex_unlock(&cpu_sg_lock);
 }
 
 #define CPU_SG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
@@ -138,31 +151,40 @@ __attribute__((target("avx512f"))) static void cpu_sg_t16(const float *src, int6
   for (int q = 0; q < 16; q++) _mm512_storeu_ps(dst + q * ldd, r[q]);
 }
 
-/* op(B)[p0 .. p0+kc, j0 .. j0+nc] as 32-column panels, each kc x 32, columns past nc zero. A
- * transposed B is read along its rows (its k), which are contiguous. */
-static void cpu_sg_pack_b(const cpu_sg_job *j, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-                          float *pb) {
+/* op(B)[p0 .. p0+kc, j0 .. j0+nc] as 32-column panels, each kc x 32, columns past nc zero.
+ * B is read along its rows, which are contiguous: a row of op(B) at a time for B (a panel at
+ * a time would step 4 KB between 128-byte reads), 16x16 blocks of B's rows for B^T. */
+static void cpu_sg_pack_bt(const cpu_sg_job *j, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                           float *pb) {
   for (int64_t c = 0; c < nc; c += CPU_SG_NR, pb += kc * CPU_SG_NR) {
     int64_t cols = nc - c < CPU_SG_NR ? nc - c : CPU_SG_NR;
-    if (j->tb) { /* 16x16 blocks in registers; the edges element by element */
-      int64_t q16 = cols / 16 * 16, p16 = kc / 16 * 16;
-      for (int64_t q = 0; q < q16; q += 16)
-        for (int64_t p = 0; p < p16; p += 16)
-          cpu_sg_t16(j->B + (j0 + c + q) * j->ldb + p0 + p, j->ldb, pb + p * CPU_SG_NR + q, CPU_SG_NR);
-      for (int64_t q = 0; q < CPU_SG_NR; q++) {
-        const float *src = j->B + (j0 + c + q) * j->ldb + p0;
-        for (int64_t p = q < q16 ? p16 : 0; p < kc; p++) pb[p * CPU_SG_NR + q] = q < cols ? src[p] : 0;
-      }
-      continue;
+    int64_t q16 = cols / 16 * 16, p16 = kc / 16 * 16;
+    for (int64_t q = 0; q < q16; q += 16)
+      for (int64_t p = 0; p < p16; p += 16)
+        cpu_sg_t16(j->B + (j0 + c + q) * j->ldb + p0 + p, j->ldb, pb + p * CPU_SG_NR + q, CPU_SG_NR);
+    for (int64_t q = 0; q < CPU_SG_NR; q++) { /* the edges, element by element */
+      const float *src = j->B + (j0 + c + q) * j->ldb + p0;
+      for (int64_t p = q < q16 ? p16 : 0; p < kc; p++) pb[p * CPU_SG_NR + q] = q < cols ? src[p] : 0;
     }
-    for (int64_t p = 0; p < kc; p++) {
-      const float *src = j->B + (p0 + p) * j->ldb + j0 + c;
-      float *dst = pb + p * CPU_SG_NR;
+  }
+}
+
+static void cpu_sg_pack_b(const cpu_sg_job *j, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                          float *pb) {
+  if (j->tb) {
+    cpu_sg_pack_bt(j, p0, kc, j0, nc, pb);
+    return;
+  }
+  for (int64_t p = 0; p < kc; p++) {
+    const float *src = j->B + (p0 + p) * j->ldb + j0;
+    for (int64_t c = 0; c < nc; c += CPU_SG_NR) {
+      float *dst = pb + c * kc + p * CPU_SG_NR;
+      int64_t cols = nc - c < CPU_SG_NR ? nc - c : CPU_SG_NR;
       if (cols == CPU_SG_NR) { /* a fixed size: inlined, not a call */
-        memcpy(dst, src, sizeof(float) * CPU_SG_NR);
+        memcpy(dst, src + c, sizeof(float) * CPU_SG_NR);
         continue;
       }
-      memcpy(dst, src, sizeof(float) * (size_t)cols);
+      memcpy(dst, src + c, sizeof(float) * (size_t)cols);
       memset(dst + cols, 0, sizeof(float) * (size_t)(CPU_SG_NR - cols));
     }
   }
@@ -183,20 +205,20 @@ static void cpu_sg_block(const cpu_sg_job *j, int64_t i0, int64_t mc, int64_t j0
                          int64_t p0, int64_t kc) {
   bool direct = j->n <= CPU_SG_DIRECT_N, load = p0 > 0;
   int64_t full = mc / CPU_SG_MR * CPU_SG_MR; /* rows in whole panels */
-  if (!direct) cpu_sg_pack_a(j, i0, mc, p0, kc, cpu_sg_pa);
-  else if (full < mc) cpu_sg_pack_a(j, i0 + full, mc - full, p0, kc, cpu_sg_pa); /* the last rows, padded */
+  if (!direct) cpu_sg_pack_a(j, i0, mc, p0, kc, j->pa);
+  else if (full < mc) cpu_sg_pack_a(j, i0 + full, mc - full, p0, kc, j->pa); /* the last rows, padded */
   for (int64_t c = 0; c < nc; c += CPU_SG_NR) {
     int64_t cols = nc - c < CPU_SG_NR ? nc - c : CPU_SG_NR;
-    const float *b = cpu_sg_pb + c * kc;
+    const float *b = j->pb + c * kc;
     for (int64_t i = 0; i < mc; i += CPU_SG_MR) {
       int64_t rows = mc - i < CPU_SG_MR ? mc - i : CPU_SG_MR;
-      const float *a = cpu_sg_pa + i * kc;
+      const float *a = j->pa + i * kc;
       int64_t rs = 1, ps = CPU_SG_MR;
       if (direct && i < full) { /* in place: A's row i0+i from column p0 */
         a = j->ta ? j->A + p0 * j->lda + i0 + i : j->A + (i0 + i) * j->lda + p0;
         rs = j->ta ? 1 : j->lda, ps = j->ta ? j->lda : 1;
       } else if (direct) {
-        a = cpu_sg_pa;
+        a = j->pa;
       }
       float *cp = j->C + (i0 + i) * j->ldc + j0 + c;
       if (rows == CPU_SG_MR && cols == CPU_SG_NR) cpu_sg_tile(kc, a, rs, ps, b, cp, j->ldc, load);
@@ -216,19 +238,21 @@ static bool cpu_sg_fits(int64_t m, int64_t n) {
 
 bool cpu_sgemm_avx512(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a,
                       int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
-  if (m <= 0 || n <= 0 || k <= 0 || !cpu_sg_fits(m, n) || !__builtin_cpu_supports("avx512f") ||
-      !cpu_sg_buffers())
+  if (m <= 0 || n <= 0 || k <= 0 || !cpu_sg_fits(m, n) || !__builtin_cpu_supports("avx512f"))
     return false;
+  float *pa = cpu_sg_take();
+  if (!pa) return false;
   __atomic_fetch_add(&cpu_stats.own_gemms, 1, __ATOMIC_RELAXED);
-  cpu_sg_job j = {ta, tb, m, n, k, lda, ldb, ldc, a, b, c};
+  cpu_sg_job j = {ta, tb, m, n, k, lda, ldb, ldc, a, b, c, pa, pa + CPU_SG_MC * CPU_SG_KC};
   for (int64_t j0 = 0; j0 < n; j0 += CPU_SG_NC) {
     int64_t nc = n - j0 < CPU_SG_NC ? n - j0 : CPU_SG_NC;
     for (int64_t p0 = 0; p0 < k; p0 += CPU_SG_KC) {
       int64_t kc = k - p0 < CPU_SG_KC ? k - p0 : CPU_SG_KC;
-      cpu_sg_pack_b(&j, p0, kc, j0, nc, cpu_sg_pb);
+      cpu_sg_pack_b(&j, p0, kc, j0, nc, j.pb);
       for (int64_t i0 = 0; i0 < m; i0 += CPU_SG_MC)
         cpu_sg_block(&j, i0, m - i0 < CPU_SG_MC ? m - i0 : CPU_SG_MC, j0, nc, p0, kc);
     }
   }
+  cpu_sg_give(pa);
   return true;
 }
