@@ -882,7 +882,8 @@ TEST(dot_blas_and_fallback) {
 /* f32 products big enough for cpu_sgemm.c's 12x32 tiles run on it where the CPU has AVX-512:
  * every transpose; C's rows and columns off the tiles; k off the 256-deep blocks (and off the
  * transposed pack's 16x16 blocks); more than one block of rows (192) and of columns (2048);
- * A read in place (at most 128 columns) with a padded last panel; serial and split over the
+ * A packed (transposed, over 128 columns) and read in place, with a padded last panel; serial
+ * and split over the
  * pool; a batch spread over the pool. Thin products (4 rows, 10 columns) stay on OpenBLAS.
  * {m, k, n, transposed A, transposed B, batch, own kernel} */
 TEST(dot_avx512_gemm) {
@@ -890,7 +891,8 @@ TEST(dot_avx512_gemm) {
       {200, 300, 60, 0, 0, 1, 1},   {200, 300, 60, 1, 0, 1, 1},  {130, 520, 150, 0, 1, 1, 1},
       {130, 520, 150, 1, 1, 1, 1},  {130, 520, 150, 0, 0, 1, 1}, {24, 20, 2080, 0, 0, 1, 1},
       {400, 64, 64, 1, 1, 1, 1},    {61, 40, 120, 0, 1, 1, 1},   {48, 50, 64, 0, 0, 6, 1},
-      {48, 50, 64, 1, 1, 6, 1},     {4, 64, 64, 0, 0, 1, 0},     {256, 31, 10, 0, 0, 1, 0}};
+      {48, 50, 64, 1, 1, 6, 1},     {400, 64, 200, 1, 0, 1, 1},  {4, 64, 64, 0, 0, 1, 0},
+      {256, 31, 10, 0, 0, 1, 0}};
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
     const int64_t *q = cases[c];
     int nd = q[5] > 1 ? 3 : 2, o = nd - 2;

@@ -4,9 +4,10 @@
  * registers runs the MLP's and resnet18's shapes at 160-220 GF/s a core.
  *
  * The BLIS structure: op(B) is packed in panels of 32 columns (kc rows each), op(A) in
- * panels of 12 rows; the micro-kernel multiplies one of each into a tile of C. When C has at
- * most CPU_SG_DIRECT_N columns, A is read in place instead (each A element would serve too
- * few columns to repay its packing). Every C element sums its k terms in order with FMAs,
+ * panels of 12 rows; the micro-kernel multiplies one of each into a tile of C. A is read in
+ * place instead where that measured faster: untransposed (12 rows read along k: 2-15% over
+ * packing it, 128x256x1152 the most), or when C has at most CPU_SG_DIRECT_N columns (each A
+ * element would serve too few columns to repay its packing). Every C element sums its k terms in order with FMAs,
  * carried through C between kc blocks, so a result does not depend on how C was tiled or
  * split over threads. */
 #include "cpu_internal.h"
@@ -21,7 +22,7 @@ enum {
   CPU_SG_KC = 256,        /* depth of a packed block: a B panel of 32 KB stays in L1 */
   CPU_SG_MC = 192,        /* rows of a packed A block (192 KB, in L2) */
   CPU_SG_NC = 2048,       /* columns of a packed B block (2 MB) */
-  CPU_SG_DIRECT_N = 128,  /* at most this many columns: A read in place */
+  CPU_SG_DIRECT_N = 128,  /* at most this many columns: A^T read in place too */
 };
 
 typedef struct {
@@ -203,7 +204,7 @@ static void cpu_sg_edge(int64_t kc, const float *a, int64_t rs, int64_t ps, cons
 /* C's rows i0 .. i0+mc against the packed block of B (columns j0 .. j0+nc, depth p0 .. +kc). */
 static void cpu_sg_block(const cpu_sg_job *j, int64_t i0, int64_t mc, int64_t j0, int64_t nc,
                          int64_t p0, int64_t kc) {
-  bool direct = j->n <= CPU_SG_DIRECT_N, load = p0 > 0;
+  bool direct = !j->ta || j->n <= CPU_SG_DIRECT_N, load = p0 > 0;
   int64_t full = mc / CPU_SG_MR * CPU_SG_MR; /* rows in whole panels */
   if (!direct) cpu_sg_pack_a(j, i0, mc, p0, kc, j->pa);
   else if (full < mc) cpu_sg_pack_a(j, i0 + full, mc - full, p0, kc, j->pa); /* the last rows, padded */
