@@ -913,6 +913,18 @@ TEST(dot_avx512_gemm) {
     CHECK((cpu_stats.own_gemms > before) == expect);
     release_all();
   }
+  /* GRAFT_OWN_GEMM=0: the same products, on OpenBLAS */
+  setenv("GRAFT_OWN_GEMM", "0", 1);
+  for (int nrw = 0; nrw < 2; nrw++) {
+    int64_t as[2] = {200, 300}, bs[2] = {300, nrw ? 16 : 60};
+    ir_node *in[2] = {data(GRAFT_F32, 2, as), data(GRAFT_F32, 2, bs)};
+    ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+    uint64_t own = cpu_stats.own_gemms, narrow = cpu_stats.narrow_gemms;
+    CHECK(compare(&y, 1, 1e-4) == 0);
+    CHECK(cpu_stats.own_gemms == own && cpu_stats.narrow_gemms == narrow);
+    release_all();
+  }
+  unsetenv("GRAFT_OWN_GEMM");
 }
 
 /* Pooling's host kernels (max and sum reduce_window, max_pool_grad) equal the reference

@@ -90,6 +90,9 @@ typedef struct {
 const cpu_blas_fns *cpu_blas(void); /* NULL fields when OpenBLAS cannot be loaded */
 
 /* ---- cpu_sgemm.c ---- */
+/* Whether graft's own f32 GEMM kernels (these and cpu_narrow.c's) run: the CPU has AVX-512
+ * and GRAFT_OWN_GEMM is not 0 (which sends every product to OpenBLAS). */
+bool cpu_own_gemm(void);
 /* C = op(A) op(B) (alpha 1, beta 0, row-major f32) on one thread with AVX-512; false when the
  * CPU has none, C is too thin for its tiles, or its pack buffers cannot be allocated (the
  * caller then uses OpenBLAS). */

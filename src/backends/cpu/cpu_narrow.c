@@ -118,7 +118,7 @@ __attribute__((target("avx512f"))) static void cpu_nt16(void **S, int64_t lo, in
 
 bool cpu_narrow_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
                      const float *b, int ldb, float *c, int ldc) {
-  if (!__builtin_cpu_supports("avx512f")) return false;
+  if (!cpu_own_gemm()) return false;
   cpu_narrow_job j = {m, n, k, lda, ldb, ldc, a, b, c};
   cpu_kernel_fn fn;
   int64_t tasks;

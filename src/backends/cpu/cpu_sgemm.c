@@ -228,6 +228,11 @@ static void cpu_sg_block(const cpu_sg_job *j, int64_t i0, int64_t mc, int64_t j0
   }
 }
 
+bool cpu_own_gemm(void) {
+  const char *e = getenv("GRAFT_OWN_GEMM"); /* read per product: cheap next to one */
+  return __builtin_cpu_supports("avx512f") && !(e && !strcmp(e, "0"));
+}
+
 /* Whether the tiles that cover C are mostly C: a product with few rows or columns (an LSTM's
  * batch of 4, a classifier's 10 outputs, half of resnet18's 147-column stem gradient) wastes
  * most of each 12x32 tile and runs better on OpenBLAS's smaller ones. */
@@ -239,8 +244,7 @@ static bool cpu_sg_fits(int64_t m, int64_t n) {
 
 bool cpu_sgemm_avx512(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a,
                       int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
-  if (m <= 0 || n <= 0 || k <= 0 || !cpu_sg_fits(m, n) || !__builtin_cpu_supports("avx512f"))
-    return false;
+  if (m <= 0 || n <= 0 || k <= 0 || !cpu_sg_fits(m, n) || !cpu_own_gemm()) return false;
   float *pa = cpu_sg_take();
   if (!pa) return false;
   __atomic_fetch_add(&cpu_stats.own_gemms, 1, __ATOMIC_RELAXED);
