@@ -758,6 +758,29 @@ static ir_node *tr2(ir_node *a) {
   return mk(IR_TRANSPOSE, 1, &a, &tp, 0, 0, NULL);
 }
 
+/* An f32 product op(A)[m,k] op(B)[k,n] (a batch of them when batch > 1, transposes as views)
+ * checked against the reference, up to 520 f32 terms summed in order against its f64 sum
+ * (~k * 2^-24 * |a||b|), and whether it ran on the kernel *counter counts: taken where the CPU
+ * has AVX-512 and the case says so. */
+static void check_f32_product(int64_t m, int64_t k, int64_t n, bool ta, bool tb, int64_t batch,
+                              const uint64_t *counter, bool taken) {
+  int nd = batch > 1 ? 3 : 2, o = nd - 2;
+  int64_t as[3] = {batch}, bs[3] = {batch};
+  as[o] = ta ? k : m, as[o + 1] = ta ? m : k;
+  bs[o] = tb ? n : k, bs[o + 1] = tb ? k : n;
+  ir_attrs tp = {0};
+  if (nd == 2) tp.a[0] = 1, tp.a[1] = 0;
+  else tp.a[0] = 0, tp.a[1] = 2, tp.a[2] = 1;
+  ir_node *A = data(GRAFT_F32, nd, as), *B = data(GRAFT_F32, nd, bs);
+  ir_node *in[2] = {ta ? mk(IR_TRANSPOSE, 1, &A, &tp, 0, 0, NULL) : A,
+                    tb ? mk(IR_TRANSPOSE, 1, &B, &tp, 0, 0, NULL) : B};
+  ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+  uint64_t before = *counter;
+  CHECK(compare(&y, 1, 1e-4) == 0);
+  CHECK((*counter > before) == (__builtin_cpu_supports("avx512f") && taken));
+  release_all();
+}
+
 TEST(dot_blas_and_fallback) {
   int64_t a[3] = {3, 33, 17}, b[3] = {3, 17, 45}, a2[2] = {64, 0}, b2s[2] = {0, 5};
   for (int d = 0; d < 4; d++) {
@@ -817,16 +840,7 @@ TEST(dot_blas_and_fallback) {
       {64, 17, 64, 0, 1, 0},   {64, 16, 64, 1, 1, 0}};
   for (size_t c = 0; c < sizeof narrow / sizeof *narrow; c++) {
     const int64_t *q = narrow[c];
-    int64_t as[2] = {q[0], q[1]}, ast[2] = {q[1], q[0]}, bs[2] = {q[1], q[2]}, bst[2] = {q[2], q[1]};
-    ir_node *A = data(GRAFT_F32, 2, q[3] ? ast : as), *B = data(GRAFT_F32, 2, q[4] ? bst : bs);
-    ir_node *in[2] = {q[3] ? tr2(A) : A, q[4] ? tr2(B) : B};
-    ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
-    uint64_t before = cpu_stats.narrow_gemms;
-    /* up to 300 f32 terms summed in order against the reference's f64 sum: ~k * 2^-24 * |a||b| */
-    CHECK(compare(&y, 1, 1e-4) == 0);
-    bool expect = __builtin_cpu_supports("avx512f") && q[5];
-    CHECK((cpu_stats.narrow_gemms > before) == expect);
-    release_all();
+    check_f32_product(q[0], q[1], q[2], q[3], q[4], 1, &cpu_stats.narrow_gemms, q[5]);
   }
   /* reshaped operands (a conv weight [O,I,kh,kw] read as [O,I*kh*kw], also transposed, also
    * through two reshapes, also computed): the GEMM reads the buffer under the reshapes, so
@@ -895,35 +909,12 @@ TEST(dot_avx512_gemm) {
       {256, 31, 10, 0, 0, 1, 0}};
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
     const int64_t *q = cases[c];
-    int nd = q[5] > 1 ? 3 : 2, o = nd - 2;
-    int64_t as[3] = {q[5]}, bs[3] = {q[5]};
-    as[o] = q[3] ? q[1] : q[0], as[o + 1] = q[3] ? q[0] : q[1];
-    bs[o] = q[4] ? q[2] : q[1], bs[o + 1] = q[4] ? q[1] : q[2];
-    ir_attrs tp = {0};
-    if (nd == 2) tp.a[0] = 1, tp.a[1] = 0;
-    else tp.a[0] = 0, tp.a[1] = 2, tp.a[2] = 1;
-    ir_node *A = data(GRAFT_F32, nd, as), *B = data(GRAFT_F32, nd, bs);
-    ir_node *in[2] = {q[3] ? mk(IR_TRANSPOSE, 1, &A, &tp, 0, 0, NULL) : A,
-                      q[4] ? mk(IR_TRANSPOSE, 1, &B, &tp, 0, 0, NULL) : B};
-    ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
-    uint64_t before = cpu_stats.own_gemms;
-    /* up to 520 f32 terms (FMAs, in order) against the reference's f64 sum */
-    CHECK(compare(&y, 1, 1e-4) == 0);
-    bool expect = __builtin_cpu_supports("avx512f") && q[6];
-    CHECK((cpu_stats.own_gemms > before) == expect);
-    release_all();
+    check_f32_product(q[0], q[1], q[2], q[3], q[4], q[5], &cpu_stats.own_gemms, q[6]);
   }
   /* GRAFT_OWN_GEMM=0: the same products, on OpenBLAS */
   setenv("GRAFT_OWN_GEMM", "0", 1);
-  for (int nrw = 0; nrw < 2; nrw++) {
-    int64_t as[2] = {200, 300}, bs[2] = {300, nrw ? 16 : 60};
-    ir_node *in[2] = {data(GRAFT_F32, 2, as), data(GRAFT_F32, 2, bs)};
-    ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
-    uint64_t own = cpu_stats.own_gemms, narrow = cpu_stats.narrow_gemms;
-    CHECK(compare(&y, 1, 1e-4) == 0);
-    CHECK(cpu_stats.own_gemms == own && cpu_stats.narrow_gemms == narrow);
-    release_all();
-  }
+  check_f32_product(200, 300, 60, false, false, 1, &cpu_stats.own_gemms, false);
+  check_f32_product(200, 300, 16, false, false, 1, &cpu_stats.narrow_gemms, false);
   unsetenv("GRAFT_OWN_GEMM");
 }
 

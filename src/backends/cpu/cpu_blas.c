@@ -34,6 +34,15 @@ typedef struct {
 
 enum { CPU_ROW_MAJOR = 101, CPU_NO_TRANS = 111 };
 
+/* One single-threaded f32 product: graft's AVX-512 kernel where it takes it, else OpenBLAS. */
+static void cpu_sgemm_one(int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                          int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+  if (alpha == 1.0f && beta == 0.0f &&
+      cpu_sgemm_avx512(ta != CPU_NO_TRANS, tb != CPU_NO_TRANS, m, n, k, a, lda, b, ldb, c, ldc))
+    return;
+  raw_sgemm(CPU_ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 static void cpu_gemm_part(void **S, int64_t lo, int64_t hi) {
   const cpu_gemm_job *j = (const cpu_gemm_job *)S;
   for (int64_t part = lo; part < hi; part++) {
@@ -54,13 +63,10 @@ static void cpu_gemm_part(void **S, int64_t lo, int64_t hi) {
     if (j->dbl)
       raw_dgemm(CPU_ROW_MAJOR, j->ta, j->tb, m, n, j->k, j->alpha, (const double *)j->A + aoff,
                 j->lda, (const double *)j->B + boff, j->ldb, j->beta, (double *)j->C + coff, j->ldc);
-    else if (j->alpha != 1.0 || j->beta != 0.0 ||
-             !cpu_sgemm_avx512(j->ta != CPU_NO_TRANS, j->tb != CPU_NO_TRANS, m, n, j->k,
-                               (const float *)j->A + aoff, j->lda, (const float *)j->B + boff,
-                               j->ldb, (float *)j->C + coff, j->ldc))
-      raw_sgemm(CPU_ROW_MAJOR, j->ta, j->tb, m, n, j->k, (float)j->alpha, (const float *)j->A + aoff,
-                j->lda, (const float *)j->B + boff, j->ldb, (float)j->beta, (float *)j->C + coff,
-                j->ldc);
+    else
+      cpu_sgemm_one(j->ta, j->tb, m, n, j->k, (float)j->alpha, (const float *)j->A + aoff, j->lda,
+                    (const float *)j->B + boff, j->ldb, (float)j->beta, (float *)j->C + coff,
+                    j->ldc);
   }
 }
 
@@ -122,13 +128,10 @@ static void cpu_batch_part(void **S, int64_t lo, int64_t hi) {
       raw_dgemm(CPU_ROW_MAJOR, j->ta, j->tb, j->m, j->n, j->k, 1.0, (const double *)j->A + q * j->sa,
                 j->lda, (const double *)j->B + q * j->sb, j->ldb, 0.0, (double *)j->C + q * j->sc,
                 j->ldc);
-    else if (!cpu_sgemm_avx512(j->ta != CPU_NO_TRANS, j->tb != CPU_NO_TRANS, j->m, j->n, j->k,
-                               (const float *)j->A + q * j->sa, j->lda,
-                               (const float *)j->B + q * j->sb, j->ldb,
-                               (float *)j->C + q * j->sc, j->ldc))
-      raw_sgemm(CPU_ROW_MAJOR, j->ta, j->tb, j->m, j->n, j->k, 1.0f, (const float *)j->A + q * j->sa,
-                j->lda, (const float *)j->B + q * j->sb, j->ldb, 0.0f, (float *)j->C + q * j->sc,
-                j->ldc);
+    else
+      cpu_sgemm_one(j->ta, j->tb, j->m, j->n, j->k, 1.0f, (const float *)j->A + q * j->sa, j->lda,
+                    (const float *)j->B + q * j->sb, j->ldb, 0.0f, (float *)j->C + q * j->sc,
+                    j->ldc);
   }
 }
 

@@ -98,6 +98,9 @@ bool cpu_own_gemm(void);
  * caller then uses OpenBLAS). */
 bool cpu_sgemm_avx512(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a,
                       int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc);
+/* dst[t * ldd + q] = src[q * ld + t] for a 16x16 f32 block, in AVX-512 registers (callers
+ * check cpu_own_gemm first). */
+void cpu_transpose16(const float *src, int64_t ld, float *dst, int64_t ldd);
 
 /* ---- cpu_narrow.c ---- */
 /* C = op(A) op(B) (alpha 1, beta 0, row-major f32) on an AVX-512 kernel when one side is 16

@@ -65,7 +65,8 @@ __attribute__((target("avx512f"))) static void cpu_tn16(void **S, int64_t lo, in
 }
 
 /* NT with k 16, C[m,n] = A[m,16] B[n,16]^T: a task is a block of C's columns and rows; it
- * transposes its columns of B into bt (16 rows of CPU_NT_COLS), then each row of C is sixteen
+ * transposes its columns of B into bt (16 rows of CPU_NT_COLS, by cpu_sgemm.c's 16x16
+ * register transpose), then each row of C is sixteen
  * broadcasts of A's row against bt (512x4608x16: 49 -> 130 GF/s on one thread). */
 enum { CPU_NT_COLS = 256, CPU_NT_ROWS = 128 };
 
@@ -107,7 +108,9 @@ __attribute__((target("avx512f"))) static void cpu_nt16(void **S, int64_t lo, in
     int64_t c0 = t / rb * CPU_NT_COLS, r0 = t % rb * CPU_NT_ROWS;
     int64_t w = j->n - c0 < CPU_NT_COLS ? j->n - c0 : CPU_NT_COLS;
     if (c0 != cached) { /* consecutive tasks share a column block */
-      for (int64_t q = 0; q < w; q++)
+      int64_t q = 0;
+      for (; q + 16 <= w; q += 16) cpu_transpose16(j->B + (c0 + q) * j->ldb, j->ldb, bt + q, CPU_NT_COLS);
+      for (; q < w; q++)
         for (int p = 0; p < 16; p++) bt[p * CPU_NT_COLS + q] = j->B[(c0 + q) * j->ldb + p];
       cached = c0;
     }

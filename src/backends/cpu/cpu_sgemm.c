@@ -122,8 +122,8 @@ static void cpu_sg_pack_a(const cpu_sg_job *j, int64_t i0, int64_t mc, int64_t p
 
 /* dst[t * ldd + q] = src[q * ld + t] for a 16x16 block, in registers: the four rounds of
  * shuffles that interleave 1, 2, 4 then 8 floats at a time. */
-__attribute__((target("avx512f"))) static void cpu_sg_t16(const float *src, int64_t ld,
-                                                          float *dst, int64_t ldd) {
+__attribute__((target("avx512f"))) void cpu_transpose16(const float *src, int64_t ld, float *dst,
+                                                        int64_t ldd) {
   __m512 r[16], t[16];
 #pragma GCC unroll 16
   for (int q = 0; q < 16; q++) r[q] = _mm512_loadu_ps(src + q * ld);
@@ -162,7 +162,7 @@ static void cpu_sg_pack_bt(const cpu_sg_job *j, int64_t p0, int64_t kc, int64_t 
     int64_t q16 = cols / 16 * 16, p16 = kc / 16 * 16;
     for (int64_t q = 0; q < q16; q += 16)
       for (int64_t p = 0; p < p16; p += 16)
-        cpu_sg_t16(j->B + (j0 + c + q) * j->ldb + p0 + p, j->ldb, pb + p * CPU_SG_NR + q, CPU_SG_NR);
+        cpu_transpose16(j->B + (j0 + c + q) * j->ldb + p0 + p, j->ldb, pb + p * CPU_SG_NR + q, CPU_SG_NR);
     for (int64_t q = 0; q < CPU_SG_NR; q++) { /* the edges, element by element */
       const float *src = j->B + (j0 + c + q) * j->ldb + p0;
       for (int64_t p = q < q16 ? p16 : 0; p < kc; p++) pb[p * CPU_SG_NR + q] = q < cols ? src[p] : 0;
