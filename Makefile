@@ -26,6 +26,9 @@ ifneq ($(strip $(MPI_LIBS)),)
 MPI_DEFS   := -DGRAFT_HAVE_MPI $(MPI_CFLAGS)
 LIBS_MPI   := $(MPI_LIBS)
 endif
+# The Python of the PyTorch bridge, its tests and the demos: the checkout's virtual environment
+# (scripts/install-deps.sh makes it, with PyTorch 2).
+PY      ?= $(CURDIR)/.venv/bin/python
 MPIRUN  := OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe
 HDR     := $(wildcard include/*.h src/*/*.h src/backends/*/*.h src/core/ops.def)
 # The tests' own headers: a change there rebuilds the test programs, not the library.
@@ -186,12 +189,12 @@ check-tsan: build/tsan/tests/test_threads build/tsan/tests/test_async build/tsan
 	TSAN_OPTIONS=halt_on_error=1 ./build/tsan/tests/test_async
 	TSAN_OPTIONS=halt_on_error=1 GRAFT_COMPILE=sync ./build/tsan/tests/test_async
 
-# The PyTorch device: torch/build/_graft_C.so, imported as `graft` with PYTHONPATH=torch.
+# The PyTorch device: torch/build/_graft_C.so, imported as `graft` (the venv's graft.pth puts torch/ on its path).
 torch: lib
-	$(MAKE) -C torch
+	$(MAKE) -C torch PY=$(PY)
 
 check-torch: torch
-	PYTHONPATH=torch /usr/bin/python3 -m pytest -q tests/torch
+	$(PY) -m pytest -q tests/torch
 
 # The ABI: libgraft.so exports exactly the functions include/graft.h declares.
 check-abi: build/libgraft.so
@@ -204,12 +207,12 @@ test: deps
 
 # The main job: a CNN trained on scikit-learn's bundled digits on graft's PyTorch device.
 demo: deps torch
-	PYTHONPATH=torch /usr/bin/python3 examples/digits_cnn.py
+	$(PY) examples/digits_cnn.py
 
 # The digits CNN trained data-parallel on 2 processes (examples/ddp_digits.py). Open MPI
 # refuses to run as root unless told: the variables are set here, not left to the user.
 demo-ddp: deps torch
-	$(MPIRUN) -np 2 /usr/bin/python3 examples/ddp_digits.py
+	$(MPIRUN) -np 2 $(PY) examples/ddp_digits.py
 
 # The C example a C user starts from.
 demo-c: deps build/examples/mlp
@@ -220,7 +223,7 @@ bench: deps build/bench/bench_core build/bench/bench_compiler build/bench/bench_
 	./build/bench/bench_compiler
 	./build/bench/bench_gemm
 	./build/bench/bench_opencl
-	PYTHONPATH=torch /usr/bin/python3 bench/torch_bench.py
+	$(PY) bench/torch_bench.py
 	$(if $(LIBS_MPI),sh bench/dist_bench.sh build/bench/bench_dist,@echo "bench: no Open MPI: collective benchmarks skipped")
 
 # The collective benchmarks call MPI directly (a bare MPI_Allreduce to compare with).
@@ -231,14 +234,12 @@ build/bench/%: bench/%.c build/libgraft.a
 	$(CC) $(BASE) $(WARN) -O2 -g $< build/libgraft.a -o $@ $(LIBS)
 
 # make install PREFIX=... [DESTDIR=...]: the C library, header and graft.pc (install-lib), and the
-# Python package `graft` with its bridge _graft_C.so (install-python, which builds the bridge)
-# for Debian's /usr/bin/python3. Debian's python3 reads /usr/lib/python3/dist-packages for
-# packages of prefix /usr, and /usr/local/lib/python3.X/dist-packages (not .../python3/...) for
-# /usr/local; other prefixes follow /usr/local's layout and need PYTHONPATH=$(PYTHONDIR).
-# PYTHONDIR=... overrides. `make uninstall` (same PREFIX/DESTDIR) removes exactly these files.
-PY        ?= /usr/bin/python3
-PYVER     := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
-PYTHONDIR ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,$(PREFIX)/lib/python$(PYVER)/dist-packages)
+# Python package `graft` with its bridge _graft_C.so (install-python, which builds the bridge
+# against $(PY)'s PyTorch) into the site-packages $(PY) would use for PREFIX (for a virtual
+# environment's own prefix, PREFIX=$$(python -c 'import sys; print(sys.prefix)'), that is on its
+# path; other prefixes need PYTHONPATH=$(PYTHONDIR)). PYTHONDIR=... overrides. `make uninstall`
+# (same PREFIX/DESTDIR) removes exactly these files.
+PYTHONDIR ?= $(shell $(PY) -c 'import sys, sysconfig; print(sysconfig.get_paths(vars={"base": sys.argv[1], "platbase": sys.argv[1]})["purelib"])' '$(PREFIX)' 2>/dev/null)
 PYFILES   := $(notdir $(wildcard torch/graft/*.py))
 
 install: install-lib install-python

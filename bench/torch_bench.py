@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch-on-graft benchmarks: BENCH lines in the compiler issue's format.
 
-    cd /work/main && PYTHONPATH=torch /usr/bin/python3 bench/torch_bench.py [--quick] [--only NAME]
+    .venv/bin/python bench/torch_bench.py [--quick] [--only NAME]
 
 Each benchmark runs the same PyTorch code on graft's device (graft.step() per step) and on eager
 CPU at its best settings (OMP_WAIT_POLICY=PASSIVE, set before torch is imported; the faster of 1

@@ -4,7 +4,7 @@ that ship with scikit-learn (sklearn.datasets.load_digits: 1797 8x8 images, no d
 graft's device; then the same steps from the same initial weights timed on graft and on eager
 CPU in alternating blocks; then graft's metrics.
 
-    cd /work/main && PYTHONPATH=torch /usr/bin/python3 examples/digits_cnn.py [--epochs N]
+    .venv/bin/python examples/digits_cnn.py [--epochs N]
 """
 import os
 

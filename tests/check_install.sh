@@ -4,20 +4,20 @@
 #  - the Python package imports from another folder with only PYTHONPATH=<its dist-packages>
 #    (the installed copy, not torch/graft) and runs an op on graft.device();
 #  - examples/mlp.c compiles against the installed header and library through pkg-config, and runs;
-#  - the folder make install picks for PREFIX=/usr/local and /usr is on Debian python3's sys.path;
+#  - the folder make install picks for the Python's own prefix is on its sys.path;
 #  - make uninstall leaves no graft file in the prefix.
 set -eu
 MAKE=${MAKE:-make}
-PY=${PY:-/usr/bin/python3}
+PY=${PY:-$(pwd)/.venv/bin/python}
 ROOT=$(pwd)
 TMP=$(mktemp -d /tmp/graft-install-XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 P=$TMP/prefix
 fail() { echo "check_install: $*" >&2; exit 1; }
 
-$MAKE --no-print-directory -s install PREFIX="$P" > "$TMP/install.log" 2>&1 \
+$MAKE --no-print-directory -s install PREFIX="$P" PY="$PY" > "$TMP/install.log" 2>&1 \
   || { cat "$TMP/install.log"; fail "make install PREFIX=$P failed"; }
-PYDIR=$($MAKE --no-print-directory -s print-pythondir PREFIX="$P")
+PYDIR=$($MAKE --no-print-directory -s print-pythondir PREFIX="$P" PY="$PY")
 for f in lib/libgraft.so lib/libgraft.a include/graft.h lib/pkgconfig/graft.pc; do
   [ -f "$P/$f" ] || fail "make install did not install $f"
 done
@@ -47,14 +47,13 @@ LD_LIBRARY_PATH="$P/lib" ldd "$TMP/c/mlp" | grep -q "$P/lib/libgraft.so" || fail
 (cd "$TMP/c" && LD_LIBRARY_PATH="$P/lib" GRAFT_COMPILE=off ./mlp > out.txt) || fail "mlp built from the install failed"
 echo "check_install: examples/mlp.c built with pkg-config against $P and ran"
 
-# Where a real install goes is where Debian's python3 looks.
-for pre in /usr/local /usr; do
-  d=$($MAKE --no-print-directory -s print-pythondir PREFIX=$pre)
-  "$PY" -c "import sys; sys.exit(sys.argv[1] not in sys.path)" "$d" \
-    || fail "make install PREFIX=$pre would put the package in $d, not on $PY's sys.path"
-done
+# Where an install into the Python's own prefix goes is where that Python looks.
+pre=$("$PY" -c 'import sys; print(sys.prefix)')
+d=$($MAKE --no-print-directory -s print-pythondir PREFIX="$pre" PY="$PY")
+"$PY" -c "import sys; sys.exit(sys.argv[1] not in sys.path)" "$d" \
+  || fail "make install PREFIX=$pre would put the package in $d, not on $PY's sys.path"
 
-$MAKE --no-print-directory -s uninstall PREFIX="$P" > "$TMP/uninstall.log" 2>&1 \
+$MAKE --no-print-directory -s uninstall PREFIX="$P" PY="$PY" > "$TMP/uninstall.log" 2>&1 \
   || { cat "$TMP/uninstall.log"; fail "make uninstall PREFIX=$P failed"; }
 left=$(find "$P" ! -type d)
 [ -z "$left" ] || fail "make uninstall left files in $P: $left"

@@ -1,5 +1,5 @@
 """graft's devices from PyTorch: graft.devices(), graft.device(kind, ordinal), tensors on the
-CPU devices and on an OpenCL device (torch.device('xla', N) is graft device N), moving them,
+CPU devices and on an OpenCL device (torch.device("graft", N) is graft device N), moving them,
 mixing them (an error), training on the OpenCL device, and what crosses its memory boundary."""
 import copy
 
@@ -18,15 +18,15 @@ def test_devices_lists_the_cpu_devices_then_accelerators():
     assert [(d.kind, d.ordinal) for d in ds[:4]] == [("cpu", i) for i in range(4)]
     assert all(d.memory == 0 and d.name for d in ds[:4])
     assert all(d.kind != "cpu" for d in ds[4:])
-    assert [d.device for d in ds] == [torch.device("xla", i) for i in range(len(ds))]
+    assert [d.device for d in ds] == [torch.device("graft", i) for i in range(len(ds))]
     for d in ds:
         assert graft.device(d.kind, d.ordinal) == d.device
 
 
 def test_device_forms():
-    assert graft.device() == graft.device(0) == torch.device("xla", 0)
-    assert graft.device("cpu") == torch.device("xla", 0)
-    assert graft.device("cpu", 2) == graft.device("cpu:2") == torch.device("xla", 2)
+    assert graft.device() == graft.device(0) == torch.device("graft", 0)
+    assert graft.device("cpu") == torch.device("graft", 0)
+    assert graft.device("cpu", 2) == graft.device("cpu:2") == torch.device("graft", 2)
 
 
 @needs_opencl
@@ -51,11 +51,11 @@ def test_missing_devices_raise_with_what_is_missing():
 def test_tensors_on_two_cpu_devices():
     a, b = torch.randn(3, 4), torch.randn(3, 4)
     a0, b1 = a.to(graft.device("cpu", 0)), b.to(graft.device("cpu", 1))
-    assert (a0.device, b1.device) == (torch.device("xla", 0), torch.device("xla", 1))
+    assert (a0.device, b1.device) == (torch.device("graft", 0), torch.device("graft", 1))
     s = b1 * 2 + 1  # runs on cpu:1, results stay there
-    assert s.device == torch.device("xla", 1)
+    assert s.device == torch.device("graft", 1)
     torch.testing.assert_close(s.cpu(), b * 2 + 1)
-    with pytest.raises(RuntimeError, match=r"same device.*xla:0 \(graft cpu:0\) and xla:1 \(graft cpu:1\)"):
+    with pytest.raises(RuntimeError, match=r"same device.*graft:0 \(cpu:0\) and graft:1 \(cpu:1\)"):
         a0 + b1
     torch.testing.assert_close((a0 + b1.to(a0.device)).cpu(), a + b)
 
@@ -81,7 +81,7 @@ def test_moving_tensors_to_and_from_opencl():
 def test_mixing_opencl_and_cpu_tensors_raises():
     a = torch.randn(4, 4).to(graft.device("opencl"))
     b = torch.randn(4, 4).to(graft.device())
-    with pytest.raises(RuntimeError, match=r"same device.*\(graft opencl:0\) and xla:0 \(graft cpu:0\)"):
+    with pytest.raises(RuntimeError, match=r"same device.*\(opencl:0\) and graft:0 \(cpu:0\)"):
         a + b
     with pytest.raises(RuntimeError, match="same device"):
         torch.mm(b, a)

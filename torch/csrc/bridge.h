@@ -14,9 +14,10 @@
 
 namespace graftpt {
 
-// The dispatch key / device type graft uses. One constant so PrivateUse1 can be chosen later.
-constexpr c10::DispatchKey kKey = c10::DispatchKey::XLA;
-constexpr c10::DeviceType kDevType = c10::DeviceType::XLA;
+// graft is PyTorch's PrivateUse1 backend, renamed "graft" (core.cpp registers the name): a
+// graft tensor's device is torch.device("graft", N).
+constexpr c10::DispatchKey kKey = c10::DispatchKey::PrivateUse1;
+constexpr c10::DeviceType kDevType = c10::DeviceType::PrivateUse1;
 
 // Owning handle for a graft_tensor* (one reference).
 struct G {
@@ -65,12 +66,12 @@ struct GraftImpl : public c10::TensorImpl {
 
 std::recursive_mutex &bridge_mutex();
 
-// Devices: torch.device('xla', N) is graft device N (0..3 the CPU devices, then accelerators).
+// Devices: torch.device('graft', N) is graft device N (0..3 the CPU devices, then accelerators).
 // The current device is thread-local (the device guard's; 0 by default); the boxed kernel sets it
 // to the op's device for the op's duration, so the creators below make their values there.
 int cur_device();
 int gdevice(const at::Tensor &t);  // a graft tensor's device
-// "xla:4 (graft opencl:0)": a tensor's device, for error messages
+// "graft:4 (opencl:0)": a tensor's device, for error messages
 std::string device_desc(const at::Tensor &t);
 inline graft_tensor *dev_scalar(double v, graft_dtype dt) { return graft_scalar_on(v, dt, cur_device()); }
 // A new step: scalar operands' uses count from the first again (lower.cpp's scalar reuse).

@@ -2,7 +2,9 @@
 // torch.ops.graft helpers.
 #include "bridge.h"
 
+#include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
@@ -166,7 +168,7 @@ std::string device_desc(const at::Tensor &t) {
     const char *kind = graft_device_kind(gdevice(t));
     int ord = 0;  // the ordinal among the devices of its kind
     for (int i = 0; kind && i < gdevice(t); ++i) ord += !strcmp(graft_device_kind(i), kind);
-    os << " (graft " << (kind ? kind : "?") << ":" << ord << ")";
+    os << " (" << (kind ? kind : "?") << ":" << ord << ")";
   }
   return os.str();
 }
@@ -546,8 +548,8 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   torch::jit::drop(*stack, nargs);
   FallbackArgs fa = fallback_args_to_cpu(args);
   TORCH_CHECK(!(fa.any_graft && fa.any_cpu) || copy_like(name),
-              "Expected all tensors to be on the same device, but found at least two devices, xla:",
-              cur_device(), " (graft) and cpu! (in ", schema.operator_name(), ")");
+              "Expected all tensors to be on the same device, but found at least two devices, graft:",
+              cur_device(), " and cpu! (in ", schema.operator_name(), ")");
 
   count_fallback(name);
   for (auto &iv : args) stack->push_back(std::move(iv));
@@ -661,19 +663,92 @@ struct GraftGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void destroyEvent(void *, const c10::DeviceIndex) const noexcept override {}
 };
 
-C10_REGISTER_GUARD_IMPL(XLA, GraftGuardImpl);
+C10_REGISTER_GUARD_IMPL(PrivateUse1, GraftGuardImpl);
+
+// ---------------------------------------------------------------- PrivateUse1 hooks
+// torch 2 asks a PrivateUse1 backend for these (the autograd engine at its first backward,
+// torch.Generator(device="graft"), pinned-memory queries). graft has one counter-based
+// generator for all its devices, seeded by graft_manual_seed; its position is not exposed, so
+// its state cannot be saved or restored: that is an error, not a silent no-op.
+struct GraftGenerator final : public c10::GeneratorImpl {
+  uint64_t seed_ = 67280421310721ull;
+  explicit GraftGenerator(c10::DeviceIndex d)
+      : c10::GeneratorImpl(c10::Device(kDevType, d), c10::DispatchKeySet(kKey)) {}
+  void set_current_seed(uint64_t s) override {
+    std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+    seed_ = s;
+    graft_manual_seed(s);
+  }
+  void set_offset(uint64_t) override {
+    TORCH_CHECK(false, "graft: the device generator has no settable offset (seed it instead)");
+  }
+  uint64_t get_offset() const override {
+    TORCH_CHECK(false, "graft: the device generator's offset is not exposed");
+  }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    uint64_t s = c10::detail::getNonDeterministicRandom();
+    set_current_seed(s);
+    return s;
+  }
+  void set_state(const c10::TensorImpl &) override {
+    TORCH_CHECK(false, "graft: the device generator's state cannot be restored (torch.manual_seed "
+                       "seeds it)");
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    TORCH_CHECK(false, "graft: the device generator's state cannot be saved (torch.manual_seed "
+                       "seeds it)");
+  }
+  GraftGenerator *clone_impl() const override {
+    auto *g = new GraftGenerator(device().index());
+    g->seed_ = seed_;
+    return g;
+  }
+};
+
+struct GraftHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  const at::Generator &getDefaultGenerator(c10::DeviceIndex d) const override {
+    static at::Generator gens[GRAFT_MAX_DEVICES];
+    static std::once_flag once;
+    std::call_once(once, [] {
+      for (int i = 0; i < GRAFT_MAX_DEVICES; ++i)
+        gens[i] = at::make_generator<GraftGenerator>((c10::DeviceIndex)i);
+    });
+    int i = d < 0 ? tl_device : d;
+    TORCH_CHECK(i < GRAFT_MAX_DEVICES, "graft: no device ", i);
+    return gens[i];
+  }
+  at::Device getDeviceFromPtr(void *) const override {
+    TORCH_CHECK(false, "graft: graft tensors have no data pointer (their values live in graft)");
+  }
+  bool isPinnedPtr(const void *) const override { return false; }
+  c10::Allocator *getPinnedMemoryAllocator() const override {
+    TORCH_CHECK(false, "graft: pinned memory is not needed for graft (copies to graft read "
+                       "the CPU tensor directly)");
+  }
+};
+
+static bool register_hooks() {
+  static GraftHooks hooks;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+  return true;
+}
+static const bool hooks_registered = register_hooks();
 
 }  // namespace graftpt
 
 using namespace graftpt;
 
 // Every op on the key goes to the boxed kernel.
-TORCH_LIBRARY_IMPL(_, XLA, m) {
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&graft_kernel>());
 }
 
 // Composite views: registered explicitly so they stay views (not as_strided) and use fast paths.
-TORCH_LIBRARY_IMPL(aten, XLA, m) {
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   const char *views[] = {"t", "transpose.int", "permute", "select.int", "slice.Tensor", "expand",
                          "unsqueeze", "squeeze", "squeeze.dim", "alias", "_unsafe_view", "clone", "convolution_backward"};
   for (const char *v : views) m.impl(v, torch::CppFunction::makeFromBoxedFunction<&graft_kernel>());
@@ -756,6 +831,13 @@ static void py_wait() {
 
 static int64_t py_device_count() { return graft_device_count(); }
 
+static int64_t py_current_device() { return tl_device; }
+
+static void py_set_device(int64_t id) {
+  TORCH_CHECK(id >= 0 && id < GRAFT_MAX_DEVICES, "graft: no device ", id);
+  tl_device = (int)id;
+}
+
 static int64_t py_device_find(const std::string &kind, int64_t ordinal) {
   int id = graft_device_find(kind.c_str(), (int)ordinal);
   if (id < 0) chk_status(GRAFT_ERR_DEVICE, "device");
@@ -793,6 +875,8 @@ TORCH_LIBRARY(graft, m) {
   m.def("wait_compiles() -> ()", &py_wait_compiles);
   m.def("wait() -> ()", &py_wait);
   m.def("device_count() -> int", &py_device_count);
+  m.def("current_device() -> int", &py_current_device);
+  m.def("set_device(int id) -> ()", &py_set_device);
   m.def("device_find(str kind, int ordinal) -> int", &py_device_find);
   m.def("device_info(int id) -> (str, str, int)", &py_device_info);
 }

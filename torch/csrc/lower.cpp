@@ -26,8 +26,8 @@ at::ScalarType default_float() { return c10::get_default_dtype_as_scalartype(); 
 // Operand helpers (lower.h) --------------------------------------------------------------------
 void check_device(const at::Tensor &t) {
   TORCH_CHECK(is_graft(t) || t.dim() == 0,
-              "Expected all tensors to be on the same device, but found at least two devices, xla:",
-              cur_device(), " (graft) and ", t.device(), "!");
+              "Expected all tensors to be on the same device, but found at least two devices, graft:",
+              cur_device(), " and ", t.device(), "!");
 }
 
 at::ScalarType promote(std::initializer_list<const c10::IValue *> ivs) {

@@ -22,7 +22,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-static_assert(kKey == c10::DispatchKey::XLA, "the registration below names XLA's autograd key");
+static_assert(kKey == c10::DispatchKey::PrivateUse1, "the registration below names PrivateUse1's autograd key");
 
 // Layer l's slice of a [L,B,H] state, as [B,H] (NULL stays NULL).
 G layer_state(const G &all, int64_t l) {
@@ -226,6 +226,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_autograd(const at::Tensor &x
 }  // namespace
 }  // namespace graftpt
 
-TORCH_LIBRARY_IMPL(aten, AutogradXLA, m) {
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("lstm.input", TORCH_FN(graftpt::lstm_autograd));
 }

@@ -314,7 +314,7 @@ void cat(const c10::OperatorHandle &op, Stack *s) {  // cat(Tensor[] tensors, di
   std::vector<graft_tensor *> ptrs;
   for (auto &t : use) {
     TORCH_CHECK(is_graft(t), "Expected all tensors to be on the same device, but found at least two "
-                "devices, xla:0 (graft) and ", t.device(), "!");
+                "devices, graft:", cur_device(), " and ", t.device(), "!");
     vals.push_back(conv(value(t), st));
     ptrs.push_back(vals.back().get());
   }

@@ -23,17 +23,35 @@ _SO_CANDIDATES = [
 def _load():
     for p in _SO_CANDIDATES:
         if os.path.exists(p):
-            torch.ops.load_library(p)
+            try:
+                torch.ops.load_library(p)
+            except OSError as e:
+                raise ImportError("graft: %s does not load with this PyTorch (%s): rebuild it "
+                                  "against torch %s with `make torch` (%s)"
+                                  % (p, torch.__file__, torch.__version__, e.__cause__ or e)) from e
             return p
     raise ImportError("graft: the bridge is not built (run `make -C torch`); looked for "
                       + ", ".join(_SO_CANDIDATES))
 
 
+def _name_backend():
+    """graft is PyTorch's PrivateUse1 backend under the name "graft" (before the bridge loads:
+    its registrations then print and parse as graft). A process where another extension already
+    took PrivateUse1 cannot have both: say which."""
+    name = torch._C._get_privateuse1_backend_name()
+    if name == "graft":
+        return
+    if name != "privateuseone":
+        raise ImportError("graft: PyTorch's PrivateUse1 backend is already named %r by another "
+                          "extension; graft needs it (one PrivateUse1 backend per process)" % name)
+    torch.utils.rename_privateuse1_backend("graft")
+
+
+_name_backend()
 _LIB = _load()
 _ops = torch.ops.graft
 
-# graft registers on the XLA dispatch key: graft device N is torch.device('xla', N).
-DEVICE_TYPE = "xla"
+DEVICE_TYPE = "graft"  # graft device N is torch.device("graft", N)
 CPU_DEVICES = 4  # graft devices 0..3 are virtual CPU devices; accelerators (OpenCL) follow
 
 
@@ -159,34 +177,13 @@ def wait():
     _ops.wait()
 
 
-def _hook_torch_manual_seed():
-    """torch.manual_seed(s) seeds graft's generator too (device dropout/rand become reproducible)."""
-    import torch.random as _tr
-    orig = _tr.manual_seed
-    if getattr(orig, "_graft_hooked", False):
-        return
-
-    def manual_seed_all(seed):
-        r = orig(seed)
-        _ops.manual_seed(_seed64(seed))
-        return r
-
-    manual_seed_all.__doc__ = orig.__doc__
-    manual_seed_all._graft_hooked = True
-    _tr.manual_seed = manual_seed_all
-    torch.manual_seed = manual_seed_all
-
-
-_hook_torch_manual_seed()
-
-
 def _hook_serialization():
     """Pickling a graft tensor (torch.save of it, of a state_dict, of an optimizer's state, of a
     Parameter; pickle) stores a plain CPU tensor: torch's _rebuild_tensor_v2 form with a CPU
     storage. The file then loads in any process, without graft, honours map_location and
     weights_only=True, and `.to(graft.device())` or load_state_dict brings it back. (Left alone,
-    torch 1.13 pickles 'xla' tensors through numpy and rebuilds them on 'xla:0', which only a
-    process with graft can load.) The copy is a read: a pending value is synced. Each tensor is
+    torch pickles a storage-less PrivateUse1 tensor through numpy and rebuilds it on its
+    device, which only a process with graft can load.) The copy is a read: a pending value is synced. Each tensor is
     its own copy: two graft tensors that alias load as two tensors. copy.copy, which reduces
     the same way, gives a CPU copy too (clone() and copy.deepcopy stay on the device)."""
     orig = torch.Tensor._reduce_ex_internal
@@ -244,6 +241,8 @@ def is_pending(t):
     """True while t holds IR not yet materialized."""
     return _ops.is_pending(t)
 
+
+from . import _device_module  # noqa: E402  (torch.graft: needs _ops)
 
 __all__ = ["device", "devices", "Device", "step", "sync", "metrics", "fallbacks", "reset_metrics", "metrics_report",
            "set_dump_dir", "manual_seed", "save", "wait_compiles", "wait", "is_pending", "last_compile_reason", "is_graft"]

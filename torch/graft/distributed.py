@@ -217,5 +217,6 @@ def _create_pg(store, rank_, size, timeout):
 
 
 if "GRAFT" not in _tdist.Backend._plugins:
-    _tdist.Backend.register_backend("graft", _create_pg)
+    # torch 2 maps a backend to the device types it serves (cpu and cuda when not told).
+    _tdist.Backend.register_backend("graft", _create_pg, devices=["cpu", graft.DEVICE_TYPE])
 _torch_env_defaults()
