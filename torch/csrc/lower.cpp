@@ -258,6 +258,7 @@ const LoweringTable &table() {
     add_view_lowerings(t);
     add_reduce_lowerings(t);
     add_nn_lowerings(t);
+    add_optim_lowerings(t);
     return t;
   }();
   return t;

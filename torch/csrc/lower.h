@@ -65,5 +65,6 @@ void add_elementwise_lowerings(LoweringTable &t);  // lower_elementwise.cpp
 void add_view_lowerings(LoweringTable &t);         // lower_views.cpp
 void add_reduce_lowerings(LoweringTable &t);       // lower_reduce.cpp
 void add_nn_lowerings(LoweringTable &t);           // lower_nn.cpp
+void add_optim_lowerings(LoweringTable &t);        // lower_optim.cpp
 
 }  // namespace graftpt
