@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,9 @@ struct Resolved {
   Lowering fn = nullptr;
   bool inplace = false;
   bool view_inplace = false;  // squeeze_, t_, ...: changes self's geometry, not its data
+  // An out= variant (where.self_out, ...): fn is its functional form's, run on functional's
+  // arguments; the result is written into the out argument.
+  std::optional<c10::OperatorHandle> functional;
 };
 Resolved resolve_lowering(const std::string &key, const c10::OperatorHandle &op);
 void run_lowering(const Resolved &r, const c10::OperatorHandle &op, torch::jit::Stack *stack);

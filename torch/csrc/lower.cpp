@@ -283,6 +283,37 @@ void inplace_via(Lowering fn, const c10::OperatorHandle &op, Stack *s) {
   push(s, self);
 }
 
+// An out= variant with one out argument (last) and a functional lowering: pop out, run the
+// functional form on the remaining arguments, write its result into out (resized as PyTorch does).
+void out_via(Lowering fn, const c10::OperatorHandle &functional, Stack *s) {
+  at::Tensor out = s->back().toTensor();
+  s->pop_back();
+  fn(functional, s);
+  at::Tensor r = s->back().toTensor();
+  s->pop_back();
+  write_resize(out, value(r));
+  push(s, out);
+}
+
+// The functional form of an out= overload ("self_out" -> "self", "out" -> ""), when its arguments
+// are the out form's less the one out tensor and it returns one tensor.
+std::optional<c10::OperatorHandle> functional_of_out(const c10::OperatorHandle &op) {
+  const auto &sch = op.schema();
+  const std::string &ov = sch.overload_name();
+  std::string fov;
+  if (ov == "out") fov = "";
+  else if (ov.size() > 4 && ov.compare(ov.size() - 4, 4, "_out") == 0) fov = ov.substr(0, ov.size() - 4);
+  else return std::nullopt;
+  const auto &args = sch.arguments();
+  if (args.empty() || sch.returns().size() != 1 || !args.back().alias_info() ||
+      !args.back().alias_info()->isWrite() || !args.back().type()->isSubtypeOf(*c10::TensorType::get()))
+    return std::nullopt;
+  auto f = c10::Dispatcher::singleton().findSchema(c10::OperatorName(sch.name(), fov));
+  if (!f || f->schema().arguments().size() + 1 != args.size() || f->schema().returns().size() != 1)
+    return std::nullopt;
+  return f;
+}
+
 }  // namespace
 
 std::vector<std::string> lowered_ops() {
@@ -328,11 +359,22 @@ Resolved resolve_lowering(const std::string &key, const c10::OperatorHandle &op)
     auto jt = t.find(fk);
     if (jt != t.end() && op.schema().returns().size() == 1) return {jt->second, true};
   }
+  if (auto f = functional_of_out(op)) {
+    std::string fk = f->schema().name();
+    if (!f->schema().overload_name().empty()) fk += "." + f->schema().overload_name();
+    auto jt = t.find(fk);
+    if (jt != t.end()) {
+      Resolved r{jt->second};
+      r.functional = f;
+      return r;
+    }
+  }
   return {nullptr, false};
 }
 
 void run_lowering(const Resolved &r, const c10::OperatorHandle &op, Stack *s) {
-  if (r.view_inplace) inplace_view_via(r.fn, op, s);
+  if (r.functional) out_via(r.fn, *r.functional, s);
+  else if (r.view_inplace) inplace_view_via(r.fn, op, s);
   else if (r.inplace) inplace_via(r.fn, op, s);
   else r.fn(op, s);
 }

@@ -154,6 +154,30 @@ void where_self(const c10::OperatorHandle &op, Stack *s) {
   push(s, wrap(chk(graft_where(c.get(), x.get(), y.get()), "where")));
 }
 
+// isnan / isinf / isposinf / isneginf / isfinite as comparisons; integers are never inf or NaN.
+enum FpClass { CLS_NAN, CLS_INF, CLS_POSINF, CLS_NEGINF, CLS_FINITE };
+template <FpClass K>
+void fp_class(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  G x = tv(a.t(0));
+  at::ScalarType st = gst(x);
+  const char *what = "isinf";
+  if (!at::isFloatingType(st)) {
+    push(s, wrap(fullc(K == CLS_FINITE ? 1 : 0, GRAFT_BOOL, gshape(x))));
+    return;
+  }
+  G inf = scal(INFINITY, st);
+  G r;
+  switch (K) {
+    case CLS_NAN: r = chk(graft_ne(x.get(), x.get()), what); break;
+    case CLS_INF: r = chk(graft_eq(chk(graft_abs(x.get()), what).get(), inf.get()), what); break;
+    case CLS_POSINF: r = chk(graft_eq(x.get(), inf.get()), what); break;
+    case CLS_NEGINF: r = chk(graft_eq(x.get(), scal(-INFINITY, st).get()), what); break;
+    case CLS_FINITE: r = chk(graft_lt(chk(graft_abs(x.get()), what).get(), inf.get()), what); break;
+  }
+  push(s, wrap(std::move(r)));
+}
+
 void masked_fill(const c10::OperatorHandle &op, Stack *s) {  // masked_fill.Scalar / .Tensor
   Args a(op, s);
   G x = tv(a.t(0));
@@ -493,6 +517,14 @@ void add_elementwise_lowerings(LoweringTable &t) {
       {"aten::pow.Tensor_Scalar", &pow_ts},
       {"aten::pow.Scalar", &pow_scalar_base},
       {"aten::where.self", &where_self},
+      {"aten::where.ScalarSelf", &where_self},
+      {"aten::where.ScalarOther", &where_self},
+      {"aten::where.Scalar", &where_self},
+      {"aten::isnan", &fp_class<CLS_NAN>},
+      {"aten::isinf", &fp_class<CLS_INF>},
+      {"aten::isposinf", &fp_class<CLS_POSINF>},
+      {"aten::isneginf", &fp_class<CLS_NEGINF>},
+      {"aten::isfinite", &fp_class<CLS_FINITE>},
       {"aten::masked_fill.Scalar", &masked_fill},
       {"aten::masked_fill.Tensor", &masked_fill},
       {"aten::clamp", &clamp},

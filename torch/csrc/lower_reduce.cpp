@@ -46,6 +46,25 @@ void reduce_dim(const c10::OperatorHandle &op, Stack *s) {
   push(s, wrap(reduce<F>(x, dims, a.b(2), what.c_str())));
 }
 
+// any / all (self), .dim(self, dim, keepdim), .dims(self, dim?, keepdim): counts of non-zero
+// elements (so an empty reduction gives any = false, all = true); uint8 in, uint8 out.
+template <bool ALL>
+void any_all(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &t = a.t(0);
+  const char *what = ALL ? "all" : "any";
+  G x = tv(t);
+  G nz = chk(graft_ne(x.get(), scal(0, gst(x)).get()), what);
+  if (ALL) nz = chk(graft_logical_not(nz.get()), what);  // all: no zero element
+  G cnt = conv(std::move(nz), at::kLong);
+  bool keep = a.v.size() > 2 && a.b(2);
+  std::vector<int> dims = a.v.size() > 1 ? dims_of(a.v[1], t.dim()) : std::vector<int>{};
+  G sum = reduce<graft_sum>(cnt, dims, keep, what);
+  G r = ALL ? chk(graft_eq(sum.get(), scal(0, at::kLong).get()), what)
+            : chk(graft_gt(sum.get(), scal(0, at::kLong).get()), what);
+  push(s, wrap(conv(std::move(r), t.scalar_type() == at::kByte ? at::kByte : at::kBool)));
+}
+
 template <Red F>
 void minmax_all(const c10::OperatorHandle &op, Stack *s) {  // max(self) / min(self)
   Args a(op, s);
@@ -552,6 +571,12 @@ void add_reduce_lowerings(LoweringTable &t) {
       {"aten::mean", &reduce_all<graft_mean, true>},
       {"aten::mean.dim", &reduce_dim<graft_mean, true>},
       {"aten::prod", &reduce_all<graft_prod, false>},
+      {"aten::any", &any_all<false>},
+      {"aten::any.dim", &any_all<false>},
+      {"aten::any.dims", &any_all<false>},
+      {"aten::all", &any_all<true>},
+      {"aten::all.dim", &any_all<true>},
+      {"aten::all.dims", &any_all<true>},
       {"aten::max", &minmax_all<graft_max>},
       {"aten::min", &minmax_all<graft_min>},
       {"aten::amax", &amaxmin<graft_max>},
