@@ -12,6 +12,13 @@ and eager timed in alternating blocks so that both see the same machine (it is s
 speed drifts); each block starts with a pause and a few untimed steps, the same for both. For
 graft, graft.wait_compiles() after the warm-up makes the steady state run natively compiled code.
 
+inductor_ms: the same step with the model under torch.compile (default backend, Inductor, which
+generates C++/OpenMP for the CPU; the optimizer stays eager, as in a typical loop), at eager's
+best thread count, timed in the same alternating blocks after two untimed calls that compile it
+(its compile time is not in inductor_ms; the first_30_steps lines count it, as a user pays it).
+vs_inductor = inductor_ms / graft_ms (above 1: graft is faster). nan where Inductor did not run
+(the reason is on a comment line).
+
 Roofline: FLOPs of the step's matrix products / convolutions (counted analytically) divided by
 the machine's sgemm rate measured here: the faster of torch.mm 2048x2048 (OpenBLAS sgemm on 2
 threads) and the same product on graft's device (its own AVX-512 GEMM where the CPU has it,
@@ -147,16 +154,20 @@ def block_steps(eager_ms):
     return max(MIN_BLOCK, round(BLOCK_MS / max(eager_ms, 1e-3)))
 
 
-def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3):
-    """Median ms per step of graft and of eager, timed in alternating blocks: this machine is
-    shared and its speed drifts, so both see the same conditions. Every block starts the same
-    way: a pause (OpenBLAS's threads spin for a while after eager's last product) and a few
-    untimed steps (caches, sleeping threads, clock speed after the pause)."""
-    gts, ets = [], []
+def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3, ifn=None):
+    """Median ms per step of graft, of eager and (ifn given) of torch.compile's Inductor, timed in
+    alternating blocks: this machine is shared and its speed drifts, so all see the same
+    conditions. Every block starts the same way: a pause (OpenBLAS's threads spin for a while
+    after eager's last product) and a few untimed steps (caches, sleeping threads, clock speed
+    after the pause). Inductor runs at eager's best thread count. Returns (graft, eager,
+    inductor or None)."""
+    gts, ets, its = [], [], []
     per = max(2, reps // rounds // MIN_BLOCK)
+    sides = [(gfn, graft_sync, graft.wait, 1, gts), (efn, cpu_sync, lambda: None, eth, ets)]
+    if ifn is not None:
+        sides.append((ifn, cpu_sync, lambda: None, eth, its))
     for _ in range(rounds):
-        for fn, sync, fin, th, ts in ((gfn, graft_sync, graft.wait, 1, gts),
-                                      (efn, cpu_sync, lambda: None, eth, ets)):
+        for fn, sync, fin, th, ts in sides:
             torch.set_num_threads(th)
             time.sleep(0.2)
             for _ in range(warm):
@@ -164,13 +175,33 @@ def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3):
             fin()
             ts += [timed_block(fn, sync, fin, block) for _ in range(per)]
     torch.set_num_threads(1)
-    return statistics.median(gts), statistics.median(ets)
+    return statistics.median(gts), statistics.median(ets), (statistics.median(its) if its else None)
 
 
-def bench_line(name, g_ms, e_ms, flops, gflops):
+def inductor(make_fn, th):
+    """make_fn() with torch.compile's default backend (Inductor: C++/OpenMP on the CPU), compiled
+    by two untimed calls at th threads; None (and why, on a comment line) when it cannot run."""
+    torch.set_num_threads(th)
+    try:
+        fn = make_fn()
+        t0 = time.perf_counter()
+        for _ in range(2):
+            cpu_sync(fn())
+        print(f"# inductor compile and first steps: {time.perf_counter() - t0:.1f} s", flush=True)
+        return fn
+    except Exception as e:  # a missing compiler or an op Inductor cannot take
+        print(f"# inductor did not run: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+        return None
+    finally:
+        torch.set_num_threads(1)
+
+
+def bench_line(name, g_ms, e_ms, flops, gflops, i_ms=None):
     roof = flops / (gflops * 1e9) * 1000
+    ind = (f"inductor_ms={i_ms:.3f} vs_inductor={i_ms / g_ms:.3f} " if i_ms is not None
+           else "inductor_ms=nan vs_inductor=nan ")
     print(f"BENCH {name} graft_ms={g_ms:.3f} eager_ms={e_ms:.3f} speedup={e_ms / g_ms:.3f} "
-          f"roofline_ms={roof:.3f} of_roofline={g_ms / roof:.3f}", flush=True)
+          f"{ind}roofline_ms={roof:.3f} of_roofline={g_ms / roof:.3f}", flush=True)
 
 
 def train_step_fn(model, x, y, loss_fn, opt_fn):
@@ -193,12 +224,13 @@ def run_train(name, model, X, Y, loss_fn, opt_fn, flops, gflops, warmup, reps):
     graft_warm(gstep, warmup)
     estep, th, probe_ms = best_eager(lambda: train_step_fn(copy.deepcopy(model), X, Y, loss_fn, opt_fn),
                                      warmup, reps)
-    g_ms, e_ms = interleaved(gstep, estep, th, reps, block_steps(probe_ms))
+    istep = inductor(lambda: train_step_fn(torch.compile(copy.deepcopy(model)), X, Y, loss_fn, opt_fn), th)
+    g_ms, e_ms, i_ms = interleaved(gstep, estep, th, reps, block_steps(probe_ms), ifn=istep)
     m = graft.metrics()
     print(f"# {name}: eager best at {th} thread(s); graft in the timed steps: graphs compiled "
           f"{m['graphs_compiled']}, compiled executions {m['compiled_executions']}/{m['executions']}, "
           f"instructions on reference kernels {ref_ops(m)}, fallbacks {m['fallbacks']}", flush=True)
-    bench_line(name, g_ms, e_ms, flops, gflops)
+    bench_line(name, g_ms, e_ms, flops, gflops, i_ms)
 
 
 def bench_mlp(gflops, quick):
@@ -251,13 +283,22 @@ def bench_encoder(gflops, quick):
                 return e(x)
         return f
     efn, th, probe_ms = best_eager(make, 2, reps)
-    g_ms, e_ms = interleaved(gfn, efn, th, reps, block_steps(probe_ms))
+
+    def make_compiled():
+        e = torch.compile(copy.deepcopy(enc))
+
+        def f():
+            with torch.no_grad():
+                return e(x)
+        return f
+    ifn = inductor(make_compiled, th)
+    g_ms, e_ms, i_ms = interleaved(gfn, efn, th, reps, block_steps(probe_ms), ifn=ifn)
     m = graft.metrics()
     print(f"# torch_encoder_fwd: eager best at {th} thread(s); graft in the timed steps: graphs "
           f"compiled {m['graphs_compiled']}, compiled executions {m['compiled_executions']}/"
           f"{m['executions']}, instructions on reference kernels {ref_ops(m)}, fallbacks "
           f"{m['fallbacks']}", flush=True)
-    bench_line("torch_encoder_fwd", g_ms, e_ms, flops, gflops)
+    bench_line("torch_encoder_fwd", g_ms, e_ms, flops, gflops, i_ms)
 
 
 class LSTMLM(nn.Module):
@@ -350,9 +391,11 @@ def bench_model(name, gflops, quick):
 
 def first_steps(name, mode, steps=30):
     """One fresh process: build the model, move it, and run `steps` training steps; seconds from
-    the first move to the last step's loss read. mode = graft (cold disk cache) or eager."""
+    the first move to the last step's loss read. mode = graft (cold disk cache), eager, or
+    inductor (torch.compile of the model, its compile time counted: a user pays it; Inductor's
+    own cache off)."""
     import subprocess
-    env = dict(os.environ, GRAFT_DISK_CACHE="0")
+    env = dict(os.environ, GRAFT_DISK_CACHE="0", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
     code = (f"import sys; sys.argv=['x']; import torch_bench as b; "
             f"print(b._first_steps_child({name!r}, {mode!r}, {steps}))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -364,11 +407,13 @@ def first_steps(name, mode, steps=30):
 
 def _first_steps_child(name, mode, steps):
     model, X, Y, loss_fn, opt_fn, _ = _model_case(name)
-    if mode == "eager":
+    if mode in ("eager", "inductor"):
         torch.set_num_threads(2)
     t0 = time.perf_counter()
     dev = DEV if mode == "graft" else torch.device("cpu")
     model, X, Y = model.to(dev), X.to(dev), Y.to(dev)
+    if mode == "inductor":
+        model = torch.compile(model)
     opt = opt_fn(model.parameters())
     for _ in range(steps):
         opt.zero_grad()
@@ -384,8 +429,14 @@ def _first_steps_child(name, mode, steps):
 def bench_first_steps(name):
     e = first_steps(name, "eager")
     g = first_steps(name, "graft")
-    print(f"BENCH torch_{name}_first_30_steps graft_s={g:.3f} eager_s={e:.3f} speedup={e / g:.3f}",
-          flush=True)
+    try:
+        i = first_steps(name, "inductor")
+        ind = f"inductor_s={i:.3f} vs_inductor={i / g:.3f}"
+    except Exception as ex:  # noqa: BLE001  (reported, the line still prints)
+        print(f"# inductor did not run: {str(ex).splitlines()[-1][:200]}", flush=True)
+        ind = "inductor_s=nan vs_inductor=nan"
+    print(f"BENCH torch_{name}_first_30_steps graft_s={g:.3f} eager_s={e:.3f} speedup={e / g:.3f} "
+          f"{ind}", flush=True)
 
 
 def bench_trace(quick):

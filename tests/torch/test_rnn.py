@@ -104,7 +104,8 @@ def test_lstm_fallback_matches_cpu(case):
 def test_lstm_traces_fewer_nodes():
     """The fused path traces the recurrence only: a handful of IR nodes per timestep forward and
     backward, where PyTorch's decomposition (taken by the bidirectional fallback, per direction)
-    traces ~110 per timestep."""
+    traces ~70 per timestep (torch 2's decomposition calls _thnn_fused_lstm_cell, lowered as one
+    cell; torch 1.13's traced ~110)."""
     S, B = 16, 2
     x = torch.randn(B, S, 8, device=DEV)
     counts = {}
@@ -119,7 +120,7 @@ def test_lstm_traces_fewer_nodes():
         counts[bidir] = mm["nodes_traced"] / (2 if bidir else 1)
         graft.step()
     assert counts[False] < 30 * S + 100, counts  # forward 17 + backward 12 per step, and the rest
-    assert counts[True] > 3 * counts[False], counts
+    assert counts[True] > 1.5 * counts[False], counts
 
 
 def test_lstm_double_backward():
@@ -206,3 +207,24 @@ def test_lstm_backward_twice():
     assert _err(m.weight_hh_l0.grad, 2 * first) < 1e-6
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         loss.backward()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_gru_matches_cpu_without_fallback(bias, bidirectional):
+    """nn.GRU takes PyTorch's decomposition, whose per-timestep _thnn_fused_gru_cell and its
+    backward lower to graft: outputs and every gradient match the CPU, with no fallback."""
+    torch.manual_seed(5)
+    x = torch.randn(6, 3, 4)
+    cpu = nn.GRU(4, 5, num_layers=2, bias=bias, bidirectional=bidirectional)
+    dev = copy.deepcopy(cpu).to(DEV)
+    xc, xg = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+    graft.reset_metrics()
+    outs = []
+    for m, xi in ((cpu, xc), (dev, xg)):
+        y, h = m(xi)
+        (y.square().sum() + h.sum()).backward()
+        outs.append([y, h, xi.grad] + [p.grad for p in m.parameters()])
+    assert graft.fallbacks() == {}, graft.fallbacks()
+    for a, b in zip(outs[1], outs[0]):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5)

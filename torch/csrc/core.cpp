@@ -725,10 +725,9 @@ struct GraftHooks final : public at::PrivateUse1HooksInterface {
     TORCH_CHECK(false, "graft: graft tensors have no data pointer (their values live in graft)");
   }
   bool isPinnedPtr(const void *) const override { return false; }
-  c10::Allocator *getPinnedMemoryAllocator() const override {
-    TORCH_CHECK(false, "graft: pinned memory is not needed for graft (copies to graft read "
-                       "the CPU tensor directly)");
-  }
+  // .to("cpu", non_blocking=True) asks for a pinned host buffer: graft's copies out are plain
+  // reads of a materialized value, so ordinary CPU memory serves.
+  c10::Allocator *getPinnedMemoryAllocator() const override { return c10::GetAllocator(c10::DeviceType::CPU); }
 };
 
 static bool register_hooks() {

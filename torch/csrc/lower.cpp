@@ -259,6 +259,7 @@ const LoweringTable &table() {
     add_reduce_lowerings(t);
     add_nn_lowerings(t);
     add_optim_lowerings(t);
+    add_rnn_lowerings(t);
     return t;
   }();
   return t;

@@ -23,7 +23,10 @@ struct Args {
     torch::jit::drop(*s, n);
   }
   const at::Tensor &t(int i) const { return v[i].toTensor(); }
-  bool none(int i) const { return (size_t)i >= v.size() || v[i].isNone(); }
+  // Absent: past the end, None, or an undefined tensor (autograd passes those for Tensor?).
+  bool none(int i) const {
+    return (size_t)i >= v.size() || v[i].isNone() || (v[i].isTensor() && !v[i].toTensor().defined());
+  }
   double d(int i) const { return v[i].toScalar().toDouble(); }
   int64_t i(int k) const { return v[k].toInt(); }
   bool b(int k) const { return v[k].toBool(); }
@@ -66,5 +69,6 @@ void add_view_lowerings(LoweringTable &t);         // lower_views.cpp
 void add_reduce_lowerings(LoweringTable &t);       // lower_reduce.cpp
 void add_nn_lowerings(LoweringTable &t);           // lower_nn.cpp
 void add_optim_lowerings(LoweringTable &t);        // lower_optim.cpp
+void add_rnn_lowerings(LoweringTable &t);          // lower_rnn.cpp (fused cells)
 
 }  // namespace graftpt

@@ -223,7 +223,132 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_autograd(const at::Tensor &x
   return {out[0], out[1], out[2]};
 }
 
+// ---- the fused cells PyTorch's RNN decomposition calls on a PrivateUse1 device ----------------
+// (_thnn_fused_lstm_cell / _gru_cell and their backwards: what the decomposition of a
+// bidirectional or projected LSTM, or of a GRU, runs per timestep.) Gates as PyTorch's CUDA
+// kernels lay them out; the workspace holds what the backward needs: LSTM [i, f, g, o]
+// activated ([B, 4H]), GRU [r, z, n, hn, hx] ([B, 5H]).
+const char *kCell = "rnn cell";
+
+G ew(graft_tensor *(*f)(graft_tensor *, graft_tensor *), const G &a, const G &b) {
+  return chk(f(a.get(), b.get()), kCell);
+}
+G un(graft_tensor *(*f)(graft_tensor *), const G &a) { return chk(f(a.get()), kCell); }
+
+// Column block k (of width h) of a [B, n*h] value.
+G block(const G &v, int64_t k, int64_t h) {
+  auto sh = gshape(v);
+  const int64_t lo[2] = {0, k * h}, hi[2] = {sh[0], (k + 1) * h};
+  return chk(graft_slice(v.get(), lo, hi, nullptr), kCell);
+}
+
+G cat_cols(std::initializer_list<G> vs) {
+  std::vector<graft_tensor *> p;
+  for (const G &v : vs) p.push_back(v.get());
+  return chk(graft_concat(p.data(), (int)p.size(), 1), kCell);
+}
+
+G one_minus(const G &v) { return ew(graft_sub, scal(1.0, gst(v)), v); }
+
+// Input and hidden gates summed, with the biases that are given.
+G gates_sum(const Args &a) {
+  G g = ew(graft_add, value(a.t(0)), value(a.t(1)));
+  if (!a.none(3)) g = ew(graft_add, g, value(a.t(3)));
+  if (!a.none(4)) g = ew(graft_add, g, value(a.t(4)));
+  return g;
+}
+
+void fused_lstm_cell(const c10::OperatorHandle &op, Stack *s) {  // -> (hy, cy, workspace)
+  Args a(op, s);
+  G gates = gates_sum(a), cx = value(a.t(2));
+  int64_t H = gshape(cx).back();
+  G i = un(graft_sigmoid, block(gates, 0, H)), f = un(graft_sigmoid, block(gates, 1, H));
+  G g = un(graft_tanh, block(gates, 2, H)), o = un(graft_sigmoid, block(gates, 3, H));
+  G cy = ew(graft_add, ew(graft_mul, f, cx), ew(graft_mul, i, g));
+  G hy = ew(graft_mul, o, un(graft_tanh, cy));
+  push(s, wrap(std::move(hy)));
+  push(s, wrap(std::move(cy)));
+  push(s, wrap(cat_cols({i, f, g, o})));
+}
+
+// (grad_hy?, grad_cy?, cx, cy, workspace, has_bias) -> (grad_gates, grad_cx, grad_bias?)
+void fused_lstm_cell_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  G cx = value(a.t(2)), cy = value(a.t(3)), ws = value(a.t(4));
+  int64_t H = gshape(cx).back();
+  G i = block(ws, 0, H), f = block(ws, 1, H), g = block(ws, 2, H), o = block(ws, 3, H);
+  G zero = fullc(0, graft_get_dtype(cx.get()), gshape(cx));
+  G ghy = a.none(0) ? zero : value(a.t(0)), gcy = a.none(1) ? zero : value(a.t(1));
+  G tcy = un(graft_tanh, cy);
+  G go = ew(graft_mul, ghy, tcy);
+  G dc = ew(graft_add, ew(graft_mul, ew(graft_mul, ghy, o), one_minus(ew(graft_mul, tcy, tcy))), gcy);
+  G gi = ew(graft_mul, ew(graft_mul, dc, g), ew(graft_mul, i, one_minus(i)));
+  G gf = ew(graft_mul, ew(graft_mul, dc, cx), ew(graft_mul, f, one_minus(f)));
+  G gg = ew(graft_mul, ew(graft_mul, dc, i), one_minus(ew(graft_mul, g, g)));
+  go = ew(graft_mul, go, ew(graft_mul, o, one_minus(o)));
+  G grad_gates = cat_cols({gi, gf, gg, go});
+  G gcx = ew(graft_mul, dc, f);
+  const int axis0 = 0;
+  at::Tensor gb;
+  if (a.b(5)) gb = wrap(chk(graft_sum(grad_gates.get(), &axis0, 1, false), kCell));
+  push(s, wrap(std::move(grad_gates)));
+  push(s, wrap(std::move(gcx)));
+  push(s, gb);
+}
+
+void fused_gru_cell(const c10::OperatorHandle &op, Stack *s) {  // -> (hy, workspace)
+  Args a(op, s);
+  G ig = value(a.t(0)), hg = value(a.t(1)), hx = value(a.t(2));
+  if (!a.none(3)) ig = ew(graft_add, ig, value(a.t(3)));
+  if (!a.none(4)) hg = ew(graft_add, hg, value(a.t(4)));
+  int64_t H = gshape(hx).back();
+  G r = un(graft_sigmoid, ew(graft_add, block(ig, 0, H), block(hg, 0, H)));
+  G z = un(graft_sigmoid, ew(graft_add, block(ig, 1, H), block(hg, 1, H)));
+  G hn = block(hg, 2, H);
+  G n = un(graft_tanh, ew(graft_add, block(ig, 2, H), ew(graft_mul, r, hn)));
+  G hy = ew(graft_add, n, ew(graft_mul, z, ew(graft_sub, hx, n)));
+  push(s, wrap(std::move(hy)));
+  push(s, wrap(cat_cols({r, z, n, hn, hx})));
+}
+
+// (grad_hy, workspace, has_bias) -> (grad_input_gates, grad_hidden_gates, grad_hx,
+// grad_input_bias?, grad_hidden_bias?)
+void fused_gru_cell_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  G ghy = value(a.t(0)), ws = value(a.t(1));
+  int64_t H = gshape(ghy).back();
+  G r = block(ws, 0, H), z = block(ws, 1, H), n = block(ws, 2, H), hn = block(ws, 3, H),
+    hx = block(ws, 4, H);
+  G gz = ew(graft_mul, ew(graft_mul, ghy, ew(graft_sub, hx, n)), ew(graft_mul, z, one_minus(z)));
+  G ghx = ew(graft_mul, ghy, z);
+  G gn = ew(graft_mul, ew(graft_mul, ghy, one_minus(z)), one_minus(ew(graft_mul, n, n)));
+  G ghn = ew(graft_mul, gn, r);
+  G gr = ew(graft_mul, ew(graft_mul, gn, hn), ew(graft_mul, r, one_minus(r)));
+  G gin = cat_cols({gr, gz, gn}), ghid = cat_cols({gr, gz, ghn});
+  const int axis0 = 0;
+  at::Tensor gib, ghb;
+  if (a.b(2)) {
+    gib = wrap(chk(graft_sum(gin.get(), &axis0, 1, false), kCell));
+    ghb = wrap(chk(graft_sum(ghid.get(), &axis0, 1, false), kCell));
+  }
+  push(s, wrap(std::move(gin)));
+  push(s, wrap(std::move(ghid)));
+  push(s, wrap(std::move(ghx)));
+  push(s, gib);
+  push(s, ghb);
+}
+
 }  // namespace
+
+void add_rnn_lowerings(LoweringTable &t) {
+  t.insert({
+      {"aten::_thnn_fused_lstm_cell", &fused_lstm_cell},
+      {"aten::_thnn_fused_lstm_cell_backward_impl", &fused_lstm_cell_backward},
+      {"aten::_thnn_fused_gru_cell", &fused_gru_cell},
+      {"aten::_thnn_fused_gru_cell_backward", &fused_gru_cell_backward},
+  });
+}
+
 }  // namespace graftpt
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
