@@ -58,6 +58,37 @@ void v_alias(const c10::OperatorHandle &op, Stack *s) {
   push_view(s, t, t.sizes().vec(), t.strides().vec(), t.storage_offset(), value(t));
 }
 
+// slice_scatter / select_scatter / diagonal_scatter / as_strided_scatter: a copy of self with
+// src written through the view the op names. (torch 2's composite forms of these read a
+// tensor's storage, which graft tensors do not have.) The view is taken with the view ops'
+// own lowerings on the fresh copy, so a write through it lands in the copy's root.
+void view_scatter(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &self = a.t(0), &src = a.t(1);
+  check_device(src);
+  at::Tensor out = wrap(value(self));
+  const std::string &name = op.schema().name();
+  at::Tensor view;
+  if (name == "aten::slice_scatter") {
+    std::optional<int64_t> start, end;
+    if (!a.none(3)) start = a.i(3);
+    if (!a.none(4)) end = a.i(4);
+    view = out.slice(a.i(2), start, end, a.i(5));
+  } else if (name == "aten::select_scatter") {
+    view = out.select(a.i(2), a.i(3));
+  } else if (name == "aten::diagonal_scatter") {
+    view = out.diagonal(a.i(2), a.i(3), a.i(4));
+  } else {  // as_strided_scatter(self, src, size, stride, storage_offset?)
+    std::optional<int64_t> off;
+    if (!a.none(4)) off = a.i(4);
+    view = out.as_strided(a.il(2), a.il(3), off);
+  }
+  TORCH_CHECK(src.sizes() == view.sizes(), name.substr(6), ": expected src to have a size equal to the "
+              "slice of self. src size = ", src.sizes(), ", slice size = ", view.sizes());
+  write(view, conv(value(src), self.scalar_type()));
+  push(s, out);
+}
+
 void permute_impl(Stack *s, const at::Tensor &t, std::vector<int> perm) {
   auto sz = t.sizes().vec(), st = t.strides().vec();
   std::vector<int64_t> nsz, nst;
@@ -642,6 +673,10 @@ void add_view_lowerings(LoweringTable &t) {
       {"aten::_reshape_alias", &v_reshape_alias},
       {"aten::_unsafe_view", &unsafe_view},
       {"aten::as_strided", &v_as_strided},
+      {"aten::slice_scatter", &view_scatter},
+      {"aten::select_scatter", &view_scatter},
+      {"aten::diagonal_scatter", &view_scatter},
+      {"aten::as_strided_scatter", &view_scatter},
       {"aten::alias", &v_alias},
       {"aten::t", &v_t},
       {"aten::transpose.int", &v_transpose},
