@@ -1,6 +1,8 @@
 """CNN, encoder layer and embedding models on graft vs CPU eager."""
 import copy
 
+import pytest
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -67,6 +69,50 @@ def test_encoder_eval_no_grad_forward():
     graft.reset_metrics()
     with torch.no_grad():
         torch.testing.assert_close(eg(x.to(DEV)).cpu(), enc(x), rtol=1e-4, atol=1e-5)
+    assert graft.fallbacks() == {}
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("mask", ["none", "padding", "causal", "both"])
+def test_encoder_fast_path_matches_cpu(norm_first, mask):
+    """torch 2's inference fast path (aten::_transformer_encoder_layer_fwd, which graft composes
+    from lowered ops): same outputs as the CPU's native kernel, masks included, no fallback."""
+    torch.manual_seed(0)
+    enc = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, norm_first=norm_first,
+                                     activation="gelu").eval()
+    eg = copy.deepcopy(enc).to(DEV)
+    x = torch.randn(3, 6, 16)
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [False] * 5 + [True]])
+    causal = nn.Transformer.generate_square_subsequent_mask(6)
+    kw = {"none": {}, "padding": {"src_key_padding_mask": pad}, "causal": {"src_mask": causal},
+          "both": {"src_key_padding_mask": pad, "src_mask": causal}}[mask]
+    graft.reset_metrics()
+    with torch.no_grad():
+        ref = enc(x, **kw)
+        got = eg(x.to(DEV), **{k: v.to(DEV) for k, v in kw.items()}).cpu()
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    assert graft.fallbacks() == {}
+
+
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+def test_multihead_attention_fast_path_matches_cpu(need_weights, average):
+    """nn.MultiheadAttention at inference (aten::_native_multi_head_attention): output and
+    weights match the CPU's, self- and cross-attention, with a key padding mask."""
+    torch.manual_seed(1)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    mg = copy.deepcopy(mha).to(DEV)
+    q, kv = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    graft.reset_metrics()
+    with torch.no_grad():
+        for args, kw in (((q, q, q), {}), ((q, kv, kv), {"key_padding_mask": pad})):
+            ref = mha(*args, need_weights=need_weights, average_attn_weights=average, **kw)
+            got = mg(*(t.to(DEV) for t in args), need_weights=need_weights,
+                     average_attn_weights=average, **{k: v.to(DEV) for k, v in kw.items()})
+            torch.testing.assert_close(got[0].cpu(), ref[0], rtol=1e-4, atol=1e-5)
+            if need_weights:
+                torch.testing.assert_close(got[1].cpu(), ref[1], rtol=1e-4, atol=1e-5)
     assert graft.fallbacks() == {}
 
 

@@ -260,6 +260,7 @@ const LoweringTable &table() {
     add_nn_lowerings(t);
     add_optim_lowerings(t);
     add_rnn_lowerings(t);
+    add_attention_lowerings(t);
     return t;
   }();
   return t;
