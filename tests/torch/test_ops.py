@@ -252,3 +252,18 @@ def test_bad_dim_raises():
         x.sum(5)
     with pytest.raises(IndexError):
         x.select(0, 7)
+
+
+def test_composite_implicit_lowerings_keep_autograd():
+    """where's Scalar overloads and isfinite are CompositeImplicitAutograd in PyTorch: graft
+    lowers them but leaves their decomposition (and so their autograd) in place; a gradient flows
+    through them as on the CPU (torch.logdet's where(sign == -1, nan, logabsdet) among them)."""
+    x = torch.tensor([[1.5, -2.0], [0.5, 3.0]])
+    grads = []
+    for dev in ("cpu", graft.device()):
+        xi = x.to(dev).requires_grad_()
+        y = torch.where(xi > 0, 1.0, xi * 3) * torch.where(xi < 2, xi, 0.5)
+        y = y.sum() + torch.where(torch.isfinite(xi), xi, 0.0).sum() + torch.logdet(xi[:1, :1])
+        y.backward()
+        grads.append(xi.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])

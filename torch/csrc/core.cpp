@@ -763,7 +763,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       if (std::find(std::begin(views), std::end(views), n + (ov.empty() ? "" : "." + ov)) != std::end(views)) continue;
       // functorch registers index_put_ on this key already (it forwards to _index_put_impl_).
       if (n == "index_put_") continue;
-      if (!disp.findSchema(c10::OperatorName("aten::" + n, ov))) continue;
+      auto h = disp.findSchema(c10::OperatorName("aten::" + n, ov));
+      if (!h) continue;
+      // A CompositeImplicitAutograd op (where.ScalarSelf, ...) keeps its decomposition: a
+      // backend kernel would take the place of its autograd (no gradient flows through it).
+      if (h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
       static std::vector<std::unique_ptr<std::string>> names;  // kept alive for the registry
       names.push_back(std::make_unique<std::string>(n + (ov.empty() ? "" : "." + ov)));
       m.impl(names.back()->c_str(), torch::CppFunction::makeFromBoxedFunction<&graft_kernel>());
