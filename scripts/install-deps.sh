@@ -42,7 +42,13 @@ if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$REQS"
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 echo "installing into $VENV: $REQS"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check $REQS
+# pip's log goes to a file (this machine's index settings make it print a warning per missing
+# folder), shown when the install fails.
+if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check $REQS > "$VENV/pip.log" 2>&1; then
+  cat "$VENV/pip.log"
+  echo "install-deps.sh: pip install $REQS into $VENV failed" >&2
+  exit 1
+fi
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$ROOT/torch" > "$SITE/graft.pth"
 touch "$VENV/graft-pth-ok"

@@ -564,6 +564,70 @@ TEST(queued_steps_wait_for_a_sooner_build) {
   gates_remove();
 }
 
+/* A forked child's own work: a graph run twice, then every build waited for; its values, and
+ * (unless compiling is off) native code ran. Exit status 0 when all is right; an alarm turns a
+ * hang into a failure. */
+static int fork_child_work(graft_tensor *x, const float *v, const char *mode) {
+  alarm(120);
+#ifdef __SANITIZE_THREAD__
+  /* ThreadSanitizer cannot follow threads a forked child starts (glibc gives them the dead
+   * parent threads' ids: "dup thread with used id"): under it the child runs on its own thread,
+   * while the parent's fork handlers are still checked; the AddressSanitizer run covers the
+   * child's threads. */
+  setenv("GRAFT_THREADS", "1", 1);
+  setenv("GRAFT_ASYNC", "0", 1);
+  if (!strcmp(mode, "async")) setenv("GRAFT_COMPILE", "sync", 1);
+#endif
+  float out[1000];
+  graft_metrics_reset();
+  for (int r = 0; r < 3; r++) {
+    graft_scope_begin();
+    graft_tensor *y = graft_tanh(graft_mul_scalar(x, 3.5));
+    if (graft_to_host(y, out, sizeof out) != GRAFT_OK) return 2;
+    graft_scope_end();
+    if (fabsf(out[9] - tanhf(3.5f * v[9])) > 1e-5f) return 3;
+#ifndef __SANITIZE_THREAD__ /* it starts the compile thread for the parent's queued builds */
+    if (r == 1) graft_wait_compiles();
+#endif
+  }
+  graft_metrics m;
+  graft_metrics_get(&m);
+  if (strcmp(mode, "off") && m.compiled_executions == 0) return 4;
+  graft_shutdown();
+  return 0;
+}
+
+/* fork() while graft's threads run (a DataLoader's workers): with a background build in
+ * progress and a step queued, in each compile mode, the child compiles, runs and shuts down,
+ * and the parent goes on (the queued step's value, its own builds). */
+TEST(fork_during_build_and_queued_steps) {
+  const char *modes[] = {"async", "sync", "off"};
+  for (int k = 0; k < 3; k++) {
+    float *v;
+    graft_tensor *x = async_input(0.5f + (float)k, &v);
+    setenv("GRAFT_COMPILE", modes[k], 1);
+    graft_scope_begin();
+    small_graph(x, 11 + k);
+    small_graph(x, 11 + k); /* async: its build is queued now, and starts */
+    graft_tensor *q = graft_sin(graft_mul_scalar(x, 1.25));
+    CHECK(graft_step() == GRAFT_OK); /* async: queued, not run */
+    pid_t pid = fork();
+    if (pid == 0) _exit(fork_child_work(x, v, modes[k]));
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) fprintf(stderr, "  child (%s): status %d\n", modes[k], st);
+    float out[1000];
+    CHECK(graft_to_host(q, out, sizeof out) == GRAFT_OK);
+    CHECK_NEAR(out[9], sinf(1.25f * v[9]), 1e-6);
+    CHECK_NEAR(small_graph(x, 11 + k), 2 * expf(v[7]) + 11 + k, 1e-4);
+    graft_wait_compiles();
+    graft_scope_end();
+    graft_release(x);
+    free(v);
+  }
+}
+
 int main(void) {
   setenv("GRAFT_DISK_CACHE", "0", 1); /* real compiles */
   RUN(compiled_when_run_again);
@@ -579,6 +643,7 @@ int main(void) {
   RUN(compiler_supports_decides_what_compiles);
   RUN(queued_steps_wait_for_a_sooner_build);
   RUN(queued_steps_switch_to_native_code);
+  RUN(fork_during_build_and_queued_steps);
   graft_shutdown();
   return CHECK_DONE();
 }

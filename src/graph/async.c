@@ -160,27 +160,23 @@ static void *async_worker(void *arg) {
   return NULL;
 }
 
-/* fork: the child has no executor thread. Queued steps run before the fork (so the child sees
- * their results) and the child starts its own thread when it queues a step. */
-static void async_prefork(void) {
+/* fork (fork.c): the child has no executor thread. Queued steps run before the fork (so the
+ * child sees their results) and the child starts its own thread when it queues a step. */
+void async_fork_prepare(void) {
   pthread_mutex_lock(&a_mu);
   while (a_head || a_busy) pthread_cond_wait(&a_done, &a_mu);
 }
-static void async_postfork_parent(void) { pthread_mutex_unlock(&a_mu); }
-static void async_postfork_child(void) { /* the parent's waiters do not exist here */
+void async_fork_parent(void) { pthread_mutex_unlock(&a_mu); }
+void async_fork_child(void) { /* the parent's waiters do not exist here */
   a_started = a_busy = a_stop = 0;
   pthread_cond_init(&a_work, NULL);
   pthread_cond_init(&a_done, NULL);
   pthread_mutex_unlock(&a_mu);
 }
-static pthread_once_t a_atfork_once = PTHREAD_ONCE_INIT;
-static void async_register_atfork(void) {
-  pthread_atfork(async_prefork, async_postfork_parent, async_postfork_child);
-}
 
 /* Queues j (lock held); -1 with the error set when the executor thread cannot start. */
 static int async_push(async_job *j) {
-  pthread_once(&a_atfork_once, async_register_atfork);
+  graph_fork_register();
   pthread_mutex_lock(&a_mu);
   if (!a_started) {
     a_stop = 0;

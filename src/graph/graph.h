@@ -145,6 +145,18 @@ graft_status async_wait_buffer(const exec_buffer *b, const char *fn);
 graft_status async_take_failure(const char *fn);
 /* Runs what is queued and stops the executor thread (graft_shutdown). */
 void async_shutdown(void);
+
+/* fork() while graft's threads run (fork.c registers one set of handlers for them, in an order
+ * that cannot deadlock: queued steps drain first, then the compile in progress lands). The
+ * child starts with no executor and no compile thread, a consistent queue of pending builds,
+ * and starts each thread again when it needs it. */
+void graph_fork_register(void);
+void async_fork_prepare(void);
+void async_fork_parent(void);
+void async_fork_child(void);
+void tier_fork_prepare(void);
+void tier_fork_parent(void);
+void tier_fork_child(void);
 /* Frees the executor's scratch (graft_shutdown). */
 void exec_shutdown(void);
 #endif

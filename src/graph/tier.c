@@ -29,7 +29,9 @@ static pthread_cond_t q_idle = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t q_landed = PTHREAD_COND_INITIALIZER; /* a first build finished */
 static _Atomic double q_build_ms_per_instr; /* the last first build's time per instruction */
 static cache_entry *q_head, *q_tail;
+static pthread_cond_t q_between = PTHREAD_COND_INITIALIZER; /* a build ended (q_busy = 0) */
 static int q_busy, q_stop, q_started;
+static int q_forking; /* a fork waits for the build in progress: start no other */
 static pthread_t q_thread;
 static int warned;
 
@@ -115,7 +117,7 @@ static void *tier_worker(void *arg) {
   (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10); /* best effort */
   pthread_mutex_lock(&q_mu);
   for (;;) {
-    while (!q_head && !q_stop) pthread_cond_wait(&q_cv, &q_mu);
+    while ((!q_head || q_forking) && !q_stop) pthread_cond_wait(&q_cv, &q_mu);
     if (q_stop) break;
     cache_entry *e = q_head;
     q_head = e->qnext;
@@ -139,6 +141,7 @@ static void *tier_worker(void *arg) {
     tensor_unlock();
     pthread_mutex_lock(&q_mu);
     q_busy = 0;
+    pthread_cond_broadcast(&q_between);
     if (!q_head) pthread_cond_broadcast(&q_idle);
   }
   pthread_mutex_unlock(&q_mu);
@@ -211,18 +214,25 @@ void tier_submit(cache_entry *e) {
   e->tier = TIER_ONCE;
 }
 
+/* Starts the compile thread if it is not running (q_mu held): at the first build, and in a
+ * forked child whose queue holds builds the parent had not started. -1 when it cannot start. */
+static int tier_start_locked(void) {
+  if (q_started) return 0;
+  graph_fork_register();
+  q_stop = 0;
+  if (pthread_create(&q_thread, NULL, tier_worker, NULL)) return -1;
+  q_started = 1;
+  return 0;
+}
+
 /* Appends e to the compile thread's queue (lock held); if the thread cannot start, e stays
  * where it is (the first tier, or its quick build). */
 static void tier_enqueue(cache_entry *e) {
   pthread_mutex_lock(&q_mu);
-  if (!q_started) {
-    q_stop = 0;
-    if (pthread_create(&q_thread, NULL, tier_worker, NULL)) {
-      pthread_mutex_unlock(&q_mu);
-      if (e->tier == TIER_COMPILING) e->tier = TIER_OFF;
-      return;
-    }
-    q_started = 1;
+  if (tier_start_locked()) {
+    pthread_mutex_unlock(&q_mu);
+    if (e->tier == TIER_COMPILING) e->tier = TIER_OFF;
+    return;
   }
   e->qnext = NULL;
   if (q_tail) q_tail->qnext = e;
@@ -262,6 +272,7 @@ void *tier_native_for(cache_entry *e, int queued) {
   /* Steps are queued ahead (the front-end traces faster than the first tier runs them): the
    * build gets the cores and they run on its code. */
   pthread_mutex_lock(&q_mu);
+  if (q_head) (void)tier_start_locked(); /* a forked child's queue */
   while (atomic_load(&e->building) && q_started && !q_stop) pthread_cond_wait(&q_landed, &q_mu);
   pthread_mutex_unlock(&q_mu);
   return atomic_load_explicit(&e->published, memory_order_acquire);
@@ -282,6 +293,7 @@ void graft_wait_compiles(void) {
   cache_foreach(tier_want_full);
   tensor_unlock();
   pthread_mutex_lock(&q_mu);
+  if (q_head) (void)tier_start_locked(); /* a forked child's queue */
   while (q_started && (q_head || q_busy)) pthread_cond_wait(&q_idle, &q_mu);
   pthread_mutex_unlock(&q_mu);
 }
@@ -303,6 +315,31 @@ static void tier_stop_thread(void) {
   q_head = q_tail = NULL;
   q_started = 0;
   q_busy = 0;
+}
+
+/* fork (fork.c): the build in progress lands first (its compiler's locks and files are then
+ * consistent in the child); the queue is kept, and the child's thread starts when a build or a
+ * wait needs it. */
+void tier_fork_prepare(void) {
+  pthread_mutex_lock(&q_mu);
+  if (q_started && pthread_equal(pthread_self(), q_thread)) return; /* the compile thread forks */
+  q_forking = 1;
+  while (q_busy) pthread_cond_wait(&q_between, &q_mu);
+}
+
+void tier_fork_parent(void) {
+  q_forking = 0;
+  pthread_cond_broadcast(&q_cv);
+  pthread_mutex_unlock(&q_mu);
+}
+
+void tier_fork_child(void) { /* this thread is the only one: the parent's waiters are gone */
+  q_forking = q_started = q_busy = q_stop = 0;
+  pthread_cond_init(&q_cv, NULL);
+  pthread_cond_init(&q_idle, NULL);
+  pthread_cond_init(&q_landed, NULL);
+  pthread_cond_init(&q_between, NULL);
+  pthread_mutex_unlock(&q_mu);
 }
 
 void tier_shutdown(void) {

@@ -111,8 +111,23 @@ static void *cpu_worker(void *arg) {
   return NULL;
 }
 
+/* A forked child has none of the workers (the graph layer's fork handlers drained every step
+ * before the fork, so no region was running): it starts with a pool not yet started. */
+static void cpu_pool_fork_child(void) {
+  pthread_mutex_init(&pool.mu, NULL);
+  pthread_mutex_init(&pool.busy, NULL);
+  pthread_cond_init(&pool.go, NULL);
+  pthread_cond_init(&pool.done, NULL);
+  pool.started = pool.nthreads = pool.stop = 0;
+  __atomic_store_n(&pool.remaining, 0, __ATOMIC_RELAXED);
+}
+
+static pthread_once_t cpu_pool_fork_once = PTHREAD_ONCE_INIT;
+static void cpu_pool_fork_install(void) { pthread_atfork(NULL, NULL, cpu_pool_fork_child); }
+
 static int cpu_pool_start_locked(void) {
   if (pool.started) return pool.nthreads;
+  pthread_once(&cpu_pool_fork_once, cpu_pool_fork_install);
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   const char *e = getenv("GRAFT_THREADS");
   if (e && atoi(e) > 0) n = atoi(e);

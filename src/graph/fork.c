@@ -1,0 +1,31 @@
+/* fork() in a process whose graft threads run (a PyTorch DataLoader's workers, a server that
+ * forks): one set of pthread_atfork handlers for the graph layer's threads, in an order that
+ * cannot deadlock. Prepare drains the executor's queued steps first (a step may wait for a
+ * build), then lets the build in progress land and holds the compile queue; the child gets
+ * both with no thread running and starts each again when it needs it (async.c, tier.c). The
+ * CPU backend's thread pool has its own child handler (cpu_pool.c). */
+#include "graph.h"
+#include <pthread.h>
+
+static void graph_fork_prepare(void) {
+  async_fork_prepare();
+  tier_fork_prepare();
+}
+
+static void graph_fork_parent(void) {
+  tier_fork_parent();
+  async_fork_parent();
+}
+
+static void graph_fork_child(void) {
+  tier_fork_child();
+  async_fork_child();
+}
+
+static pthread_once_t graph_fork_once = PTHREAD_ONCE_INIT;
+
+static void graph_fork_install(void) {
+  pthread_atfork(graph_fork_prepare, graph_fork_parent, graph_fork_child);
+}
+
+void graph_fork_register(void) { pthread_once(&graph_fork_once, graph_fork_install); }
