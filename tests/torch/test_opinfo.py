@@ -68,7 +68,14 @@ MUST_LOWER = ["add", "sub", "mul", "div", "neg", "abs", "exp", "log", "sqrt", "r
               "nn.functional.layer_norm", "nn.functional.batch_norm", "nn.functional.embedding",
               "nn.functional.mse_loss", "nn.functional.cross_entropy", "nn.functional.nll_loss",
               "cat", "gather", "index_select", "transpose", "permute", "reshape", "view", "t",
-              "squeeze", "unsqueeze", "expand", "repeat"]
+              "squeeze", "unsqueeze", "expand", "repeat",
+              # torch 2 ports: ops real loops reach (clip_grad_norm_, BCE-with-logits, SDPA's
+              # masking, activations beyond relu/gelu)
+              "linalg.vector_norm", "var_mean", "std_mean", "isnan", "isinf", "isposinf",
+              "isneginf", "any", "all", "nn.functional.softplus",
+              "nn.functional.leaky_relu", "nn.functional.elu", "nn.functional.selu",
+              "nn.functional.celu", "nn.functional.logsigmoid", "nn.functional.smooth_l1_loss",
+              "nn.functional.huber_loss", "slice_scatter", "select_scatter", "diagonal_scatter"]
 
 
 def _full_name(op):

@@ -267,3 +267,15 @@ def test_composite_implicit_lowerings_keep_autograd():
         y.backward()
         grads.append(xi.grad.cpu())
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_bitwise_not_lowers():
+    """~ on bool and integer tensors runs on graft (no fallback); a float tensor is refused as on
+    the CPU."""
+    for t in (torch.tensor([True, False, True]), torch.tensor([0, 5, -3], dtype=torch.int64),
+              torch.tensor([0, 7, 255], dtype=torch.uint8), torch.tensor([1, -2], dtype=torch.int32)):
+        graft.reset_metrics()
+        assert torch.equal((~t.to(DEV)).cpu(), ~t), t
+        assert graft.fallbacks() == {}
+    with pytest.raises(RuntimeError, match="bitwise_not"):
+        torch.bitwise_not(torch.ones(2).to(DEV)).cpu()

@@ -261,6 +261,7 @@ const LoweringTable &table() {
     add_optim_lowerings(t);
     add_rnn_lowerings(t);
     add_attention_lowerings(t);
+    add_activation_lowerings(t);
     return t;
   }();
   return t;
@@ -310,10 +311,25 @@ std::optional<c10::OperatorHandle> functional_of_out(const c10::OperatorHandle &
   if (args.empty() || sch.returns().size() != 1 || !args.back().alias_info() ||
       !args.back().alias_info()->isWrite() || !args.back().type()->isSubtypeOf(*c10::TensorType::get()))
     return std::nullopt;
-  auto f = c10::Dispatcher::singleton().findSchema(c10::OperatorName(sch.name(), fov));
-  if (!f || f->schema().arguments().size() + 1 != args.size() || f->schema().returns().size() != 1)
-    return std::nullopt;
-  return f;
+  // The functional overload is usually the out overload's name less "_out" (where.self_out);
+  // otherwise (sum.IntList_out for sum.dim_IntList) the overload whose arguments are the out
+  // form's less out, by name and type.
+  auto same_args = [&](const c10::FunctionSchema &fs) {
+    if (fs.arguments().size() + 1 != args.size() || fs.returns().size() != 1) return false;
+    for (size_t i = 0; i < fs.arguments().size(); ++i)
+      if (fs.arguments()[i].name() != args[i].name() || *fs.arguments()[i].type() != *args[i].type())
+        return false;
+    return true;
+  };
+  auto &disp = c10::Dispatcher::singleton();
+  auto f = disp.findSchema(c10::OperatorName(sch.name(), fov));
+  if (f && same_args(f->schema())) return f;
+  for (const c10::OperatorName &on : disp.getAllOpNames()) {
+    if (on.name != sch.name() || on.overload_name == ov) continue;
+    auto g = disp.findSchema(on);
+    if (g && same_args(g->schema())) return g;
+  }
+  return std::nullopt;
 }
 
 }  // namespace

@@ -71,5 +71,6 @@ void add_nn_lowerings(LoweringTable &t);           // lower_nn.cpp
 void add_optim_lowerings(LoweringTable &t);        // lower_optim.cpp
 void add_rnn_lowerings(LoweringTable &t);          // lower_rnn.cpp (fused cells)
 void add_attention_lowerings(LoweringTable &t);    // lower_attention.cpp
+void add_activation_lowerings(LoweringTable &t);   // lower_activations.cpp
 
 }  // namespace graftpt

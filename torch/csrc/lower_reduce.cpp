@@ -141,6 +141,59 @@ void var_corr(const c10::OperatorHandle &op, Stack *s) {
   if (Std) r = chk(graft_sqrt(r.get()), "std");
   push(s, wrap(std::move(r)));
 }
+// var_mean / std_mean.correction(self, dim?, *, correction?, keepdim) -> (var or std, mean)
+template <bool Std>
+void var_mean_corr(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &t = a.t(0);
+  const char *what = Std ? "std_mean" : "var_mean";
+  G x = reduce_input(t, a, -1, true);
+  auto dims = dims_of(a.v[1], t.dim());
+  double corr = a.none(2) ? 1.0 : a.d(2);
+  bool keep = a.b(3);
+  int64_t n = 1;
+  if (dims.empty()) n = t.numel();
+  else for (int d : dims) n *= t.size(d);
+  G m = reduce<graft_mean>(x, dims, true, what);
+  G dx = chk(graft_sub(x.get(), m.get()), what);
+  G ss = reduce<graft_sum>(chk(graft_mul(dx.get(), dx.get()), what), dims, keep, what);
+  G r = chk(graft_div(ss.get(), scal(std::max(0.0, (double)n - corr), gst(ss)).get()), what);
+  if (Std) r = chk(graft_sqrt(r.get()), what);
+  push(s, wrap(std::move(r)));
+  push(s, wrap(keep ? m : reduce<graft_mean>(x, dims, false, what)));
+}
+
+// linalg_vector_norm(self, ord, dim?, keepdim, *, dtype?): what clip_grad_norm_ and
+// Tensor.norm() call. ord 2 / 1 / inf / -inf / 0 / p.
+void vector_norm(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &t = a.t(0);
+  const char *what = "linalg_vector_norm";
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()) || !a.none(4), what,
+              ": expected a floating point input, got ", t.scalar_type());
+  G x = tv(t);
+  if (!a.none(4)) x = conv(std::move(x), (at::ScalarType)a.i(4));
+  double p = a.d(1);
+  auto dims = dims_of(a.v[2], t.dim());
+  bool keep = a.b(3);
+  G ax = chk(graft_abs(x.get()), what), r;
+  if (p == 2) {
+    r = chk(graft_sqrt(reduce<graft_sum>(chk(graft_mul(x.get(), x.get()), what), dims, keep, what).get()), what);
+  } else if (std::isinf(p)) {
+    TORCH_CHECK(t.numel() > 0, what, ": the norm of order ", p, " of an empty tensor is undefined");
+    r = p > 0 ? reduce<graft_max>(ax, dims, keep, what) : reduce<graft_min>(ax, dims, keep, what);
+  } else if (p == 0) {
+    G nz = conv(chk(graft_ne(x.get(), scal(0, gst(x)).get()), what), gst(x));
+    r = reduce<graft_sum>(nz, dims, keep, what);
+  } else if (p == 1) {
+    r = reduce<graft_sum>(ax, dims, keep, what);
+  } else {
+    G pw = chk(graft_pow(ax.get(), scal(p, gst(x)).get()), what);
+    r = chk(graft_pow(reduce<graft_sum>(pw, dims, keep, what).get(), scal(1.0 / p, gst(x)).get()), what);
+  }
+  push(s, wrap(std::move(r)));
+}
+
 // Softmax family ------------------------------------------------------------------
 // _log_softmax / _softmax(self, dim, half_to_float)
 template <bool Log>
@@ -587,6 +640,9 @@ void add_reduce_lowerings(LoweringTable &t) {
       {"aten::argmin", &argmaxmin<false>},
       {"aten::var.correction", &var_corr<false>},
       {"aten::std.correction", &var_corr<true>},
+      {"aten::var_mean.correction", &var_mean_corr<false>},
+      {"aten::std_mean.correction", &var_mean_corr<true>},
+      {"aten::linalg_vector_norm", &vector_norm},
       {"aten::_log_softmax", &softmax_fwd<true>},
       {"aten::_softmax", &softmax_fwd<false>},
       {"aten::_log_softmax_backward_data", &softmax_bwd<true>},
