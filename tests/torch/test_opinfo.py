@@ -75,7 +75,10 @@ MUST_LOWER = ["add", "sub", "mul", "div", "neg", "abs", "exp", "log", "sqrt", "r
               "isneginf", "any", "all", "nn.functional.softplus",
               "nn.functional.leaky_relu", "nn.functional.elu", "nn.functional.selu",
               "nn.functional.celu", "nn.functional.logsigmoid", "nn.functional.smooth_l1_loss",
-              "nn.functional.huber_loss", "slice_scatter", "select_scatter", "diagonal_scatter"]
+              "nn.functional.huber_loss", "slice_scatter", "select_scatter", "diagonal_scatter",
+              "nn.functional.upsample_nearest", "nn.functional.upsample_bilinear",
+              "nn.functional.interpolate.nearest", "nn.functional.interpolate.linear",
+              "nn.functional.interpolate.bilinear", "nn.functional.interpolate.trilinear"]
 
 
 def _full_name(op):
@@ -158,7 +161,7 @@ def test_opinfo_matches_cpu(op, dev):
 
 @pytest.mark.parametrize("name", MUST_LOWER)
 def test_core_opinfos_run_without_fallback(name, dev):
-    ops = [op for op in op_db if op.name == name]
+    ops = [op for op in op_db if name in (op.name, _full_name(op))]
     assert ops, name
     for op in ops:
         compared, fallbacks = _run(op, dev)

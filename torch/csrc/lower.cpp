@@ -262,6 +262,7 @@ const LoweringTable &table() {
     add_rnn_lowerings(t);
     add_attention_lowerings(t);
     add_activation_lowerings(t);
+    add_resample_lowerings(t);
     return t;
   }();
   return t;
