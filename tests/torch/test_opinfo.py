@@ -78,7 +78,8 @@ MUST_LOWER = ["add", "sub", "mul", "div", "neg", "abs", "exp", "log", "sqrt", "r
               "nn.functional.huber_loss", "slice_scatter", "select_scatter", "diagonal_scatter",
               "nn.functional.upsample_nearest", "nn.functional.upsample_bilinear",
               "nn.functional.interpolate.nearest", "nn.functional.interpolate.linear",
-              "nn.functional.interpolate.bilinear", "nn.functional.interpolate.trilinear"]
+              "nn.functional.interpolate.bilinear", "nn.functional.interpolate.trilinear",
+              "nn.functional.group_norm"]
 
 
 def _full_name(op):

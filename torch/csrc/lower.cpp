@@ -263,6 +263,7 @@ const LoweringTable &table() {
     add_attention_lowerings(t);
     add_activation_lowerings(t);
     add_resample_lowerings(t);
+    add_norm_lowerings(t);
     return t;
   }();
   return t;

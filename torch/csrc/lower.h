@@ -73,5 +73,6 @@ void add_rnn_lowerings(LoweringTable &t);          // lower_rnn.cpp (fused cells
 void add_attention_lowerings(LoweringTable &t);    // lower_attention.cpp
 void add_activation_lowerings(LoweringTable &t);   // lower_activations.cpp
 void add_resample_lowerings(LoweringTable &t);     // lower_resample.cpp
+void add_norm_lowerings(LoweringTable &t);         // lower_norms.cpp
 
 }  // namespace graftpt
