@@ -279,3 +279,33 @@ def test_bitwise_not_lowers():
         assert graft.fallbacks() == {}
     with pytest.raises(RuntimeError, match="bitwise_not"):
         torch.bitwise_not(torch.ones(2).to(DEV)).cpu()
+
+
+@pytest.mark.parametrize("shape,dim", [((3, 1000), 1), ((20000,), 0), ((5, 300, 2), 1), ((4, 7), 0)])
+def test_cumsum_long_dims_match_cpu(shape, dim):
+    """cumsum is triangular products on graft (blocks of 256 along a longer dim, their running
+    totals added back): float sums match the CPU's to float32 rounding, integer sums exactly, and
+    its backward (a flipped cumsum) runs without fallback."""
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    xg = x.to(DEV).requires_grad_()
+    graft.reset_metrics()
+    y = torch.cumsum(xg, dim)
+    (y * y).sum().backward()
+    xc = x.clone().requires_grad_()
+    yc = torch.cumsum(xc, dim)
+    (yc * yc).sum().backward()
+    torch.testing.assert_close(y.detach().cpu(), yc.detach(), rtol=1e-5, atol=1e-5 * shape[dim] ** 0.5)
+    torch.testing.assert_close(xg.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-3)
+    xi = torch.randint(-5, 5, shape)
+    assert torch.equal(torch.cumsum(xi.to(DEV), dim).cpu(), torch.cumsum(xi, dim))
+    assert graft.fallbacks() == {}
+
+
+def test_arange_overloads_match_cpu():
+    for args in [(5,), (2, 9), (1.0, 2.0, 0.25), (10, 0, -3), (0, 1, 0.1), (3, 4.5)]:
+        graft.reset_metrics()
+        a, b = torch.arange(*args, device=DEV).cpu(), torch.arange(*args)
+        assert a.dtype == b.dtype and torch.equal(a, b), (args, a, b)
+        assert graft.fallbacks() == {}
+    assert torch.arange(4, dtype=torch.float64, device=DEV).cpu().dtype == torch.float64

@@ -264,6 +264,7 @@ const LoweringTable &table() {
     add_activation_lowerings(t);
     add_resample_lowerings(t);
     add_norm_lowerings(t);
+    add_scan_lowerings(t);
     return t;
   }();
   return t;

@@ -74,5 +74,6 @@ void add_attention_lowerings(LoweringTable &t);    // lower_attention.cpp
 void add_activation_lowerings(LoweringTable &t);   // lower_activations.cpp
 void add_resample_lowerings(LoweringTable &t);     // lower_resample.cpp
 void add_norm_lowerings(LoweringTable &t);         // lower_norms.cpp
+void add_scan_lowerings(LoweringTable &t);         // lower_scan.cpp
 
 }  // namespace graftpt

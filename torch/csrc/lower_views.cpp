@@ -89,6 +89,16 @@ void view_scatter(const c10::OperatorHandle &op, Stack *s) {
   push(s, out);
 }
 
+// flip(self, dims): a new value (PyTorch's flip copies too), reversed along the dims.
+void flip(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &t = a.t(0);
+  auto dims = dims_of(a.v[1], t.dim());
+  G v = value(t);
+  if (!dims.empty() && t.dim() > 0) v = chk(graft_flip(v.get(), dims.data(), (int)dims.size()), "flip");
+  push(s, wrap(std::move(v)));
+}
+
 void permute_impl(Stack *s, const at::Tensor &t, std::vector<int> perm) {
   auto sz = t.sizes().vec(), st = t.strides().vec();
   std::vector<int64_t> nsz, nst;
@@ -673,6 +683,7 @@ void add_view_lowerings(LoweringTable &t) {
       {"aten::_reshape_alias", &v_reshape_alias},
       {"aten::_unsafe_view", &unsafe_view},
       {"aten::as_strided", &v_as_strided},
+      {"aten::flip", &flip},
       {"aten::slice_scatter", &view_scatter},
       {"aten::select_scatter", &view_scatter},
       {"aten::diagonal_scatter", &view_scatter},
