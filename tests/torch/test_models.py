@@ -134,3 +134,27 @@ def test_dropout_train_and_eval():
     assert 0.4 < frac < 0.6
     torch.testing.assert_close(F.dropout(x, 0.5, training=False).cpu(), torch.ones(64, 64))
     assert graft.fallbacks() == {}
+
+
+@pytest.mark.parametrize("mode,psw,pad,last", [("sum", False, None, False), ("mean", False, 2, False),
+                                               ("sum", True, None, True), ("mean", False, None, True)])
+def test_embedding_bag_matches_cpu_without_fallback(mode, psw, pad, last):
+    """nn.EmbeddingBag in sum and mean modes (per-sample weights, padding_idx, include_last_offset,
+    an empty bag): output and the weight's (and per-sample weights') gradients match the CPU's,
+    no fallback."""
+    torch.manual_seed(0)
+    bag = nn.EmbeddingBag(10, 3, mode=mode, padding_idx=pad, include_last_offset=last)
+    bg = copy.deepcopy(bag).to(DEV)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    offs = torch.tensor([0, 3, 3, 5] + ([8] if last else []))
+    w = torch.rand(8) if psw else None
+    outs = []
+    graft.reset_metrics()
+    for m, dev in ((bag, "cpu"), (bg, DEV)):
+        wi = w.clone().to(dev).requires_grad_() if psw else None
+        y = m(idx.to(dev), offs.to(dev), per_sample_weights=wi)
+        (y * y).sum().backward()
+        outs.append([y.detach().cpu(), m.weight.grad.cpu()] + ([wi.grad.cpu()] if psw else []))
+    for got, ref in zip(outs[1], outs[0]):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert graft.fallbacks() == {}

@@ -55,6 +55,82 @@ void cumsum(const c10::OperatorHandle &op, Stack *s) {
   push(s, r.to(out_st));
 }
 
+// Embedding bags, sum and mean modes: each index's bag (offset2bag) is a cumsum of the bag
+// starts; the rows, weighted (per-sample weights, 0 at padding_idx), are index_add'ed into
+// their bags. Max mode, sparse gradients and scale_grad_by_freq take PyTorch's kernels.
+enum { kBagSum = 0, kBagMean = 1 };
+
+// _embedding_bag / _embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq,
+// mode, sparse, per_sample_weights?, include_last_offset, padding_idx)
+//   -> (output, offset2bag, bag_size, max_indices), as the CPU kernel fills them
+void embedding_bag(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const at::Tensor &weight = a.t(0), &indices = a.t(1), &offsets = a.t(2);
+  int64_t mode = a.i(4);
+  if ((mode != kBagSum && mode != kBagMean) || a.b(5) || indices.dim() != 1 || offsets.dim() != 1 ||
+      weight.dim() != 2 || (!a.none(6) && mode != kBagSum))
+    return fall_back(op, s, a);
+  int64_t n = indices.numel(), B = offsets.numel() - (a.b(7) ? 1 : 0), D = weight.size(1);
+  TORCH_CHECK(B >= 0, "embedding_bag: include_last_offset needs at least one offset");
+  at::Tensor idx = indices.to(at::kLong), offs = offsets.to(at::kLong).slice(0, 0, B);
+  at::Tensor starts = at::zeros({n + 1}, idx.options()).index_add(0, offs, at::ones({B}, idx.options()));
+  at::Tensor bag = n ? cumsum_rows(starts.slice(0, 0, n).to(at::kDouble).unsqueeze(0)).squeeze(0)
+                           .to(at::kLong).sub(1)
+                     : at::zeros({0}, idx.options());
+  int64_t pad = a.i(8);
+  at::Tensor keep = pad >= 0 ? idx.ne(pad) : at::ones({n}, idx.options().dtype(at::kBool));
+  at::Tensor w = keep.to(weight.scalar_type());
+  if (!a.none(6)) w = w.mul(a.t(6));
+  at::Tensor rows = weight.index_select(0, idx).mul(w.unsqueeze(1));
+  at::Tensor out = at::zeros({B, D}, weight.options()).index_add(0, bag, rows);
+  at::Tensor size = at::zeros({B}, idx.options());
+  if (mode == kBagMean) {
+    size = size.index_add(0, bag, keep.to(at::kLong));
+    out = out.div(size.clamp_min(1).to(weight.scalar_type()).unsqueeze(1));
+  }
+  push(s, out);
+  push(s, bag);
+  push(s, size);
+  push(s, size.clone());
+}
+
+// _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
+// num_weights, scale_grad_by_freq, mode, per_sample_weights?, padding_idx) and
+// _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+// num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights?, padding_idx): the same,
+// with an offsets and a sparse argument (sparse gradients take PyTorch's kernel).
+template <bool WithOffsets>
+void embedding_bag_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  const int k = WithOffsets ? 1 : 0;  // arguments after indices shift by one
+  const at::Tensor &grad = a.t(0), &indices = a.t(1);
+  int64_t mode = a.i(7 + k);
+  bool sparse = WithOffsets && a.b(9);
+  if ((mode != kBagSum && mode != kBagMean) || a.b(6 + k) || sparse || indices.dim() != 1)
+    return fall_back(op, s, a);
+  int psw = WithOffsets ? 10 : 8, pad_at = psw + 1;
+  at::Tensor idx = indices.to(at::kLong), bag = a.t(2 + k).to(at::kLong);
+  at::Tensor g = grad.index_select(0, bag);
+  if (mode == kBagMean)
+    g = g.div(a.t(3 + k).to(at::kLong).clamp_min(1).index_select(0, bag).to(grad.scalar_type()).unsqueeze(1));
+  int64_t pad = a.i(pad_at);
+  at::Tensor w = pad >= 0 ? idx.ne(pad).to(grad.scalar_type()) : at::ones({idx.numel()}, grad.options());
+  if (!a.none(psw)) w = w.mul(a.t(psw));
+  g = g.mul(w.unsqueeze(1));
+  push(s, at::zeros({a.i(5 + k), grad.size(1)}, grad.options()).index_add(0, idx, g));
+}
+
+// _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
+// padding_idx): each index's gradient is its bag's gradient . its row (0 at padding_idx)
+void embedding_bag_psw_backward(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  TORCH_CHECK(a.i(5) == kBagSum, "embedding_bag: per_sample_weights are only supported in sum mode");
+  at::Tensor idx = a.t(2).to(at::kLong), bag = a.t(4).to(at::kLong);
+  at::Tensor d = a.t(0).index_select(0, bag).mul(a.t(1).index_select(0, idx)).sum(1);
+  if (a.i(6) >= 0) d = d.mul(idx.ne(a.i(6)).to(d.scalar_type()));
+  push(s, d);
+}
+
 // arange(end) / arange.start(start, end) / arange.start_step(start, end, step), then dtype?,
 // layout?, device?, pin_memory?: start + i * step for i < ceil((end - start) / step), computed
 // in float64 (PyTorch's accumulate type) and converted; integers when every bound is one.
@@ -82,6 +158,11 @@ void arange(const c10::OperatorHandle &op, Stack *s) {
 void add_scan_lowerings(LoweringTable &t) {
   t.insert({
       {"aten::cumsum", &cumsum},
+      {"aten::_embedding_bag", &embedding_bag},
+      {"aten::_embedding_bag_forward_only", &embedding_bag},
+      {"aten::_embedding_bag_dense_backward", &embedding_bag_backward<false>},
+      {"aten::_embedding_bag_backward", &embedding_bag_backward<true>},
+      {"aten::_embedding_bag_per_sample_weights_backward", &embedding_bag_psw_backward},
       {"aten::arange", &arange},
       {"aten::arange.start", &arange},
       {"aten::arange.start_step", &arange},
