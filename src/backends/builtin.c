@@ -7,6 +7,7 @@
 #include "ref/ref.h"
 
 void backend_register_builtin(void) {
+  cpu_pool_fork_register();
   backend_register("cpu", BACKEND_REFERENCE, &ref_backend);
   backend_register("cpu", BACKEND_FIRST_TIER, &cpu_interp_backend);
   backend_register("cpu", BACKEND_COMPILER, &cpu_backend);

@@ -176,7 +176,6 @@ void async_fork_child(void) { /* the parent's waiters do not exist here */
 
 /* Queues j (lock held); -1 with the error set when the executor thread cannot start. */
 static int async_push(async_job *j) {
-  graph_fork_register();
   pthread_mutex_lock(&a_mu);
   if (!a_started) {
     a_stop = 0;

@@ -154,6 +154,7 @@ void graph_fork_register(void);
 void async_fork_prepare(void);
 void async_fork_parent(void);
 void async_fork_child(void);
+void tier_fork_wait_build(void);
 void tier_fork_prepare(void);
 void tier_fork_parent(void);
 void tier_fork_child(void);

@@ -150,7 +150,12 @@ static void *tier_worker(void *arg) {
 
 static pthread_once_t backends_once = PTHREAD_ONCE_INIT;
 
-void graph_backends_init(void) { pthread_once(&backends_once, backend_register_builtin); }
+/* Also where the fork handlers are registered: before any step or build runs, with no graft
+ * lock held (pthread_atfork waits for a fork in progress, whose handlers take graft's locks). */
+void graph_backends_init(void) {
+  pthread_once(&backends_once, backend_register_builtin);
+  graph_fork_register();
+}
 
 const backend *graph_backend(int device, backend_role role) {
   graph_backends_init();
@@ -218,7 +223,6 @@ void tier_submit(cache_entry *e) {
  * forked child whose queue holds builds the parent had not started. -1 when it cannot start. */
 static int tier_start_locked(void) {
   if (q_started) return 0;
-  graph_fork_register();
   q_stop = 0;
   if (pthread_create(&q_thread, NULL, tier_worker, NULL)) return -1;
   q_started = 1;
@@ -273,7 +277,8 @@ void *tier_native_for(cache_entry *e, int queued) {
    * build gets the cores and they run on its code. */
   pthread_mutex_lock(&q_mu);
   if (q_head) (void)tier_start_locked(); /* a forked child's queue */
-  while (atomic_load(&e->building) && q_started && !q_stop) pthread_cond_wait(&q_landed, &q_mu);
+  while (atomic_load(&e->building) && q_started && !q_stop && !q_forking)
+    pthread_cond_wait(&q_landed, &q_mu);
   pthread_mutex_unlock(&q_mu);
   return atomic_load_explicit(&e->published, memory_order_acquire);
 }
@@ -317,15 +322,23 @@ static void tier_stop_thread(void) {
   q_busy = 0;
 }
 
-/* fork (fork.c): the build in progress lands first (its compiler's locks and files are then
- * consistent in the child); the queue is kept, and the child's thread starts when a build or a
+/* fork (fork.c): first the build in progress lands (its compiler's locks and files are then
+ * consistent in the child) and no other starts; steps waiting for a build stop waiting (they
+ * run on the first tier), so the executor can drain. No lock is kept: the executor may need
+ * this one while it drains. The queue is kept, and the child's thread starts when a build or a
  * wait needs it. */
-void tier_fork_prepare(void) {
+void tier_fork_wait_build(void) {
   pthread_mutex_lock(&q_mu);
-  if (q_started && pthread_equal(pthread_self(), q_thread)) return; /* the compile thread forks */
-  q_forking = 1;
-  while (q_busy) pthread_cond_wait(&q_between, &q_mu);
+  if (!(q_started && pthread_equal(pthread_self(), q_thread))) { /* the compile thread forks */
+    q_forking = 1;
+    pthread_cond_broadcast(&q_landed);
+    while (q_busy) pthread_cond_wait(&q_between, &q_mu);
+  }
+  pthread_mutex_unlock(&q_mu);
 }
+
+/* Then, with the steps drained, the queue is held across the fork. */
+void tier_fork_prepare(void) { pthread_mutex_lock(&q_mu); }
 
 void tier_fork_parent(void) {
   q_forking = 0;

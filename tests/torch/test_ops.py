@@ -309,3 +309,18 @@ def test_arange_overloads_match_cpu():
         assert a.dtype == b.dtype and torch.equal(a, b), (args, a, b)
         assert graft.fallbacks() == {}
     assert torch.arange(4, dtype=torch.float64, device=DEV).cpu().dtype == torch.float64
+
+
+def test_cumsum_nonfinite_and_dtype_and_half_norm():
+    """Infinities and NaNs propagate through cumsum as on the CPU (a triangular product alone
+    would give inf * 0 = NaN before an inf); dtype= converts before summing; a float16 norm
+    accumulates in float32 (no overflow of x * x)."""
+    for v in ([1., float("inf"), 2., float("nan"), 3.], [1., -float("inf"), 2., float("inf"), 3.],
+              [float("-inf"), 1., 2.]):
+        x = torch.tensor(v)
+        torch.testing.assert_close(torch.cumsum(x.to(DEV), 0).cpu(), torch.cumsum(x, 0), equal_nan=True)
+    x = torch.tensor([0.6, 0.6, 1.7])
+    assert torch.equal(torch.cumsum(x.to(DEV), 0, dtype=torch.long).cpu(), torch.cumsum(x, 0, dtype=torch.long))
+    h = torch.tensor([300., 400.], dtype=torch.half)
+    n = h.to(DEV).norm().cpu()
+    assert n.dtype == torch.half and float(n) == float(h.norm())

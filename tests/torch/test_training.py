@@ -210,3 +210,27 @@ def test_dataloader_forked_workers_use_graft():
             losses.append(loss.item())
         assert seen == len(ds)
     assert losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_grad_scaler_steps_match_cpu(fused):
+    """torch.amp.GradScaler on graft's device: the unscale and the scaled (fused) Adam step mutate
+    lists of tensors; what runs on PyTorch's kernels (a fallback) is written back element by
+    element, so the parameters match the CPU's step by step."""
+    torch.manual_seed(0)
+    m = nn.Linear(6, 3)
+    X, Y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    res = []
+    for dev in ("cpu", DEV):
+        mm = copy.deepcopy(m).to(dev)
+        opt = torch.optim.Adam(mm.parameters(), lr=0.01, fused=fused)
+        sc = torch.amp.GradScaler(dev.type if isinstance(dev, torch.device) else dev, init_scale=1024.0)
+        for _ in range(3):
+            opt.zero_grad()
+            sc.scale(F.cross_entropy(mm(X.to(dev)), Y.to(dev))).backward()
+            sc.step(opt)
+            sc.update()
+            graft.step()
+        res.append([p.detach().cpu() for p in mm.parameters()])
+    for a, b in zip(res[1], res[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -437,6 +437,9 @@ static bool arg_mutated(const c10::Argument &a) {
 struct FallbackArgs {
   std::vector<at::Tensor> orig;    // graft tensor arguments (single tensors)
   std::vector<at::Tensor> cpu_of;  // their CPU copies, as passed to the CPU kernel
+  // Tensor[] arguments: each element's graft tensor (undefined if none) and CPU copy, so that
+  // a mutated list (a fused optimizer's, AMP's unscale) is written back element by element.
+  std::vector<std::vector<at::Tensor>> orig_list, cpu_list;
   bool any_graft = false, any_cpu = false;
 };
 
@@ -455,6 +458,8 @@ static FallbackArgs fallback_args_to_cpu(std::vector<c10::IValue> &args) {
   FallbackArgs fa;
   fa.orig.resize(args.size());
   fa.cpu_of.resize(args.size());
+  fa.orig_list.resize(args.size());
+  fa.cpu_list.resize(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     auto &iv = args[i];
     if (iv.isTensor()) {
@@ -464,7 +469,12 @@ static FallbackArgs fallback_args_to_cpu(std::vector<c10::IValue> &args) {
     } else if (iv.isTensorList()) {
       auto lst = iv.toTensorList();
       c10::List<at::Tensor> nl;
-      for (size_t k = 0; k < lst.size(); ++k) nl.push_back(fallback_tensor_to_cpu(lst.get(k), fa, false));
+      for (size_t k = 0; k < lst.size(); ++k) {
+        at::Tensor t = lst.get(k);
+        fa.orig_list[i].push_back(is_graft(t) ? t : at::Tensor());
+        fa.cpu_list[i].push_back(fallback_tensor_to_cpu(t, fa, false));
+        nl.push_back(fa.cpu_list[i].back());
+      }
       iv = nl;
     } else if (iv.isList() && iv.toListRef().size() > 0 &&
                (iv.toListRef()[0].isTensor() || iv.toListRef()[0].isNone())) {
@@ -555,8 +565,13 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   for (auto &iv : args) stack->push_back(std::move(iv));
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
-  for (size_t i = 0; i < nargs; ++i)  // mutated arguments back into their graft tensors
-    if (fa.orig[i].defined() && arg_mutated(schema.arguments()[i])) write_resize(fa.orig[i], from_cpu(fa.cpu_of[i], gdevice(fa.orig[i])));
+  for (size_t i = 0; i < nargs; ++i) {  // mutated arguments back into their graft tensors
+    if (!arg_mutated(schema.arguments()[i])) continue;
+    if (fa.orig[i].defined()) write_resize(fa.orig[i], from_cpu(fa.cpu_of[i], gdevice(fa.orig[i])));
+    for (size_t k = 0; k < fa.orig_list[i].size(); ++k)
+      if (fa.orig_list[i][k].defined())
+        write_resize(fa.orig_list[i][k], from_cpu(fa.cpu_list[i][k], gdevice(fa.orig_list[i][k])));
+  }
   const auto &rets = schema.returns();
   auto outs = torch::jit::last(*stack, rets.size()).vec();
   torch::jit::drop(*stack, rets.size());

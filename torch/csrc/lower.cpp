@@ -297,6 +297,8 @@ void out_via(Lowering fn, const c10::OperatorHandle &functional, Stack *s) {
   fn(functional, s);
   at::Tensor r = s->back().toTensor();
   s->pop_back();
+  TORCH_CHECK(c10::canCast(r.scalar_type(), out.scalar_type()), "result type ", r.scalar_type(),
+              " can't be cast to the desired output type ", out.scalar_type());
   write_resize(out, value(r));
   push(s, out);
 }

@@ -57,7 +57,7 @@ void adaptive_max_pool2d_backward(const c10::OperatorHandle &op, Stack *s) {
   Args a(op, s);
   const at::Tensor &g = a.t(0), &x = a.t(1);
   int64_t H = x.size(-2), W = x.size(-1), oh = g.size(-2), ow = g.size(-1);
-  if (H % oh || W % ow) return fall_back(op, s, a);
+  if (oh <= 0 || ow <= 0 || H % oh || W % ow) return fall_back(op, s, a);
   std::vector<int64_t> k{H / oh, W / ow};
   push(s, at::max_pool2d_with_indices_backward(g, x, k, k, {0, 0}, {1, 1}, false, a.t(2)));
 }

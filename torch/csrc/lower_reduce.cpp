@@ -173,6 +173,8 @@ void vector_norm(const c10::OperatorHandle &op, Stack *s) {
               ": expected a floating point input, got ", t.scalar_type());
   G x = tv(t);
   if (!a.none(4)) x = conv(std::move(x), (at::ScalarType)a.i(4));
+  at::ScalarType out_st = gst(x);
+  if (out_st == at::kHalf || out_st == at::kBFloat16) x = conv(std::move(x), at::kFloat);  // as PyTorch accumulates
   double p = a.d(1);
   auto dims = dims_of(a.v[2], t.dim());
   bool keep = a.b(3);
@@ -191,7 +193,7 @@ void vector_norm(const c10::OperatorHandle &op, Stack *s) {
     G pw = chk(graft_pow(ax.get(), scal(p, gst(x)).get()), what);
     r = chk(graft_pow(reduce<graft_sum>(pw, dims, keep, what).get(), scal(1.0 / p, gst(x)).get()), what);
   }
-  push(s, wrap(std::move(r)));
+  push(s, wrap(conv(std::move(r), out_st)));
 }
 
 // Softmax family ------------------------------------------------------------------

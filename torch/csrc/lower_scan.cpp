@@ -10,6 +10,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 namespace graftpt {
 namespace {
 
@@ -22,7 +24,7 @@ at::Tensor upper_ones(int64_t n, at::ScalarType st) {
   return wrap(conv(chk(graft_le(rows.get(), cols.get()), "cumsum"), st));
 }
 
-// Inclusive cumsum along the last dim of a 2-D float [M, n] graft tensor.
+// Inclusive cumsum along the last dim of a 2-D float [M, n] graft tensor of finite values.
 at::Tensor cumsum_rows(const at::Tensor &x) {
   int64_t M = x.size(0), n = x.size(1);
   if (n <= kScanBlock) {
@@ -37,6 +39,21 @@ at::Tensor cumsum_rows(const at::Tensor &x) {
   return padded == n ? r : r.slice(1, 0, n);
 }
 
+// cumsum_rows for any values: a product would make inf * 0 = NaN before an inf, so the finite
+// part and the running counts of NaN, +inf and -inf are summed (one product over 4M rows) and
+// the result is NaN after a NaN or after both infinities, else the infinity seen, else the sum.
+at::Tensor cumsum_rows_nonfinite(const at::Tensor &x) {
+  int64_t M = x.size(0);
+  at::Tensor fin = x.isfinite();
+  at::Tensor rows = at::cat({at::where(fin, x, 0.0), x.isnan().to(x.scalar_type()),
+                             x.isposinf().to(x.scalar_type()), x.isneginf().to(x.scalar_type())}, 0);
+  auto parts = cumsum_rows(rows).split(M, 0);
+  at::Tensor nan = parts[1].gt(0), pinf = parts[2].gt(0), ninf = parts[3].gt(0);
+  at::Tensor r = at::where(ninf, -INFINITY, parts[0]);
+  r = at::where(pinf, INFINITY, r);
+  return at::where(nan.logical_or(pinf.logical_and(ninf)), NAN, r);
+}
+
 // cumsum(self, dim, *, dtype?)
 void cumsum(const c10::OperatorHandle &op, Stack *s) {
   Args a(op, s);
@@ -49,9 +66,11 @@ void cumsum(const c10::OperatorHandle &op, Stack *s) {
   }
   int64_t d = c10::maybe_wrap_dim(a.i(1), t.dim());
   at::ScalarType work = out_st == at::kDouble || !at::isFloatingType(out_st) ? at::kDouble : at::kFloat;
-  at::Tensor x = t.to(work).movedim(d, -1);
+  at::Tensor x = t.to(out_st).to(work).movedim(d, -1);  // dtype= converts before summing
   auto moved = x.sizes().vec();
-  at::Tensor r = cumsum_rows(x.reshape({-1, moved.back()})).reshape(moved).movedim(-1, d);
+  at::Tensor x2 = x.reshape({-1, moved.back()});
+  at::Tensor r = (at::isFloatingType(out_st) ? cumsum_rows_nonfinite(x2) : cumsum_rows(x2))
+                     .reshape(moved).movedim(-1, d);
   push(s, r.to(out_st));
 }
 

@@ -29,6 +29,9 @@ typedef struct {
   uint64_t own_gemms;     /* f32 GEMMs (or parts of one) run on cpu_sgemm.c's AVX-512 kernel */
 } cpu_counters;
 extern cpu_counters cpu_stats;
+/* The thread pool's fork handler (a forked child starts with no workers); registered with the
+ * backends, before any step runs. */
+void cpu_pool_fork_register(void);
 
 /* Number of threads of the pool (callers included); starts it on first use. */
 int cpu_pool_threads(void);

@@ -125,9 +125,12 @@ static void cpu_pool_fork_child(void) {
 static pthread_once_t cpu_pool_fork_once = PTHREAD_ONCE_INIT;
 static void cpu_pool_fork_install(void) { pthread_atfork(NULL, NULL, cpu_pool_fork_child); }
 
+/* At backend registration, before any step runs: never under the pool's lock (pthread_atfork
+ * waits for a fork in progress). */
+void cpu_pool_fork_register(void) { pthread_once(&cpu_pool_fork_once, cpu_pool_fork_install); }
+
 static int cpu_pool_start_locked(void) {
   if (pool.started) return pool.nthreads;
-  pthread_once(&cpu_pool_fork_once, cpu_pool_fork_install);
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   const char *e = getenv("GRAFT_THREADS");
   if (e && atoi(e) > 0) n = atoi(e);
