@@ -586,7 +586,7 @@ static int fork_child_work(graft_tensor *x, const float *v, const char *mode) {
     if (graft_to_host(y, out, sizeof out) != GRAFT_OK) return 2;
     graft_scope_end();
     if (fabsf(out[9] - tanhf(3.5f * v[9])) > 1e-5f) return 3;
-#ifndef __SANITIZE_THREAD__ /* it starts the compile thread for the parent's queued builds */
+#ifndef __SANITIZE_THREAD__ /* it starts a compile thread in the child */
     if (r == 1) graft_wait_compiles();
 #endif
   }

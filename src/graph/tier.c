@@ -276,7 +276,6 @@ void *tier_native_for(cache_entry *e, int queued) {
   /* Steps are queued ahead (the front-end traces faster than the first tier runs them): the
    * build gets the cores and they run on its code. */
   pthread_mutex_lock(&q_mu);
-  if (q_head) (void)tier_start_locked(); /* a forked child's queue */
   while (atomic_load(&e->building) && q_started && !q_stop && !q_forking)
     pthread_cond_wait(&q_landed, &q_mu);
   pthread_mutex_unlock(&q_mu);
@@ -298,7 +297,6 @@ void graft_wait_compiles(void) {
   cache_foreach(tier_want_full);
   tensor_unlock();
   pthread_mutex_lock(&q_mu);
-  if (q_head) (void)tier_start_locked(); /* a forked child's queue */
   while (q_started && (q_head || q_busy)) pthread_cond_wait(&q_idle, &q_mu);
   pthread_mutex_unlock(&q_mu);
 }
@@ -325,8 +323,9 @@ static void tier_stop_thread(void) {
 /* fork (fork.c): first the build in progress lands (its compiler's locks and files are then
  * consistent in the child) and no other starts; steps waiting for a build stop waiting (they
  * run on the first tier), so the executor can drain. No lock is kept: the executor may need
- * this one while it drains. The queue is kept, and the child's thread starts when a build or a
- * wait needs it. */
+ * this one while it drains. The child drops the parent's queue (a DataLoader worker must not
+ * compile its parent's graphs): a graph that had no native code yet is compiled again only if
+ * the child runs it again. */
 void tier_fork_wait_build(void) {
   pthread_mutex_lock(&q_mu);
   if (!(q_started && pthread_equal(pthread_self(), q_thread))) { /* the compile thread forks */
@@ -347,6 +346,11 @@ void tier_fork_parent(void) {
 }
 
 void tier_fork_child(void) { /* this thread is the only one: the parent's waiters are gone */
+  for (cache_entry *e = q_head; e; e = e->qnext) {
+    atomic_store(&e->building, false);
+    if (e->level == TIER_LEVEL_NONE) e->tier = TIER_ONCE; /* else it keeps its quick build */
+  }
+  q_head = q_tail = NULL;
   q_forking = q_started = q_busy = q_stop = 0;
   pthread_cond_init(&q_cv, NULL);
   pthread_cond_init(&q_idle, NULL);
