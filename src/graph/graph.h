@@ -49,6 +49,8 @@ typedef struct cache_entry {
   tier_state tier;
   tier_level level;
   bool full_only;           /* the caller waits for native code (wait_compiles): no quick build */
+  bool inherited;           /* made before a fork and not run since in this (child) process:
+                               graft_wait_compiles leaves it alone */
   unsigned char check_reported; /* GRAFT_CHECK: bit 0 first tier, bit 1 compiled code reported */
   struct cache_entry *next; /* hash chain */
   struct cache_entry *qnext; /* compile queue */

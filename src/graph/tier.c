@@ -283,11 +283,14 @@ void *tier_native_for(cache_entry *e, int queued) {
 }
 
 void tier_hit(cache_entry *e) {
+  e->inherited = false;
   if (e->tier == TIER_ONCE && tier_get_mode() != TIER_MODE_OFF) tier_queue(e);
 }
 
-/* The caller wants the full native code now: no quick build first. */
+/* The caller wants the full native code now: no quick build first. A forked child wants it for
+ * the graphs it ran, not for every graph its parent had run once. */
 static void tier_want_full(cache_entry *e) {
+  if (e->inherited) return;
   if (e->tier == TIER_ONCE) e->full_only = true;
   tier_hit(e);
 }
@@ -345,12 +348,15 @@ void tier_fork_parent(void) {
   pthread_mutex_unlock(&q_mu);
 }
 
+static void tier_mark_inherited(cache_entry *e) { e->inherited = true; }
+
 void tier_fork_child(void) { /* this thread is the only one: the parent's waiters are gone */
   for (cache_entry *e = q_head; e; e = e->qnext) {
     atomic_store(&e->building, false);
     if (e->level == TIER_LEVEL_NONE) e->tier = TIER_ONCE; /* else it keeps its quick build */
   }
   q_head = q_tail = NULL;
+  cache_foreach(tier_mark_inherited);
   q_forking = q_started = q_busy = q_stop = 0;
   pthread_cond_init(&q_cv, NULL);
   pthread_cond_init(&q_idle, NULL);

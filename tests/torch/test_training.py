@@ -181,9 +181,12 @@ class _GraftMadeSamples(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         v = (self.x[i].to(DEV) * 2).tanh().cpu()
-        if i % 16 == 15:
-            graft.wait_compiles()  # the worker's own graph gets native code: waits for its build
-        return v, self.y[i]
+        built = 0
+        if i % 16 == 15:  # the worker's own graph gets native code: it waits for its build
+            graft.reset_metrics()
+            graft.wait_compiles()
+            built = graft.metrics()["native_compiles"]
+        return v, self.y[i], built
 
 
 def test_dataloader_forked_workers_use_graft():
@@ -194,12 +197,15 @@ def test_dataloader_forked_workers_use_graft():
     model = nn.Linear(8, 3).to(DEV)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ds = _GraftMadeSamples(96)
+    for k in range(30):  # graphs (of 30 shapes) the parent ran once: a worker must not compile them
+        (torch.randn(8 + k).to(DEV) * 2).sin().sum().item()
     losses = []
     for _ in range(3):
         dl = torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2, timeout=120,
                                          multiprocessing_context="fork")
         seen = 0
-        for xb, yb in dl:
+        for xb, yb, built in dl:
+            assert int(built.max()) <= 2, built  # its own graphs only
             torch.testing.assert_close(xb, (ds.x[seen:seen + len(xb)] * 2).tanh())
             seen += len(xb)
             loss = F.cross_entropy(model(xb.to(DEV)), yb.to(DEV))

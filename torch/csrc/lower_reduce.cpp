@@ -121,32 +121,13 @@ void argmaxmin(const c10::OperatorHandle &op, Stack *s) {  // argmax/argmin(self
   push(s, wrap(chk((Max ? graft_argmax : graft_argmin)(x.get(), d, keep), "argmax")));
 }
 
-// var / std with correction (var.correction(self, dim?, correction?, keepdim))
-template <bool Std>
+// var / std and var_mean / std_mean with correction: (self, dim?, correction?, keepdim). The
+// variance (or its root) is pushed, then the mean when WithMean.
+template <bool Std, bool WithMean>
 void var_corr(const c10::OperatorHandle &op, Stack *s) {
   Args a(op, s);
   const at::Tensor &t = a.t(0);
-  G x = reduce_input(t, a, -1, true);
-  auto dims = dims_of(a.v[1], t.dim());
-  double corr = a.none(2) ? 1.0 : a.d(2);
-  bool keep = a.b(3);
-  int64_t n = 1;
-  if (dims.empty()) n = t.numel();
-  else for (int d : dims) n *= t.size(d);
-  G m = reduce<graft_mean>(x, dims, true, "var");
-  G dx = chk(graft_sub(x.get(), m.get()), "var");
-  G sq = chk(graft_mul(dx.get(), dx.get()), "var");
-  G ss = reduce<graft_sum>(sq, dims, keep, "var");
-  G r = chk(graft_div(ss.get(), scal(std::max(0.0, (double)n - corr), gst(ss)).get()), "var");
-  if (Std) r = chk(graft_sqrt(r.get()), "std");
-  push(s, wrap(std::move(r)));
-}
-// var_mean / std_mean.correction(self, dim?, *, correction?, keepdim) -> (var or std, mean)
-template <bool Std>
-void var_mean_corr(const c10::OperatorHandle &op, Stack *s) {
-  Args a(op, s);
-  const at::Tensor &t = a.t(0);
-  const char *what = Std ? "std_mean" : "var_mean";
+  const char *what = Std ? "std" : "var";
   G x = reduce_input(t, a, -1, true);
   auto dims = dims_of(a.v[1], t.dim());
   double corr = a.none(2) ? 1.0 : a.d(2);
@@ -160,7 +141,7 @@ void var_mean_corr(const c10::OperatorHandle &op, Stack *s) {
   G r = chk(graft_div(ss.get(), scal(std::max(0.0, (double)n - corr), gst(ss)).get()), what);
   if (Std) r = chk(graft_sqrt(r.get()), what);
   push(s, wrap(std::move(r)));
-  push(s, wrap(keep ? m : reduce<graft_mean>(x, dims, false, what)));
+  if (WithMean) push(s, wrap(keep ? m : reduce<graft_mean>(x, dims, false, what)));
 }
 
 // linalg_vector_norm(self, ord, dim?, keepdim, *, dtype?): what clip_grad_norm_ and
@@ -640,10 +621,10 @@ void add_reduce_lowerings(LoweringTable &t) {
       {"aten::min.dim", &minmax_dim<false>},
       {"aten::argmax", &argmaxmin<true>},
       {"aten::argmin", &argmaxmin<false>},
-      {"aten::var.correction", &var_corr<false>},
-      {"aten::std.correction", &var_corr<true>},
-      {"aten::var_mean.correction", &var_mean_corr<false>},
-      {"aten::std_mean.correction", &var_mean_corr<true>},
+      {"aten::var.correction", &var_corr<false, false>},
+      {"aten::std.correction", &var_corr<true, false>},
+      {"aten::var_mean.correction", &var_corr<false, true>},
+      {"aten::std_mean.correction", &var_corr<true, true>},
       {"aten::linalg_vector_norm", &vector_norm},
       {"aten::_log_softmax", &softmax_fwd<true>},
       {"aten::_softmax", &softmax_fwd<false>},
