@@ -61,6 +61,11 @@ std::vector<int64_t> gshape(const G &v);
 // The wrapped dims of an int / int[] / None argument (None: empty).
 std::vector<int> dims_of(const c10::IValue &iv, int64_t ndim);
 G reshape_to(const G &v, const std::vector<int64_t> &sz);
+// One graft op on values, its failure raised naming what (lowerings composed of many ops).
+using GBin = graft_tensor *(*)(graft_tensor *, graft_tensor *);
+using GUn = graft_tensor *(*)(graft_tensor *);
+inline G gbin(GBin f, const G &a, const G &b, const char *what) { return chk(f(a.get(), b.get()), what); }
+inline G gun(GUn f, const G &a, const char *what) { return chk(f(a.get()), what); }
 void same_dtype(const at::Tensor &a, const at::Tensor &b, const char *what);
 
 // Each concept's lowerings.

@@ -17,10 +17,6 @@ std::vector<at::Tensor> tensors(const c10::IValue &iv) {
   return v;
 }
 
-G bin(graft_tensor *(*f)(graft_tensor *, graft_tensor *), const G &a, const G &b, const char *what) {
-  return chk(f(a.get(), b.get()), what);
-}
-
 // lr as a float64 graft value: a float argument, or the tensor of the .tensor_lr overloads.
 G lr_value(const c10::IValue &iv) {
   if (iv.isTensor()) return conv(tv(iv.toTensor()), at::kDouble);
@@ -54,29 +50,29 @@ void fused_adam(const c10::OperatorHandle &op, Stack *s) {
     if (maximize) g = chk(graft_neg(g.get()), what);
     if (wd != 0) {
       if (ADAMW) {  // p *= 1 - lr * wd
-        G f = bin(graft_sub, scal(1.0, at::kDouble),
-                  bin(graft_mul, lr, scal(wd, at::kDouble), what), what);
-        p = bin(graft_mul, p, conv(f, st), what);
+        G f = gbin(graft_sub, scal(1.0, at::kDouble),
+                  gbin(graft_mul, lr, scal(wd, at::kDouble), what), what);
+        p = gbin(graft_mul, p, conv(f, st), what);
       } else {
-        g = bin(graft_add, g, bin(graft_mul, p, scal(wd, st), what), what);
+        g = gbin(graft_add, g, gbin(graft_mul, p, scal(wd, st), what), what);
       }
     }
-    m = bin(graft_add, bin(graft_mul, m, scal(beta1, st), what),
-            bin(graft_mul, g, scal(1 - beta1, st), what), what);
-    G gg = bin(graft_mul, g, g, what);
-    v = bin(graft_add, bin(graft_mul, v, scal(beta2, st), what),
-            bin(graft_mul, gg, scal(1 - beta2, st), what), what);
+    m = gbin(graft_add, gbin(graft_mul, m, scal(beta1, st), what),
+            gbin(graft_mul, g, scal(1 - beta1, st), what), what);
+    G gg = gbin(graft_mul, g, g, what);
+    v = gbin(graft_add, gbin(graft_mul, v, scal(beta2, st), what),
+            gbin(graft_mul, gg, scal(1 - beta2, st), what), what);
     G second = v, newmx;
-    if (amsgrad) second = newmx = bin(graft_maximum, value(mx[i]), v, what);
+    if (amsgrad) second = newmx = gbin(graft_maximum, value(mx[i]), v, what);
     // bias corrections in float64 from the (already incremented) step
     G step = conv(value(steps[i]), at::kDouble);
-    G bc1 = bin(graft_sub, scal(1.0, at::kDouble), bin(graft_pow, scal(beta1, at::kDouble), step, what), what);
-    G bc2 = bin(graft_sub, scal(1.0, at::kDouble), bin(graft_pow, scal(beta2, at::kDouble), step, what), what);
-    G step_size = conv(bin(graft_div, lr, bc1, what), st);
+    G bc1 = gbin(graft_sub, scal(1.0, at::kDouble), gbin(graft_pow, scal(beta1, at::kDouble), step, what), what);
+    G bc2 = gbin(graft_sub, scal(1.0, at::kDouble), gbin(graft_pow, scal(beta2, at::kDouble), step, what), what);
+    G step_size = conv(gbin(graft_div, lr, bc1, what), st);
     G bc2_sqrt = conv(chk(graft_sqrt(bc2.get()), what), st);
-    G denom = bin(graft_add, bin(graft_div, chk(graft_sqrt(second.get()), what), bc2_sqrt, what),
+    G denom = gbin(graft_add, gbin(graft_div, chk(graft_sqrt(second.get()), what), bc2_sqrt, what),
                   scal(eps, st), what);
-    p = bin(graft_sub, p, bin(graft_div, bin(graft_mul, m, step_size, what), denom, what), what);
+    p = gbin(graft_sub, p, gbin(graft_div, gbin(graft_mul, m, step_size, what), denom, what), what);
     write(params[i], std::move(p));
     write(m1[i], std::move(m));
     write(m2[i], std::move(v));
@@ -100,15 +96,15 @@ void fused_sgd(const c10::OperatorHandle &op, Stack *s) {
     at::ScalarType st = params[i].scalar_type();
     G p = value(params[i]), g = conv(value(grads[i]), st);
     if (maximize) g = chk(graft_neg(g.get()), what);
-    if (wd != 0) g = bin(graft_add, g, bin(graft_mul, p, scal(wd, st), what), what);
+    if (wd != 0) g = gbin(graft_add, g, gbin(graft_mul, p, scal(wd, st), what), what);
     if (momentum != 0) {
       G buf = first ? g
-                    : bin(graft_add, bin(graft_mul, value(bufs[i]), scal(momentum, st), what),
-                          bin(graft_mul, g, scal(1 - dampening, st), what), what);
-      g = nesterov ? bin(graft_add, g, bin(graft_mul, buf, scal(momentum, st), what), what) : buf;
+                    : gbin(graft_add, gbin(graft_mul, value(bufs[i]), scal(momentum, st), what),
+                          gbin(graft_mul, g, scal(1 - dampening, st), what), what);
+      g = nesterov ? gbin(graft_add, g, gbin(graft_mul, buf, scal(momentum, st), what), what) : buf;
       write(bufs[i], std::move(buf));
     }
-    p = bin(graft_sub, p, bin(graft_mul, g, conv(lr, st), what), what);
+    p = gbin(graft_sub, p, gbin(graft_mul, g, conv(lr, st), what), what);
     write(params[i], std::move(p));
   }
 }
