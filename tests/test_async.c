@@ -108,6 +108,27 @@ TEST(an_error_surfaces_at_the_next_sync_and_training_continues) {
   graft_release(a), graft_release(ib), graft_release(ig), graft_release(g2);
 }
 
+/* A failure a read has already raised (directly, or through a later step that needed the lost
+ * value) is not raised again by the next sync or wait: a program that caught it carries on. */
+TEST(a_failure_a_read_reported_is_not_raised_again) {
+  float v[3] = {1, 2, 3}, out[2];
+  int64_t bad[2] = {0, 5}, n2 = 2, n3 = 3;
+  for (int derived = 0; derived < 2; derived++) {
+    graft_tensor *a = graft_from_host(v, GRAFT_F32, 1, &n3, 0);
+    graft_tensor *ib = graft_from_host(bad, GRAFT_I64, 1, &n2, 0);
+    graft_tensor *g = graft_gather(a, 0, ib);
+    graft_step();
+    graft_tensor *h = derived ? graft_add_scalar(g, 1) : NULL; /* a step that cannot run */
+    if (h) graft_step();
+    CHECK(graft_to_host(h ? h : g, out, sizeof out) == GRAFT_ERR_ARG);
+    CHECK(strstr(graft_last_error(), "out of range"));
+    graft_clear_error();
+    CHECK(graft_wait() == GRAFT_OK);
+    CHECK(graft_step() == GRAFT_OK);
+    graft_release(a), graft_release(ib), graft_release(g), graft_release(h);
+  }
+}
+
 /* A read waits for the step that computes it; the wait is counted. */
 TEST(a_read_waits_for_its_step) {
   graft_metrics_reset();
@@ -144,6 +165,7 @@ TEST(shutdown_runs_what_is_queued) {
 int main(void) {
   RUN(results_equal_the_synchronous_modes);
   RUN(an_error_surfaces_at_the_next_sync_and_training_continues);
+  RUN(a_failure_a_read_reported_is_not_raised_again);
   RUN(a_read_waits_for_its_step);
   RUN(shutdown_runs_what_is_queued);
   graft_shutdown();

@@ -12,11 +12,17 @@
 #include "../src/backends/ref/ref.h"
 #include "../src/backends/cpu/cpu.h"
 #include "../src/backends/cpu/cpu_math.h"
+#include "../src/backends/dcache.h"
 #include "check.h"
 #include "device.h"
 #include "tensor.h"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <float.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1243,14 +1249,7 @@ TEST(disk_cache) {
   int st = 0;
   waitpid(pid, &st, 0);
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  /* a truncated entry is detected and rebuilt */
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "for f in %s/graft/*.so; do : > \"$f\"; done", cache_root);
-  CHECK(system(cmd) == 0);
-  uint64_t k0 = cpu_stats.disk_corrupt;
-  void *e3 = cpu_backend.compile(p);
-  CHECK(e3 && cpu_stats.disk_corrupt > k0 && cpu_stats.compiles == c0 + 2);
-  cpu_backend.free_exe(e3);
+  /* damaged entries: disk_cache_entries_refused (in child processes, each says its warning) */
   /* a directory others can write is refused (and compiling still works) */
   char dir[400];
   snprintf(dir, sizeof dir, "%s/graft", cache_root);
@@ -1327,6 +1326,328 @@ TEST(read_only_cache_folder) {
   int st = 0;
   waitpid(pid, &st, 0);
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  program_free(p);
+  release_all();
+}
+
+/* ---- disk cache entries that must not load, and folders that cannot take one ---- */
+
+/* 1 when exe (p compiled) computes what the reference does, on inputs made here. */
+static int exe_right(exec_program *p, void *exe) {
+  exec_buffer *in[8] = {0}, *ro[8] = {0}, *co[8] = {0};
+  if (!exe || p->nparams > 8 || p->noutputs > 8) return 0;
+  for (int k = 0; k < p->nparams; k++) {
+    const exec_instr *x = &p->instr[p->param_slot[k]];
+    in[k] = buffer_new((size_t)x->numel * graft_dtype_size(x->dtype), 0, 0, "test");
+    for (int64_t i = 0; i < x->numel; i++)
+      dtype_store(in[k]->ptr, x->dtype, i, 0.01 * (double)(i % 97) - 0.4);
+  }
+  int ok = !ref_backend.execute(NULL, p, in, ro) && !cpu_backend.execute(exe, p, in, co);
+  for (int k = 0; ok && k < p->noutputs; k++) ok = compare_output(p, k, ro[k], co[k], 1e-6, 0) == 0;
+  for (int k = 0; k < 8; k++) {
+    buffer_release(in[k]);
+    buffer_release(ro[k]);
+    buffer_release(co[k]);
+  }
+  return ok;
+}
+
+/* Compiles, checks and frees p; 1 when it compiled and computes right. */
+static int compiles_right(exec_program *p) {
+  void *e = cpu_backend.compile(p);
+  int ok = exe_right(p, e);
+  if (e) cpu_backend.free_exe(e);
+  return ok;
+}
+
+/* Runs fn(arg) in a child process, its stderr into said (n bytes), killed after 60 s (a load
+ * that blocks fails the test rather than hanging the suite). fn's exit status, or -1 when it
+ * died; what it said is shown when it did not exit 0. */
+static int in_child(int (*fn)(void *), void *arg, char *said, size_t n) {
+  char log[400];
+  snprintf(log, sizeof log, "%s/child.log", cache_root);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || dup2(fd, 2) < 0) _exit(98);
+    alarm(60);
+    _exit(fn(arg));
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  FILE *f = fopen(log, "r");
+  size_t k = f ? fread(said, 1, n - 1, f) : 0;
+  said[k] = 0;
+  if (f) fclose(f);
+  int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (rc) fprintf(stderr, "child exited %d (signal %d); it said:\n%s", rc,
+                  WIFSIGNALED(st) ? WTERMSIG(st) : 0, said);
+  return rc;
+}
+
+/* The first file of folder dir whose name ends in ext and whose path is not `not`, into out;
+ * 1 when there is one. */
+static int find_entry(const char *dir, const char *ext, const char *not, char *out, size_t n) {
+  DIR *d = opendir(dir);
+  struct dirent *de;
+  int found = 0;
+  while (d && !found && (de = readdir(d))) {
+    size_t l = strlen(de->d_name), le = strlen(ext);
+    snprintf(out, n, "%s/%s", dir, de->d_name);
+    found = l > le && !strcmp(de->d_name + l - le, ext) && strcmp(out, not);
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+static int copy_file(const char *from, const char *to) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "rm -f '%s' && cp '%s' '%s'", to, from, to);
+  return system(cmd);
+}
+
+/* Paths of graph A's entry (the one the cases damage) and of another graph B's. */
+static char ent_so[600], ent_meta[600], other_so[600], other_meta[600];
+
+static int put_other_pair(void) {
+  return copy_file(other_so, ent_so) || copy_file(other_meta, ent_meta);
+}
+static int put_link_to_other_owner(void) { /* a link to a good copy that another user owns */
+  char target[700];
+  snprintf(target, sizeof target, "%s.elsewhere", ent_so);
+  return copy_file(ent_so, target) || (geteuid() == 0 && chown(target, 65534, 65534)) ||
+         unlink(ent_so) || symlink(target, ent_so);
+}
+static int put_fifo(void) { return unlink(ent_so) || mkfifo(ent_so, 0600); }
+/* mknod's character device 1,5 (/dev/zero) at path; 0 when it could be made. */
+static int make_zero_device(const char *path) {
+  char cmd[1400];
+  snprintf(cmd, sizeof cmd, "rm -f '%s' && mknod '%s' c 1 5 2>/dev/null", path, path);
+  return system(cmd);
+}
+static int can_make_devices; /* else a link to /dev/zero stands in for the device */
+static int put_device(void) {
+  if (can_make_devices) return make_zero_device(ent_so);
+  return unlink(ent_so) || symlink("/dev/zero", ent_so);
+}
+static int put_other_owner(void) { return chown(ent_so, 65534, 65534); }
+static int put_group_writable(void) { return chmod(ent_so, 0660); }
+static int put_truncated(void) { return truncate(ent_so, 100); }
+static int put_no_meta(void) { return unlink(ent_meta); }
+static int put_old_meta(void) { /* the format before entries named their key */
+  FILE *f = fopen(ent_meta, "w");
+  return !f || fprintf(f, "1234 5678abcd\n") < 0 || fclose(f);
+}
+
+typedef struct {
+  exec_program *p;
+  int (*damage)(void);
+  const char *why; /* what the warning must say */
+} entry_case;
+
+/* (in a child) Damages the entry, then compiles: refused (counted), compiled again, right, and
+ * cached again (a disk hit next). */
+static int entry_refused(void *arg) {
+  entry_case *c = arg;
+  if (c->damage()) return 2;
+  uint64_t k0 = cpu_stats.disk_corrupt, c0 = cpu_stats.compiles, h0 = cpu_stats.disk_hits;
+  int ok = compiles_right(c->p);
+  int counted = cpu_stats.disk_corrupt == k0 + 1 && cpu_stats.compiles == c0 + 1 &&
+                cpu_stats.disk_hits == h0;
+  int hit_again = compiles_right(c->p) && cpu_stats.disk_hits == h0 + 1;
+  struct stat st;
+  int good = lstat(ent_so, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid();
+  return ok && counted && hit_again && good ? 0 : 1;
+}
+
+/* Each way an entry can be something other than its graph's own private regular file: refused
+ * before anything is read from it or loaded, removed, said once naming the file and why, and
+ * rebuilt; the graph computes right. */
+TEST(disk_cache_entries_refused) {
+  char root[400], dir[450], said[4096];
+  snprintf(root, sizeof root, "%s/entries", cache_root);
+  snprintf(dir, sizeof dir, "%s/graft", root);
+  mkdir(root, 0700);
+  setenv("XDG_CACHE_HOME", root, 1);
+  exec_program *pb = cache_prog(2.75), *pa = cache_prog(1.75);
+  CHECK(compiles_right(pa) && find_entry(dir, ".so", "", ent_so, sizeof ent_so));
+  CHECK(compiles_right(pb) && find_entry(dir, ".so", ent_so, other_so, sizeof other_so));
+  snprintf(ent_meta, sizeof ent_meta, "%.*s.meta", (int)strlen(ent_so) - 3, ent_so);
+  snprintf(other_meta, sizeof other_meta, "%.*s.meta", (int)strlen(other_so) - 3, other_so);
+  entry_case cases[] = {
+      {pa, put_other_pair, "is another entry's"},
+      {pa, put_link_to_other_owner, "is a symbolic link"},
+      {pa, put_fifo, "is a FIFO"},
+      {pa, put_device, "is a device file"},
+      {pa, put_other_owner, "belongs to another user"},
+      {pa, put_group_writable, "is writable by group or others"},
+      {pa, put_truncated, "is not the size its .meta says"},
+      {pa, put_no_meta, "has no .meta"},
+      {pa, put_old_meta, "has a .meta of another format"},
+  };
+  char probe[450];
+  snprintf(probe, sizeof probe, "%s/probe", root);
+  can_make_devices = make_zero_device(probe) == 0;
+  unlink(probe);
+  if (!can_make_devices) {
+    fprintf(stderr, "  (cannot make a device file here: a link to /dev/zero stands in)\n");
+    cases[3].why = "is a symbolic link";
+  }
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    if (cases[i].damage == put_other_owner && geteuid() != 0) {
+      fprintf(stderr, "  (not root: the case of an entry another user owns is skipped)\n");
+      continue;
+    }
+    int rc = in_child(entry_refused, &cases[i], said, sizeof said);
+    int told = strstr(said, "graft: warning: disk cache entry ") && strstr(said, ent_so) &&
+               strstr(said, cases[i].why) && strstr(said, "; removed, compiling again");
+    if (rc || !told) fprintf(stderr, "FAIL disk cache case %zu (%s)\n", i, cases[i].why);
+    CHECK(rc == 0 && told);
+  }
+  char elsewhere[700];
+  snprintf(elsewhere, sizeof elsewhere, "%s.elsewhere", ent_so);
+  unlink(elsewhere);
+  setenv("XDG_CACHE_HOME", cache_root, 1);
+  program_free(pa);
+  program_free(pb);
+  release_all();
+}
+
+/* The shared entry functions (the OpenCL backend's program binaries): the same checks. */
+static int clbin_checks(void *arg) {
+  const char *dir = arg;
+  const char good[] = "binary one", other[] = "another binary";
+  char path[600], path2[600], meta[600], meta2[600];
+  snprintf(path, sizeof path, "%s/ocl-1.clbin", dir);
+  snprintf(meta, sizeof meta, "%s/ocl-1.meta", dir);
+  snprintf(path2, sizeof path2, "%s/ocl-2.clbin", dir);
+  snprintf(meta2, sizeof meta2, "%s/ocl-2.meta", dir);
+  size_t n = 0;
+  unsigned char *b = NULL;
+  int ok = !dcache_store(dir, "ocl-1", "clbin", good, sizeof good) &&
+           !dcache_store(dir, "ocl-2", "clbin", other, sizeof other);
+  ok = ok && (b = dcache_load(dir, "ocl-1", "clbin", &n)) && n == sizeof good &&
+       !memcmp(b, good, n);
+  free(b);
+  ok = ok && !copy_file(path2, path) && !copy_file(meta2, meta) &&
+       !dcache_load(dir, "ocl-1", "clbin", &n) && access(path, F_OK) && access(meta, F_OK);
+  ok = ok && !dcache_store(dir, "ocl-1", "clbin", good, sizeof good) && !unlink(path) &&
+       !mkfifo(path, 0600) && !dcache_load(dir, "ocl-1", "clbin", &n) && access(path, F_OK);
+  ok = ok && !dcache_store(dir, "ocl-1", "clbin", good, sizeof good) && !unlink(path) &&
+       !symlink(path2, path) && !dcache_load(dir, "ocl-1", "clbin", &n) && access(path, F_OK);
+  return ok ? 0 : 1;
+}
+
+TEST(disk_cache_shared_entries) {
+  char dir[400], said[4096];
+  snprintf(dir, sizeof dir, "%s/clbin", cache_root);
+  CHECK(mkdir(dir, 0700) == 0);
+  CHECK(in_child(clbin_checks, dir, said, sizeof said) == 0);
+  const char *w = strstr(said, "graft: warning: disk cache entry ");
+  CHECK(w && strstr(w, "is another entry's")); /* the first refusal, said once */
+  CHECK(w && !strstr(w + 1, "graft: warning"));
+  char cmd[500];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+}
+
+typedef struct {
+  exec_program *p;
+  const char *root;   /* the cache root */
+  int compiler_fails; /* how many of the two compiles the compiler itself failed */
+} full_case;
+
+/* (in a child) A cache folder that has no room: compiling goes on in a private temporary
+ * folder, twice, said once and counted each time; nothing is cached. */
+static int compiles_without_room(void *arg) {
+  full_case *c = arg;
+  setenv("XDG_CACHE_HOME", c->root, 1);
+  graft_metrics m0 = M();
+  uint64_t r0 = cpu_stats.disk_refused, h0 = cpu_stats.disk_hits;
+  uint64_t f0 = cpu_stats.compile_fail;
+  int ok = compiles_right(c->p) && compiles_right(c->p);
+  char dir[600], so[700];
+  snprintf(dir, sizeof dir, "%s/graft", c->root);
+  int counted = cpu_stats.disk_refused == r0 + 2 && cpu_stats.disk_hits == h0 &&
+                cpu_stats.compile_fail == f0 + (uint64_t)c->compiler_fails &&
+                M().native_disk_refused == m0.native_disk_refused + 2;
+  return ok && counted && !find_entry(dir, ".so", "", so, sizeof so) ? 0 : 1;
+}
+
+/* Fills the filesystem of dir, then frees leave bytes of it again; 0 on success. */
+static int fill_up(const char *dir, long leave) {
+  char path[600], block[4096] = {0};
+  snprintf(path, sizeof path, "%s/filler", dir);
+  FILE *f = fopen(path, "w");
+  if (!f) return -1;
+  setvbuf(f, NULL, _IONBF, 0);
+  long size = 0;
+  while (fwrite(block, 1, sizeof block, f) == sizeof block) size += (long)sizeof block;
+  fclose(f);
+  return truncate(path, size > leave ? size - leave : 0);
+}
+
+/* The full filesystem: on a 64 KiB tmpfs (as root; skipped, saying so, where it cannot be
+ * mounted), once with no room at all and once with room for the source but not the object. */
+static void full_filesystem_cases(exec_program *p) {
+  char root[400], cmd[600], said[4096];
+  snprintf(root, sizeof root, "%s/full", cache_root);
+  CHECK(mkdir(root, 0700) == 0);
+  snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=64k,mode=0700 graft-test '%s' 2>/dev/null",
+           root);
+  if (system(cmd) != 0) {
+    fprintf(stderr, "  (cannot mount a tmpfs here: the full-filesystem cases are skipped)\n");
+    rmdir(root);
+    return;
+  }
+  char dir[450];
+  snprintf(dir, sizeof dir, "%s/graft", root);
+  CHECK(mkdir(dir, 0700) == 0); /* before it fills up */
+  CHECK(compiles_right(p)); /* (in the usual cache) for the size of its source */
+  long page = 4096, src_pages = ((long)strlen(cpu_last_source()) + page - 1) / page;
+  const long leave[] = {0, src_pages * page}; /* nothing; the source but not the object */
+  for (int i = 0; i < 2; i++) {
+    CHECK(fill_up(root, leave[i]) == 0);
+    full_case c = {p, root, i ? 2 : 0};
+    CHECK(in_child(compiles_without_room, &c, said, sizeof said) == 0);
+    const char *w = strstr(said, ": No space left on device; compiling in a private temporary "
+                                 "folder, nothing is cached");
+    CHECK(strstr(said, "graft: warning: disk cache ") && w);
+    CHECK(w && !strstr(w + 1, ": No space left on device;")); /* said once */
+  }
+  snprintf(cmd, sizeof cmd, "umount '%s'", root);
+  CHECK(system(cmd) == 0);
+  rmdir(root);
+}
+
+/* (in a child) Files may not grow past 1 KiB (a quota, as RLIMIT_FSIZE): the cache folder
+ * cannot take the files, nor can a private temporary folder: native code is off, said and
+ * counted. */
+static int compiles_under_file_size_limit(void *arg) {
+  exec_program *p = arg;
+  signal(SIGXFSZ, SIG_IGN); /* writes fail with EFBIG instead */
+  struct rlimit lim = {1024, 1024};
+  if (setrlimit(RLIMIT_FSIZE, &lim)) return 2;
+  uint64_t r0 = cpu_stats.disk_refused;
+  void *e = cpu_backend.compile(p);
+  const char *err = graft_last_error();
+  int said = e == NULL && strstr(err, "native code is off") && strstr(err, strerror(EFBIG));
+  return said && cpu_stats.disk_refused == r0 + 1 ? 0 : 1;
+}
+
+/* No silent degradation: a cache folder that cannot take a file (full, read-only, over quota)
+ * sends the compile to a private temporary folder, said and counted; when that fails too,
+ * native code is off, and that is said too. */
+TEST(cache_folder_without_room) {
+  exec_program *p = cache_prog(5.125);
+  full_filesystem_cases(p);
+  char said[4096];
+  program_free(p);
+  p = cache_prog(6.625); /* not cached yet */
+  CHECK(in_child(compiles_under_file_size_limit, p, said, sizeof said) == 0);
+  CHECK(strstr(said, ": File too large; compiling in a private temporary folder") != NULL);
+  CHECK(strstr(said, "graft: warning: native code is off: ") && strstr(said, "File too large"));
   program_free(p);
   release_all();
 }
@@ -2167,6 +2488,9 @@ int main(void) {
   RUN(disk_cache);
   RUN(cache_path_is_not_shell_code);
   RUN(read_only_cache_folder);
+  RUN(disk_cache_entries_refused);
+  RUN(disk_cache_shared_entries);
+  RUN(cache_folder_without_room);
   RUN(fuzz_300_seeds);
   RUN(train_seeds);
   RUN(output_view_of_a_donated_input);

@@ -63,18 +63,22 @@ static ir_node *node(ir_op op, int nin, ir_node *const *in, const ir_attrs *at, 
   return keep(ir_make(op, nin, in, at ? at : &z, dt, nd, shape));
 }
 
-static const int64_t S2[2] = {3, 5};
+/* The example shapes: rows R and batch B, set to 0 by the zero-size pass (every op must take
+ * an empty operand on every backend; a reduction over an empty axis gives its identity). */
+static int64_t R = 3, B = 1;
+static bool reduce_empty_axis; /* reductions reduce axis 0 (empty in the zero-size pass) */
+#define S2 ((const int64_t[]){R, 5})
 
 /* Movement ops: each with attributes that make it do something. */
 static ir_node *example_movement(ir_op op, graft_dtype dt) {
   ir_node *x = leaf(dt, 2, op == IR_BROADCAST ? (const int64_t[]){1, 5} : S2, 0);
   ir_attrs at = {0};
   switch (op) {
-  case IR_BROADCAST: return node(op, 1, &x, NULL, dt, 3, (int64_t[]){2, 3, 5});
-  case IR_RESHAPE: return node(op, 1, &x, NULL, dt, 2, (int64_t[]){5, 3});
+  case IR_BROADCAST: return node(op, 1, &x, NULL, dt, 3, (int64_t[]){2, R, 5});
+  case IR_RESHAPE: return node(op, 1, &x, NULL, dt, 2, (int64_t[]){5, R});
   case IR_TRANSPOSE: at.a[0] = 1; at.a[1] = 0; return node(op, 1, &x, &at, dt, 0, NULL);
   case IR_SLICE:
-    at.a[0] = 1; at.a[1] = 0; at.a[8] = 3; at.a[9] = 5; at.a[16] = 1; at.a[17] = 2;
+    at.a[0] = R ? 1 : 0; at.a[1] = 0; at.a[8] = R; at.a[9] = 5; at.a[16] = 1; at.a[17] = 2;
     return node(op, 1, &x, &at, dt, 0, NULL);
   case IR_CONCAT: {
     ir_node *in[2] = {x, leaf(dt, 2, S2, 0)};
@@ -97,32 +101,33 @@ static ir_node *example_special(ir_op op, graft_dtype dt) {
     return node(op, 1, &seed, &at, dt, 2, S2);
   }
   case IR_DOT: {
-    ir_node *in[2] = {leaf(dt, 2, S2, 0), leaf(dt, 2, (int64_t[]){5, 4}, 0)};
+    int64_t k = R ? 5 : 0; /* the zero-size pass contracts over nothing: zeros */
+    ir_node *in[2] = {leaf(dt, 2, (int64_t[]){3, k}, 0), leaf(dt, 2, (int64_t[]){k, 4}, 0)};
     return node(op, 2, in, NULL, dt, 0, NULL);
   }
   case IR_CONV2D: {
-    ir_node *in[2] = {leaf(dt, 4, (int64_t[]){1, 2, 5, 5}, 0), leaf(dt, 4, (int64_t[]){3, 2, 3, 3}, 0)};
+    ir_node *in[2] = {leaf(dt, 4, (int64_t[]){B, 2, 5, 5}, 0), leaf(dt, 4, (int64_t[]){3, 2, 3, 3}, 0)};
     at.a[0] = at.a[1] = 1; at.a[6] = at.a[7] = 1; at.a[8] = at.a[9] = 1; at.a[10] = 1;
     return node(op, 2, in, &at, dt, 0, NULL);
   }
   case IR_GATHER: {
-    ir_node *in[2] = {leaf(dt, 2, S2, 0), leaf(GRAFT_I64, 2, (int64_t[]){3, 2}, 5)};
+    ir_node *in[2] = {leaf(dt, 2, S2, 0), leaf(GRAFT_I64, 2, (int64_t[]){R, 2}, 5)};
     at.a[0] = 1;
     return node(op, 2, in, &at, dt, 0, NULL);
   }
   case IR_SCATTER_ADD: {
-    int64_t si[2] = {3, 2};
+    int64_t si[2] = {R, 2};
     ir_node *in[3] = {leaf(dt, 2, S2, 0), leaf(GRAFT_I64, 2, si, 5), leaf(dt, 2, si, 0)};
     at.a[0] = 1;
     return node(op, 3, in, &at, dt, 0, NULL);
   }
   case IR_REDUCE_WINDOW: { /* 2x2 max pool, stride 2 */
-    ir_node *x = leaf(dt, 4, (int64_t[]){1, 2, 4, 4}, 0);
+    ir_node *x = leaf(dt, 4, (int64_t[]){B, 2, 4, 4}, 0);
     for (int d = 0; d < 4; d++) at.a[8 + d] = at.a[16 + d] = d < 2 ? 1 : 2;
     return node(op, 1, &x, &at, dt, 0, NULL);
   }
   case IR_MAX_POOL_GRAD: { /* 3x3 windows, stride 2, padding 1: overlaps and pads */
-    ir_node *in[2] = {leaf(dt, 4, (int64_t[]){1, 2, 5, 5}, 0), leaf(dt, 4, (int64_t[]){1, 2, 3, 3}, 0)};
+    ir_node *in[2] = {leaf(dt, 4, (int64_t[]){B, 2, 5, 5}, 0), leaf(dt, 4, (int64_t[]){B, 2, 3, 3}, 0)};
     for (int d = 0; d < 4; d++) {
       at.a[8 + d] = d < 2 ? 1 : 3;
       at.a[16 + d] = d < 2 ? 1 : 2;
@@ -155,7 +160,9 @@ static ir_node *example(ir_op op, graft_dtype dt) {
   }
   case IR_K_REDUCE: {
     ir_node *x = leaf(dt, 2, S2, 0);
-    at.a[0] = op == IR_ARGMAX || op == IR_ARGMIN ? 1 : 2; /* axis 1; reduce_*: mask of axis 1 */
+    bool arg = op == IR_ARGMAX || op == IR_ARGMIN;
+    /* axis 1; reduce_*: the mask of axis 1, or of axis 0 */
+    at.a[0] = arg ? 1 : reduce_empty_axis ? 1 : 2;
     return node(op, 1, &x, &at, dt, 0, NULL);
   }
   case IR_K_COLLECTIVE: { /* a world of one (no graft_dist_init): each is the identity */
@@ -313,8 +320,9 @@ static int dtypes_of(ir_op op, graft_dtype *dts) {
   return n;
 }
 
-TEST(every_op_on_every_backend) {
-  int ops = 0, runs = 0;
+/* Every row on every dtype it accepts; the number of failures. */
+static int cover_all(int *ops, int *runs) {
+  int before_all = failures;
   for (int op = 0; op < IR_OP_COUNT; op++) {
     if (op == IR_DATA) continue; /* bound, not computed: every graph above has data leaves */
     if (!ref_kernels[op]) {
@@ -324,14 +332,39 @@ TEST(every_op_on_every_backend) {
     graft_dtype dts[8];
     int n = dtypes_of((ir_op)op, dts);
     int before = failures;
-    for (int k = 0; k < n; k++, runs++) cover_one((ir_op)op, dts[k]);
+    for (int k = 0; k < n; k++, (*runs)++) cover_one((ir_op)op, dts[k]);
     if (failures != before)
       fprintf(stderr, "  (%s: gradient %s)\n", ir_ops[op].name, ir_ops[op].grad);
-    ops++;
+    (*ops)++;
   }
+  return failures - before_all;
+}
+
+TEST(every_op_on_every_backend) {
+  int ops = 0, runs = 0, bad = cover_all(&ops, &runs);
   printf("  %d ops, %d op/dtype graphs on ref, first tier and compiled: %d failures\n", ops, runs,
-         failures);
-  CHECK(failures == 0);
+         bad);
+  CHECK(bad == 0);
+}
+
+/* The same graphs with an empty rows/batch dim (and DOT over an empty contraction). */
+TEST(every_op_on_a_zero_size_dim) {
+  R = 0;
+  B = 0;
+  int ops = 0, runs = 0, bad = cover_all(&ops, &runs);
+  int before = failures;
+  reduce_empty_axis = true; /* empty inputs to non-empty outputs: each reduction's identity */
+  for (int op = 0; op < IR_OP_COUNT; op++) {
+    graft_dtype dts[8];
+    if (ir_ops[op].kind != IR_K_REDUCE || op == IR_ARGMAX || op == IR_ARGMIN) continue;
+    for (int k = 0, n = dtypes_of((ir_op)op, dts); k < n; k++, runs++) cover_one((ir_op)op, dts[k]);
+  }
+  bad += failures - before;
+  reduce_empty_axis = false;
+  R = 3;
+  B = 1;
+  printf("  %d ops, %d op/dtype graphs with a zero-size dim: %d failures\n", ops, runs, bad);
+  CHECK(bad == 0);
 }
 
 /* The rows ops.c generates C API functions for are the rows the table says (a spot check that
@@ -357,6 +390,7 @@ int main(void) {
   mkdir(cache_root, 0700);
   setenv("XDG_CACHE_HOME", cache_root, 1);
   RUN(every_op_on_every_backend);
+  RUN(every_op_on_a_zero_size_dim);
   RUN(generated_api_records_the_row);
   capture_free(&cap);
   cpu_pool_shutdown();

@@ -262,8 +262,10 @@ int buffer_fill(exec_buffer *b, exec_buffer *src) {
 buffer_failure *buffer_failure_new(int status, const char *msg) {
   buffer_failure *f = malloc(sizeof *f);
   if (!f) return NULL;
+  static uint64_t next_id;
   f->refcnt = 1;
   f->status = status;
+  f->origin = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
   snprintf(f->msg, sizeof f->msg, "%s", msg);
   return f;
 }

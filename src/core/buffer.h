@@ -13,7 +13,10 @@ typedef enum { BUFFER_READY, BUFFER_PENDING, BUFFER_FAILED } buffer_state;
 /* Why a step failed: shared by its outputs, freed with the last of them. */
 typedef struct buffer_failure {
   int refcnt;
-  int status; /* a graft_status */
+  int status;      /* a graft_status */
+  uint64_t origin; /* the first failure this one follows from (a step that never ran because an
+                    * input's step failed): its own id when none; a read that reports one
+                    * reports them all */
   char msg[1024];
 } buffer_failure;
 

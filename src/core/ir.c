@@ -201,12 +201,13 @@ static int ir_conv_dim(const ir_node *a, const ir_node *w, const ir_attrs *at, i
 static int ir_window_dim(const ir_node *a, const ir_attrs *at, int i, int64_t *out) {
   int64_t w = IR_ATTR_AT(*at, WINDOW, window, i), st = IR_ATTR_AT(*at, WINDOW, stride, i);
   int64_t lo = IR_ATTR_AT(*at, WINDOW, pad_lo, i), hi = IR_ATTR_AT(*at, WINDOW, pad_hi, i), padded;
+  bool empty = a->shape[i] == 0; /* an empty batch stays empty, as PyTorch's pooling does */
   if (w < 1 || st < 1 || lo < 0 || hi < 0 || __builtin_add_overflow(a->shape[i], lo, &padded) ||
-      __builtin_add_overflow(padded, hi, &padded) || padded < w)
+      __builtin_add_overflow(padded, hi, &padded) || (padded < w && !empty))
     return err_set(GRAFT_ERR_SHAPE, "reduce_window: window %" PRId64 " stride %" PRId64
                    " padding %" PRId64 "/%" PRId64 " invalid for dim %d of %s", w, st, lo, hi, i,
                    SHP(a->ndim, a->shape)), -1;
-  *out = (padded - w) / st + 1;
+  *out = empty ? 0 : (padded - w) / st + 1;
   return 0;
 }
 

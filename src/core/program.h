@@ -34,5 +34,8 @@ typedef struct {
 
 /* Frees a program and its arrays (program.c); NULL is a no-op. */
 void program_free(exec_program *p);
+/* A new buffer for instruction ins's value on p's device; out of memory names its op, shape,
+ * dtype, device and size. */
+exec_buffer *program_instr_buffer(const exec_program *p, const exec_instr *ins);
 
 #endif

@@ -58,7 +58,9 @@ static buffer_failure *job_failed_input(const async_job *j) {
       snprintf(msg, sizeof msg, "step %llu (graph %016llx) did not run: its input %d comes from "
                "a step that failed: %.900s", (unsigned long long)j->seq, (unsigned long long)j->hash,
                k, f ? f->msg : "(no reason kept)");
-      return buffer_failure_new(f ? f->status : GRAFT_ERR_INTERNAL, msg);
+      buffer_failure *nf = buffer_failure_new(f ? f->status : GRAFT_ERR_INTERNAL, msg);
+      if (nf && f) nf->origin = f->origin;
+      return nf;
     }
   return NULL;
 }
@@ -266,6 +268,14 @@ graft_status async_wait_buffer(const exec_buffer *b, const char *fn) {
   const buffer_failure *f = b->failure;
   graft_status st = f ? (graft_status)f->status : GRAFT_ERR_INTERNAL;
   err_set(st, "%s: this tensor's value was lost: %s", fn, f ? f->msg : "its step failed");
+  if (f) { /* the user has it now: the next sync or wait does not raise it again */
+    pthread_mutex_lock(&a_mu);
+    if (a_unreported && a_unreported->origin == f->origin) {
+      buffer_failure_release(a_unreported);
+      a_unreported = NULL;
+    }
+    pthread_mutex_unlock(&a_mu);
+  }
   return st;
 }
 

@@ -326,3 +326,109 @@ def test_cumsum_nonfinite_and_dtype_and_half_norm():
     h = torch.tensor([300., 400.], dtype=torch.half)
     n = h.to(DEV).norm().cpu()
     assert n.dtype == torch.half and float(n) == float(h.norm())
+
+
+# Zero-size dims: every tier must take an empty operand (an empty batch, an empty reduced axis).
+ZERO_CASES = [
+    ("layer_norm", lambda x: F.layer_norm(x, (1,)), lambda: (r(0, 1),), True),
+    ("group_norm", lambda x: F.group_norm(x, 1), lambda: (r(0, 1),), True),
+    ("batch_norm_rows", lambda x: F.layer_norm(x, (4,)), lambda: (r(0, 3, 4),), True),
+    ("max_pool2d", lambda x: F.max_pool2d(x, 2), lambda: (r(0, 3, 8, 8),), True),
+    ("avg_pool2d", lambda x: F.avg_pool2d(x, 2), lambda: (r(0, 3, 8, 8),), True),
+    ("conv2d", lambda x, w: F.conv2d(x, w, padding=1), lambda: (r(0, 3, 8, 8), r(4, 3, 3, 3)), True),
+    ("linear", lambda x, w: F.linear(x, w), lambda: (r(0, 5), r(3, 5)), True),
+    ("mm_empty_k", torch.mm, lambda: (r(3, 0), r(0, 4)), True),
+    ("sum_empty_axis", lambda x: x.sum(1), lambda: (r(4, 0),), True),
+    ("mean_empty_rows", lambda x: x.mean(1), lambda: (r(0, 5),), True),
+    ("prod_empty_axis", lambda x: x.prod(1), lambda: (r(4, 0),), False),
+    ("amax_rows", lambda x: x.amax(1), lambda: (r(0, 5),), False),
+    ("softmax", lambda x: F.softmax(x, 1), lambda: (r(0, 5),), True),
+    ("log_softmax", lambda x: F.log_softmax(x, 1), lambda: (r(0, 5),), True),
+    ("cross_entropy", lambda x, t: F.cross_entropy(x, t, reduction="sum"), lambda: (r(0, 5), idx(5, 0)), 1),
+    ("embedding", lambda i, w: F.embedding(i, w), lambda: (idx(6, 0), r(6, 3)), False),
+    ("gelu", F.gelu, lambda: (r(2, 0, 3),), True),
+    ("add_bcast", lambda a, b: a + b, lambda: (r(0, 4), r(4)), True),
+    ("cat", lambda a, b: torch.cat([a, b]), lambda: (r(0, 4), r(2, 4)), True),
+    ("index_select", lambda a, i: a.index_select(0, i), lambda: (r(5, 3), idx(5, 0)), 1),
+    ("cumsum", lambda a: a.cumsum(1), lambda: (r(0, 4),), True),
+    ("transpose_reshape", lambda a: a.t().reshape(-1), lambda: (r(0, 4),), True),
+    ("pad", lambda a: F.pad(a, (1, 2)), lambda: (r(0, 4),), True),
+    ("where", lambda c, a: torch.where(c > 0, a, 0.0), lambda: (r(0, 3), r(0, 3)), 0),
+]
+
+
+@pytest.mark.parametrize("name,fn,make,grad", ZERO_CASES, ids=[c[0] for c in ZERO_CASES])
+def test_zero_size_matches_cpu(name, fn, make, grad):
+    test_op_matches_cpu(name, fn, make, grad)
+
+
+# In-place and out= writes that alias their inputs: graft raises where PyTorch's CPU raises (the
+# partial and the internal overlap errors), allows what it allows, and a refused write changes
+# nothing. UNDEFINED: allowed, but CPU's value depends on its loop order (graft's does not).
+UNDEFINED = "undefined"
+OVERLAP_CASES = [
+    ("mul_shifted", lambda x: x[1:].mul_(x[:-1]), "some elements of the input tensor"),
+    ("add_transposed", lambda x: x.view(2, 3)[:, :2].add_(x.view(3, 2)[:2].t()), UNDEFINED),
+    ("add_t_square", lambda x: x[:4].view(2, 2).add_(x[:4].view(2, 2).t()), "some elements"),
+    ("lerp_shifted", lambda x: x[1:].lerp_(x[:-1], 0.5), "some elements"),
+    ("copy_shifted", lambda x: x[1:].copy_(x[:-1]), "some elements"),
+    ("add_out_shifted", lambda x: torch.add(x[:-1], 1, out=x[1:]), "some elements"),
+    ("index_add_shifted", lambda x: x[:3].index_add_(0, torch.tensor([0, 1], device=x.device), x[1:3]), "some elements"),
+    ("expand_copy", lambda x: x[:1].expand(3).copy_(x[3:]), "more than one element"),
+    ("expand_add", lambda x: x[:1].expand(3).add_(x[3:]), "more than one element"),
+    ("expand_fill", lambda x: x[:1].expand(3).fill_(2), None),
+    ("same_tensor", lambda x: x.mul_(x), None),
+    ("same_view", lambda x: x.view(2, 3).add_(x.view(2, 3)), None),
+    ("strided_disjoint", lambda x: x[::2].add_(x[1::2]), None),
+    ("mm_out_aliased", lambda x: torch.mm(x[:4].view(2, 2), x[:4].view(2, 2), out=x[:4].view(2, 2)), UNDEFINED),
+]
+
+
+@pytest.mark.parametrize("name,fn,err", OVERLAP_CASES, ids=[c[0] for c in OVERLAP_CASES])
+def test_overlapping_writes_follow_cpu(name, fn, err):
+    base = torch.arange(1.0, 7.0)
+    c, g = base.clone(), base.to(DEV)
+    if err and err != UNDEFINED:
+        with pytest.raises(RuntimeError, match=err):
+            fn(c)
+        with pytest.raises(RuntimeError, match=err):
+            fn(g)
+    else:
+        fn(c)
+        fn(g)
+    if err != UNDEFINED:
+        torch.testing.assert_close(g.cpu(), c)
+
+
+_OOM_SCRIPT = r"""
+import resource, torch, graft
+resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+y = torch.empty(10**10, device="graft")
+try:
+    y[3:].fill_(1)                      # the view write's host tables do not fit
+except RuntimeError as e:
+    print("VIEW:", e)
+big = torch.randn(10, device="graft").expand(10**9, 10) * 2
+graft.step()
+try:
+    big[0].cpu()                        # the step failed: the read raises it...
+except RuntimeError as e:
+    print("READ:", e)
+graft.wait()                            # ...once: a caught failure does not stop the program again
+graft.step()
+print("AFTER:", (torch.ones(3, device="graft") * 3).cpu().tolist())
+"""
+
+
+def test_out_of_memory_names_op_size_dtype_device_and_is_raised_once():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _OOM_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = dict(l.split(": ", 1) for l in r.stdout.splitlines() if ": " in l)
+    view = lines["VIEW"]
+    assert "out of host memory" in view and "aten::fill_" in view, view
+    assert "[9999999997]" in view and "Float" in view and "graft:0" in view, view
+    read = lines["READ"]
+    assert "out of memory: mul [1000000000,10] f32 on cpu:0 needs 40000000000 bytes" in read, read
+    assert lines["AFTER"] == "[3.0, 3.0, 3.0]"

@@ -641,12 +641,34 @@ static int op_device(const c10::OperatorHandle &op, const torch::jit::Stack &sta
   return first.defined() ? gdevice(first) : tl_device;
 }
 
+// Host memory running out inside an op (a lowering's host-side tables, a fallback's copies):
+// PyTorch's own wording, naming the op, its tensors' sizes and dtypes, and the device.
+[[noreturn]] static void out_of_memory(const c10::OperatorHandle &op, const std::vector<c10::IValue> &args) {
+  std::ostringstream os;
+  int64_t most = 0;
+  for (const auto &iv : args) {
+    if (!iv.isTensor() || !iv.toTensor().defined()) continue;
+    const at::Tensor &t = iv.toTensor();
+    os << (os.tellp() > 0 ? ", " : "") << t.sizes() << " " << t.scalar_type() << " on "
+       << (is_graft(t) ? device_desc(t) : t.device().str());
+    most = std::max<int64_t>(most, t.numel() * (int64_t)t.element_size());
+  }
+  TORCH_CHECK(false, "graft: out of host memory running ", op.schema().operator_name(), " on ", os.str(),
+              " (the largest tensor is ", most, " bytes)");
+}
+
 static void graft_kernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
   DeviceScope scope(op_device(op, *stack));
   Resolved r = lookup(op);
-  if (r.fn) return run_lowering(r, op, stack);
-  cpu_fallback(op, stack);
+  size_t n = op.schema().arguments().size();
+  std::vector<c10::IValue> args(stack->end() - (std::ptrdiff_t)n, stack->end());  // for the message
+  try {
+    if (r.fn) return run_lowering(r, op, stack);
+    cpu_fallback(op, stack);
+  } catch (const std::bad_alloc &) {
+    out_of_memory(op, args);
+  }
 }
 
 // ---------------------------------------------------------------- device guard

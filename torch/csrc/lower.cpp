@@ -3,6 +3,7 @@
 // creation, copies, item.
 #include "lower.h"
 #include <cstring>
+#include <set>
 
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/DefaultDtype.h>
@@ -195,6 +196,62 @@ void new_empty_strided(const c10::OperatorHandle &op, Stack *s) {  // (self, siz
   push(s, wrap(chk(dev_zeros(to_gdt(st), (int)sz.size(), sz.data()), "new_empty_strided")));
 }
 
+// Memory overlap, as ATen's MemoryOverlap judges it for views of one storage (graft views of one
+// store have the same geometry, but no storage for ATen's own check to read).
+enum class Overlap { No, Full, Partial, TooHard };
+
+Overlap overlap_of(const at::Tensor &a, const at::Tensor &b) {
+  if (!is_graft(a) || !is_graft(b) || gimpl(a)->store != gimpl(b)->store) return Overlap::No;
+  if (a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl()) return Overlap::Full;
+  if (a.numel() == 0 || b.numel() == 0) return Overlap::No;
+  if (!a.is_non_overlapping_and_dense() || !b.is_non_overlapping_and_dense()) return Overlap::TooHard;
+  int64_t a0 = a.storage_offset() * (int64_t)a.element_size(), a1 = a0 + a.numel() * (int64_t)a.element_size();
+  int64_t b0 = b.storage_offset() * (int64_t)b.element_size(), b1 = b0 + b.numel() * (int64_t)b.element_size();
+  if (a0 == b0 && a1 == b1) return a.strides() == b.strides() ? Overlap::Full : Overlap::Partial;
+  return a0 < b1 && b0 < a1 ? Overlap::Partial : Overlap::No;
+}
+
+// The products PyTorch lets alias their output (BLAS-style ops check nothing).
+bool overlap_unchecked(const std::string &name) {
+  static const std::set<std::string> skip = {"aten::addmm", "aten::addmv", "aten::addbmm", "aten::baddbmm",
+                                             "aten::addr", "aten::mm", "aten::bmm", "aten::mv",
+                                             "aten::matmul", "aten::dot", "aten::vdot"};
+  std::string n = name;
+  if (n.size() > 1 && n.back() == '_') n.pop_back();
+  return skip.count(n) > 0;
+}
+
+// PyTorch's errors for a write into out that partly aliases an input (x[1:].mul_(x[:-1])), and
+// for one into a tensor whose elements alias each other (an expanded tensor) from an input.
+void check_no_partial_overlap(const at::Tensor &out, const at::Tensor &in) {
+  TORCH_CHECK(overlap_of(out, in) != Overlap::Partial,
+              "unsupported operation: some elements of the input tensor and the written-to tensor "
+              "refer to a single memory location. Please clone() the tensor before performing the "
+              "operation.");
+}
+
+void check_no_internal_overlap(const at::Tensor &out) {
+  if (!is_graft(out) || out.is_non_overlapping_and_dense()) return;
+  for (int64_t d = 0; d < out.dim(); ++d)
+    TORCH_CHECK(out.stride(d) != 0 || out.size(d) <= 1,
+                "unsupported operation: more than one element of the written-to tensor refers to a "
+                "single memory location. Please clone() the tensor before performing the operation.");
+}
+
+// Both checks for an op writing out from its other tensor arguments, the top n of the stack.
+void check_write_overlap(const c10::OperatorHandle &op, const Stack &s, size_t n, const at::Tensor &out) {
+  if (!is_graft(out) || overlap_unchecked(op.schema().name())) return;
+  bool has_input = false;
+  for (size_t i = s.size() - n; i < s.size(); ++i) {
+    if (!s[i].isTensor()) continue;
+    const at::Tensor &t = s[i].toTensor();
+    if (!t.defined() || t.unsafeGetTensorImpl() == out.unsafeGetTensorImpl()) continue;
+    has_input = true;
+    check_no_partial_overlap(out, t);
+  }
+  if (has_input) check_no_internal_overlap(out);
+}
+
 // Copies ------------------------------------------------------------------------
 // _copy_from(self=src, dst, non_blocking) / _copy_from_and_resize(self=src, dst)
 template <bool Resize>
@@ -203,6 +260,10 @@ void copy_from(const c10::OperatorHandle &op, Stack *s) {
   const at::Tensor &src = a.t(0);
   const at::Tensor &dst = a.t(1);
   if (is_graft(dst)) {
+    if (!Resize) {
+      check_no_internal_overlap(dst);
+      check_no_partial_overlap(dst, src);
+    }
     G v = is_graft(src) ? value(src) : from_cpu(src, gdevice(dst));
     if (graft_device(v.get()) != gdevice(dst)) v = chk(graft_to_device(v.get(), gdevice(dst)), "copy between devices");
     if (Resize) write_resize(dst, std::move(v));
@@ -283,6 +344,8 @@ at::Tensor run_functional(Lowering fn, const c10::OperatorHandle &op, Stack *s, 
 
 // An in-place op (name ending in '_') with a functional lowering: compute, then write into self.
 void inplace_via(Lowering fn, const c10::OperatorHandle &op, Stack *s) {
+  size_t n = op.schema().arguments().size();
+  check_write_overlap(op, *s, n, (*s)[s->size() - n].toTensor());
   at::Tensor self;
   at::Tensor r = run_functional(fn, op, s, self);
   write(self, value(r));
@@ -293,6 +356,7 @@ void inplace_via(Lowering fn, const c10::OperatorHandle &op, Stack *s) {
 // functional form on the remaining arguments, write its result into out (resized as PyTorch does).
 void out_via(Lowering fn, const c10::OperatorHandle &functional, Stack *s) {
   at::Tensor out = s->back().toTensor();
+  check_write_overlap(functional, *s, functional.schema().arguments().size() + 1, out);
   s->pop_back();
   fn(functional, s);
   at::Tensor r = s->back().toTensor();

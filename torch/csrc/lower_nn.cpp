@@ -270,7 +270,8 @@ MaxWindows max_windows(const G &gx, int64_t W, const PoolArgs &pa, const std::ve
 
 bool pool_ok(const at::Tensor &x, const PoolArgs &pa) {
   const auto &k = pa.k, &st = pa.st, &p = pa.p, &dl = pa.dl;
-  if ((x.dim() != 3 && x.dim() != 4) || x.numel() == 0) return false;
+  // an empty batch is lowered (empty result); empty planes are PyTorch's error, through the fallback
+  if ((x.dim() != 3 && x.dim() != 4) || x.size(-1) == 0 || x.size(-2) == 0) return false;
   for (int d = 0; d < 2; ++d) {
     if (dl[d] < 1 || k[d] <= 0 || st[d] <= 0 || p[d] < 0 || p[d] > k[d] / 2) return false;
     if (pool_out(x.size(x.dim() - 2 + d), k[d], st[d], p[d], dl[d], false) < 1) return false;

@@ -36,7 +36,7 @@ void reduce_all(const c10::OperatorHandle &op, Stack *s) {
   push(s, wrap(reduce<F>(x, {}, false, what.c_str())));
 }
 
-// sum.dim_IntList / mean.dim(self, dim?, keepdim, dtype?)
+// sum.dim_IntList / mean.dim / prod.dim_int(self, dim, keepdim, dtype?)
 template <Red F, bool ToFloat>
 void reduce_dim(const c10::OperatorHandle &op, Stack *s) {
   Args a(op, s);
@@ -607,6 +607,7 @@ void add_reduce_lowerings(LoweringTable &t) {
       {"aten::mean", &reduce_all<graft_mean, true>},
       {"aten::mean.dim", &reduce_dim<graft_mean, true>},
       {"aten::prod", &reduce_all<graft_prod, false>},
+      {"aten::prod.dim_int", &reduce_dim<graft_prod, false>},
       {"aten::any", &any_all<false>},
       {"aten::any.dim", &any_all<false>},
       {"aten::any.dims", &any_all<false>},

@@ -129,8 +129,7 @@ static int cpu_rt_alloc(void *ctx, int s) {
   cpu_run *r = ctx;
   const exec_instr *ins = &r->p->instr[s];
   if (r->B[s]) return 0;
-  r->B[s] = buffer_new((size_t)ins->numel * graft_dtype_size(ins->dtype), r->p->device, 0,
-                       ir_ops[ins->op].name);
+  r->B[s] = program_instr_buffer(r->p, ins);
   if (!r->B[s]) return -1;
   r->S[s] = r->B[s]->ptr;
   return 0;
@@ -158,7 +157,8 @@ static int cpu_rt_fallback(void *ctx, int i) {
   }
   int rc = cpu_rt_alloc(ctx, i);
   cpu_host_fn host = cpu_host_kernel(ins, a);
-  if (!rc) rc = host ? host(ins, a, r->S[i]) : ref_kernels[ins->op](ins, a, r->S[i]);
+  bool empty = ins->numel == 0 && ir_ops[ins->op].kind != IR_K_COLLECTIVE; /* as ref_run */
+  if (!rc && !empty) rc = host ? host(ins, a, r->S[i]) : ref_kernels[ins->op](ins, a, r->S[i]);
   if (a != args) free(a);
   if (!host) cpu_stats.fallback[ins->op]++; /* only true reference runs count */
   return rc;

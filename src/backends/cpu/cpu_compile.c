@@ -1,12 +1,13 @@
 /* From source text to a loaded object: the system compiler ($GRAFT_CC, default "cc"), a
  * per-user disk cache, dlopen.
  *
- * Disk cache (src/backends/dcache.h: the folder and its safety rules, shared with the OpenCL
- * backend); a refused or read-only folder is said once on stderr and compiling goes on in a
- * private temporary folder. An entry is <key>.so plus <key>.meta ("size checksum"),
- * key = hash of (source, compiler identity = first line of `cc --version`, flags, graft
- * version). Both files are written under temporary names and renamed into place; an entry whose
- * size or checksum does not match its .meta is recompiled, never loaded. */
+ * Disk cache (src/backends/dcache.h: the folder, the entries and their checks, shared with the
+ * OpenCL backend). An entry is <key>.so plus <key>.meta, key = hash of (source, compiler
+ * identity = first line of `cc --version`, flags, target, graft version); it is compiled in a
+ * work folder inside the cache and published by rename, and loaded from the very file
+ * descriptor its checks read. A refused, read-only, full or over-quota folder is said once on
+ * stderr, counted (disk_refused), and compiling goes on in a private temporary folder; when
+ * that fails too, native code is off and that is said. */
 #include "cpu_internal.h"
 #include "../dcache.h"
 #include <dlfcn.h>
@@ -20,7 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ctype.h>
+#include <stdbool.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -123,14 +126,20 @@ static void cpu_compiler_id(char *out, size_t n) {
   pthread_mutex_unlock(&cpu_cc_mu);
 }
 
-/* Each reason the disk cache is not used is said once per process, on stderr. */
-typedef enum { CPU_WARN_REFUSED, CPU_WARN_NOT_WRITABLE, CPU_WARN_COUNT } cpu_warning;
+/* Each reason the disk cache, or native code, is not used is said once per process, on stderr. */
+typedef enum {
+  CPU_WARN_REFUSED,
+  CPU_WARN_NOT_WRITABLE,
+  CPU_WARN_NATIVE_OFF,
+  CPU_WARN_COUNT
+} cpu_warning;
 static atomic_int cpu_warned[CPU_WARN_COUNT];
 
-static void cpu_warn_once(cpu_warning w, const char *dir, const char *why) {
-  if (atomic_exchange(&cpu_warned[w], 1)) return;
-  fprintf(stderr, "graft: warning: disk cache %s %s; compiling in a private temporary folder, "
-          "nothing is cached\n", dir, why);
+static bool cpu_first_warning(cpu_warning w) { return !atomic_exchange(&cpu_warned[w], 1); }
+
+static const char *cpu_tmpdir(void) {
+  const char *t = getenv("TMPDIR");
+  return t && *t ? t : "/tmp";
 }
 
 /* The cache directory, or "" when disabled or unsafe (counted in disk_refused, said once). */
@@ -138,21 +147,43 @@ static void cpu_cache_dir(char *out, size_t n) {
   const char *why;
   if (!dcache_dir(out, n, &why)) return;
   cpu_stats.disk_refused++;
-  cpu_warn_once(CPU_WARN_REFUSED, out, why);
+  if (cpu_first_warning(CPU_WARN_REFUSED))
+    fprintf(stderr, "graft: warning: disk cache %s %s; compiling in a private temporary folder, "
+            "nothing is cached\n", out, why);
   out[0] = 0;
 }
 
-static int cpu_dlopen(const char *path, cpu_object *obj) {
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+/* The cache folder could not take a file (read-only, full, over quota): counted, said once;
+ * the caller compiles in a private temporary folder. */
+static void cpu_cache_unwritable(const char *dir, int err) {
+  cpu_stats.disk_refused++;
+  if (cpu_first_warning(CPU_WARN_NOT_WRITABLE))
+    fprintf(stderr, "graft: warning: disk cache %s: %s; compiling in a private temporary folder, "
+            "nothing is cached\n", dir, strerror(err));
+}
+
+/* Not even a private temporary folder takes the compiler's files: every graph stays on the
+ * first tier, which must not go unsaid. */
+static void cpu_native_off(int err) {
+  err_set(GRAFT_ERR_COMPILE, "cpu: native code is off: a private temporary folder under %s: %s",
+          cpu_tmpdir(), strerror(err));
+  if (cpu_first_warning(CPU_WARN_NATIVE_OFF))
+    fprintf(stderr, "graft: warning: native code is off: a private temporary folder under %s: "
+            "%s; graphs run on the first tier (slower)\n", cpu_tmpdir(), strerror(err));
+}
+
+/* dlopen of load; errors name shown. */
+static int cpu_dlopen(const char *load, const char *shown, cpu_object *obj) {
+  void *h = dlopen(load, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *e = dlerror();
-    err_set(GRAFT_ERR_COMPILE, "cpu: cannot load %s: %s", path, e ? e : "?");
+    err_set(GRAFT_ERR_COMPILE, "cpu: cannot load %s: %s", shown, e ? e : "?");
     return -1;
   }
   void *sym = dlsym(h, "cpu_entry");
   if (!sym) {
     dlclose(h);
-    err_set(GRAFT_ERR_COMPILE, "cpu: %s has no cpu_entry", path);
+    err_set(GRAFT_ERR_COMPILE, "cpu: %s has no cpu_entry", shown);
     return -1;
   }
   obj->dl = h;
@@ -160,26 +191,64 @@ static int cpu_dlopen(const char *path, cpu_object *obj) {
   return 0;
 }
 
-static void cpu_tail(const char *path, char *out, size_t n) {
-  size_t len;
-  unsigned char *b = dcache_read_file(path, &len);
-  out[0] = 0;
-  if (!b) return;
-  size_t from = len > n - 1 ? len - (n - 1) : 0;
-  memcpy(out, b + from, len - from);
-  out[len - from] = 0;
-  free(b);
+/* "/proc/self/fd/<fd>", spelled differently at each call: glibc takes an object already
+ * loaded under the same name for the one asked for, and fd numbers are reused, so the plain
+ * name could load an earlier graph's code. A counter is written as "./" (1) and "/" (0)
+ * segments, which the kernel skips; no two counts give the same string. */
+static void cpu_fd_name(int fd, char *out, size_t n) {
+  static atomic_uint count;
+  unsigned c = atomic_fetch_add(&count, 1) + 1;
+  size_t k = (size_t)snprintf(out, n, "/proc/self/fd/"); /* n >= 100: 32 segments and fd fit */
+  for (; c; c >>= 1) k += (size_t)snprintf(out + k, n - k, "%s", c & 1 ? "./" : "/");
+  snprintf(out + k, n - k, "%d", fd);
 }
 
-/* A fresh 0700 folder under $TMPDIR (else /tmp); 1 on success. */
-static int cpu_private_workdir(char *work, size_t n) {
-  const char *t = getenv("TMPDIR");
-  snprintf(work, n, "%s/graft-XXXXXX", t && *t ? t : "/tmp");
-  return mkdtemp(work) != NULL;
+/* Loads the open file fd (path names it): through /proc, so what loads are the bytes that
+ * were checked on fd even if path is replaced meanwhile; by path where /proc is missing. */
+static int cpu_dlopen_fd(int fd, const char *path, cpu_object *obj) {
+  char name[160];
+  cpu_fd_name(fd, name, sizeof name);
+  struct stat a, b;
+  bool same = !fstat(fd, &a) && !stat(name, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+  return cpu_dlopen(same ? name : path, path, obj);
 }
 
-/* cc <flags> -march=M -o out src, diagnostics into errf; the exit status (or -1). */
-static int cpu_run_compiler(const char *src, cpu_opt opt, const char *out, const char *errf) {
+/* The last n-1 bytes of what the compiler said on fd. */
+static void cpu_tail(int fd, char *out, size_t n) {
+  off_t end = lseek(fd, 0, SEEK_END), from = end > (off_t)(n - 1) ? end - (off_t)(n - 1) : 0;
+  ssize_t k = end > 0 ? pread(fd, out, (size_t)(end - from), from) : 0;
+  out[k > 0 ? k : 0] = 0;
+}
+
+/* An unlinked file for the compiler's diagnostics: under $TMPDIR, so that a full cache folder
+ * does not swallow the "No space left on device" that says it is full; else in work. */
+static int cpu_diag_fd(const char *work) {
+  char p[1200];
+  for (int i = 0; i < 2; i++) {
+    snprintf(p, sizeof p, "%s/graft-cc-XXXXXX", i ? work : cpu_tmpdir());
+    int fd = mkstemp(p);
+    if (fd >= 0) {
+      unlink(p);
+      return fd;
+    }
+  }
+  return -1;
+}
+
+/* The errno behind a compiler failure when it was its folder that could not take a file
+ * (another folder may do), else 0: from its diagnostics, or a folder with no room left. */
+static int cpu_storage_errno(const char *said, const char *work) {
+  static const int errs[] = {ENOSPC, EDQUOT, EFBIG, EROFS};
+  for (size_t i = 0; i < sizeof errs / sizeof *errs; i++)
+    if (strstr(said, strerror(errs[i]))) return errs[i];
+  struct statvfs fs;
+  if (!statvfs(work, &fs) && ((fs.f_blocks && !fs.f_bavail) || (fs.f_files && !fs.f_favail)))
+    return ENOSPC;
+  return 0;
+}
+
+/* cc <flags> -march=M -o out src, diagnostics onto fd_err; the exit status (or -1). */
+static int cpu_run_compiler(const char *src, cpu_opt opt, const char *out, int fd_err) {
   static const char *flags[] = {CPU_CFLAG_LIST};
   enum { NFLAGS = sizeof flags / sizeof *flags };
   char buf[256], march[80], *argv[CPU_CC_MAXW + NFLAGS + 6];
@@ -193,19 +262,102 @@ static int cpu_run_compiler(const char *src, cpu_opt opt, const char *out, const
   argv[k++] = (char *)out;
   argv[k++] = (char *)src;
   argv[k] = NULL;
-  int fd = open(errf, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0) return -1;
-  int st = cpu_spawn(argv, fd);
-  close(fd);
-  return st;
+  return cpu_spawn(argv, fd_err);
 }
 
-/* Source -> loaded object: the disk cache lookup, a private work folder, the compile, the
- * atomic publish and the load. One function (~80 lines): each step's paths and its cleanup on
- * failure share the same buffers, and the order is the safety argument (README, Disk cache). */
-int cpu_compile_source(const char *src, cpu_opt *opt, cpu_object *obj) {
-  memset(obj, 0, sizeof *obj);
-  char id[600], dir[1000], key[40], so[1200], meta[1200], work[1100], tmp[1300], errf[1300];
+/* Compiles cfile into out (in folder work); 0, or -1 with the error set and *room the errno
+ * when the failure was work's folder not taking the compiler's files. */
+static int cpu_compile_file(const char *cfile, cpu_opt opt, const char *out, const char *work,
+                            int *room) {
+  int fd = cpu_diag_fd(work);
+  if (fd < 0) {
+    *room = errno;
+    err_set(GRAFT_ERR_COMPILE, "cpu: cannot create a file in %s: %s", work, strerror(errno));
+    return -1;
+  }
+  double t0 = cpu_now_ms();
+  int st = cpu_run_compiler(cfile, opt, out, fd);
+  cpu_stats.compile_ms += cpu_now_ms() - t0;
+  if (st == 0) {
+    close(fd);
+    cpu_stats.compiles++;
+    return 0;
+  }
+  char tail[1200];
+  cpu_tail(fd, tail, sizeof tail);
+  close(fd);
+  cpu_stats.compile_fail++;
+  *room = cpu_storage_errno(tail, work);
+  err_set(GRAFT_ERR_COMPILE, "cpu: compiler '%s' failed (status %d): %s", cpu_cc(), st,
+          tail[0] ? tail : "(no output)");
+  return -1;
+}
+
+/* Publishes the compiled out as entry key of dir, and loads it from the same open file: the
+ * bytes the .meta describes. A folder that cannot take the .meta is said; the object loads
+ * all the same. */
+static int cpu_publish_load(const char *dir, const char *key, const char *out, cpu_object *obj) {
+  int fd = open(out, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  size_t n = 0;
+  /* 0700: a umask that leaves it group-writable would get it refused on every load */
+  unsigned char *b = fd >= 0 && !fchmod(fd, 0700) ? dcache_read_fd(fd, &n) : NULL;
+  if (!b) {
+    err_set(GRAFT_ERR_COMPILE, "cpu: cannot read the compiled %s: %s", out, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  char so[1200];
+  snprintf(so, sizeof so, "%s/%s.so", dir, key);
+  bool published = !dcache_publish(dir, key, "so", out, b, n);
+  if (!published) cpu_cache_unwritable(dir, errno);
+  free(b);
+  int rc = cpu_dlopen_fd(fd, published ? so : out, obj);
+  close(fd);
+  return rc;
+}
+
+/* A fresh 0700 work folder: in the cache folder dir, or under $TMPDIR (else /tmp) when dir is
+ * ""; 1 on success. */
+static int cpu_make_workdir(const char *dir, char *work, size_t n) {
+  if (dir[0]) snprintf(work, n, "%s/tmp-XXXXXX", dir);
+  else snprintf(work, n, "%s/graft-XXXXXX", cpu_tmpdir());
+  return mkdtemp(work) != NULL;
+}
+
+/* One compile of src in a fresh work folder: in the cache folder dir, the object published
+ * there as entry key, or in a private temporary folder when dir is "". 0 with obj loaded; -1
+ * with the error set, and *room the errno when the folder could not take the files (then
+ * another may do), else 0. */
+static int cpu_compile_in(const char *dir, const char *key, const char *src, cpu_opt opt,
+                          cpu_object *obj, int *room) {
+  char work[1100], cfile[1200], out[1200], meta[1300];
+  *room = 0;
+  if (!cpu_make_workdir(dir, work, sizeof work)) {
+    *room = errno;
+    err_set(GRAFT_ERR_COMPILE, "cpu: cannot create a work directory %s: %s", work, strerror(errno));
+    return -1;
+  }
+  snprintf(cfile, sizeof cfile, "%s/k.c", work);
+  snprintf(out, sizeof out, "%s/k.so", work);
+  snprintf(meta, sizeof meta, "%s.meta", out); /* dcache_publish's, when it stopped half way */
+  int rc = -1;
+  if (dcache_write_file(cfile, src, strlen(src))) {
+    *room = errno;
+    err_set(GRAFT_ERR_COMPILE, "cpu: cannot write %s: %s", cfile, strerror(errno));
+  } else if (!cpu_compile_file(cfile, opt, out, work, room)) {
+    rc = dir[0] ? cpu_publish_load(dir, key, out, obj) : cpu_dlopen(out, out, obj);
+  }
+  unlink(cfile);
+  unlink(out);
+  unlink(meta);
+  rmdir(work);
+  return rc;
+}
+
+/* The entry name of src: a hash of the source, the compiler's identity, the flags, the target
+ * and graft's version. */
+static void cpu_cache_key(const char *src, char *key, size_t n) {
+  char id[600];
   cpu_compiler_id(id, sizeof id);
   size_t sn = strlen(src);
   uint64_t h1 = cpu_hash_bytes(src, sn, 1), h2 = cpu_hash_bytes(src, sn, 2);
@@ -214,78 +366,49 @@ int cpu_compile_source(const char *src, cpu_opt *opt, cpu_object *obj) {
     h1 = cpu_hash_bytes(tags[t], strlen(tags[t]), h1);
     h2 = cpu_hash_bytes(tags[t], strlen(tags[t]), h2 ^ 0x5bd1e995);
   }
-  snprintf(key, sizeof key, "%016" PRIx64 "%016" PRIx64, h1, h2);
+  snprintf(key, n, "%016" PRIx64 "%016" PRIx64, h1, h2);
+}
+
+/* Entry key of the cache folder dir into obj: 1 on a hit; 0 when there is none, or it was
+ * refused or would not load (then counted in disk_corrupt, removed and said). */
+static int cpu_cache_lookup(const char *dir, const char *key, cpu_object *obj) {
+  dcache_entry e;
+  int found = dcache_open(dir, key, "so", &e);
+  if (found < 0) cpu_stats.disk_corrupt++;
+  if (found <= 0) return 0;
+  char so[1200];
+  snprintf(so, sizeof so, "%s/%s.so", dir, key);
+  int rc = cpu_dlopen_fd(e.fd, so, obj);
+  dcache_entry_free(&e);
+  if (rc == 0) {
+    cpu_stats.disk_hits++;
+    return 1;
+  }
+  cpu_stats.disk_corrupt++;
+  dcache_reject(dir, key, "so", "cannot be loaded");
+  return 0;
+}
+
+/* Source -> loaded object: the disk cache lookup, else a compile in the cache's work folder
+ * published there; a cache folder that cannot take the files (read-only, full, over quota) is
+ * said and the compile done again in a private temporary folder; when that fails too, native
+ * code is off, and said (README, Disk cache). */
+int cpu_compile_source(const char *src, cpu_opt *opt, cpu_object *obj) {
+  memset(obj, 0, sizeof *obj);
+  char dir[1000], key[40];
+  cpu_cache_key(src, key, sizeof key);
   cpu_cache_dir(dir, sizeof dir);
-  if (dir[0]) {
-    snprintf(so, sizeof so, "%s/%s.so", dir, key);
-    snprintf(meta, sizeof meta, "%s/%s.meta", dir, key);
-    if (access(so, F_OK) == 0) {
-      if (dcache_valid(so, meta) && !cpu_dlopen(so, obj)) {
-        cpu_stats.disk_hits++;
-        *opt = CPU_OPT_FULL;
-        return 0;
-      }
-      cpu_stats.disk_corrupt++;
-      unlink(so);
-    }
-    if (*opt == CPU_OPT_QUICK) dir[0] = 0; /* not cached: the full build replaces it */
+  if (dir[0] && cpu_cache_lookup(dir, key, obj)) {
+    *opt = CPU_OPT_FULL;
+    return 0;
   }
-  if (dir[0]) {
-    snprintf(work, sizeof work, "%s/tmp-XXXXXX", dir);
-    if (!mkdtemp(work)) { /* a read-only cache: compile elsewhere, cache nothing */
-      cpu_stats.disk_refused++;
-      cpu_warn_once(CPU_WARN_NOT_WRITABLE, dir, "is not writable");
-      dir[0] = 0;
-    }
+  if (*opt == CPU_OPT_QUICK) dir[0] = 0; /* not cached: the full build replaces it */
+  int room, rc = cpu_compile_in(dir, key, src, *opt, obj, &room);
+  if (rc && room && dir[0]) {
+    cpu_cache_unwritable(dir, room);
+    rc = cpu_compile_in("", key, src, *opt, obj, &room);
   }
-  if (!dir[0] && !cpu_private_workdir(work, sizeof work)) {
-    err_set(GRAFT_ERR_COMPILE, "cpu: cannot create a work directory %s: %s", work, strerror(errno));
-    return -1;
-  }
-  snprintf(tmp, sizeof tmp, "%s/k.c", work);
-  snprintf(errf, sizeof errf, "%s/err.txt", work);
-  char out[1300];
-  snprintf(out, sizeof out, "%s/k.so", work);
-  int rc = -1;
-  if (dcache_write_file(tmp, src, sn)) {
-    err_set(GRAFT_ERR_COMPILE, "cpu: cannot write %s: %s", tmp, strerror(errno));
-    goto done;
-  }
-  double t0 = cpu_now_ms();
-  int st = cpu_run_compiler(tmp, *opt, out, errf);
-  cpu_stats.compile_ms += cpu_now_ms() - t0;
-  if (st != 0) {
-    char tail[1200];
-    cpu_tail(errf, tail, sizeof tail);
-    cpu_stats.compile_fail++;
-    err_set(GRAFT_ERR_COMPILE, "cpu: compiler '%s' failed (status %d): %s", cpu_cc(), st,
-            tail[0] ? tail : "(no output)");
-    goto done;
-  }
-  cpu_stats.compiles++;
-  if (dir[0]) {
-    size_t n;
-    unsigned char *b = dcache_read_file(out, &n);
-    char mtxt[96], mtmp[1300];
-    if (b) {
-      snprintf(mtxt, sizeof mtxt, "%zu %" PRIx64 "\n", n, cpu_hash_bytes(b, n, 7));
-      free(b);
-      snprintf(mtmp, sizeof mtmp, "%s/meta", work);
-      if (!dcache_write_file(mtmp, mtxt, strlen(mtxt)) && !rename(out, so) && !rename(mtmp, meta)) {
-        rc = cpu_dlopen(so, obj);
-        goto done;
-      }
-    }
-  }
-  rc = cpu_dlopen(out, obj); /* no cache: load from the work dir, then delete the files */
-done:
-  unlink(tmp);
-  unlink(errf);
-  unlink(out);
-  char mtmp2[1300];
-  snprintf(mtmp2, sizeof mtmp2, "%s/meta", work);
-  unlink(mtmp2);
-  rmdir(work);
+  if (rc && room) cpu_native_off(room);
   return rc;
 }
 

@@ -222,8 +222,7 @@ static void ocl_drop(ocl_run *r, int s) {
 /* The buffer step k writes to slot s. */
 static int ocl_output(ocl_run *r, int s) {
   const exec_instr *ins = &r->p->instr[s];
-  r->B[s] = buffer_new((size_t)ins->numel * graft_dtype_size(ins->dtype), r->p->device, 0,
-                       ir_ops[ins->op].name);
+  r->B[s] = program_instr_buffer(r->p, ins);
   if (!r->B[s]) return -1;
   r->own[s] = 1;
   return 0;
