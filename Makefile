@@ -181,6 +181,7 @@ check-layers: build/asan/libgraft.a
 # Collectives across 2 processes under mpirun: parity, mismatch, stall and kill (tests/check_dist.sh).
 check-dist: build/asan/tests/test_dist
 	$(if $(LIBS_MPI),sh tests/check_dist.sh build/asan/tests/test_dist,@echo "check-dist: graft built without Open MPI (MPI=0): skipped")
+	$(if $(LIBS_MPI),sh tests/check_dist_hosts.sh build/asan/tests/test_dist)
 
 # test_tiers: the compile thread, the executor's late switch to native code and its wait for a
 # build (die_after_fork=0: one test forks a child that starts threads).

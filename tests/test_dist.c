@@ -13,9 +13,14 @@
  *                                     the job ends in bounded time, naming the rank)
  *   mpirun -np 2 test_dist flood      16 MB all-reduces until stopped; tests/check_dist.sh stops
  *                                     rank 1 (SIGSTOP) at a random point, in either phase of a
- *                                     collective: the job must still end in bounded time */
+ *                                     collective: the job must still end in bounded time
+ *   mpirun -np 2 test_dist train      data-parallel MLP steps for up to 60 s, each rank's pid
+ *                                     and host printed first: tests/check_dist_hosts.sh cuts the
+ *                                     network between two hosts or kills a rank meanwhile
+ *   mpirun -np 2 test_dist speed      all_reduce timings (4 B and 16 MB), printed by rank 0 */
 #include "check.h"
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #define STEPS 20
@@ -325,6 +330,18 @@ static double rel_err(const float *a, const float *b, int64_t n) {
   return d / s;
 }
 
+static const char *host_name(void) {
+  static char host[256];
+  if (!host[0] && gethostname(host, sizeof host - 1)) snprintf(host, sizeof host, "?");
+  return host;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static int parity(bool cnn) {
   static dist_run ref, dp;
   int rank = graft_dist_rank(), fails = 0;
@@ -362,8 +379,9 @@ static int parity(bool cnn) {
     fprintf(stderr, "rank %d: loss did not fall (%g -> %g)\n", rank, ref.loss[0], ref.loss[STEPS - 1]);
     fails++;
   }
-  printf("rank %d/%d parity %s: loss %.4f -> %.4f, worst rel err %.2g, %llu graphs, %llu collectives\n",
-         rank, graft_dist_world_size(), cnn ? "cnn" : "mlp", dp.loss[0], dp.loss[STEPS - 1], worst,
+  printf("rank %d/%d on %s parity %s: loss %.4f -> %.4f, worst rel err %.2g, %llu graphs, "
+         "%llu collectives\n", rank, graft_dist_world_size(), host_name(),
+         cnn ? "cnn" : "mlp", dp.loss[0], dp.loss[STEPS - 1], worst,
          (unsigned long long)dp.graphs_after[STEPS - 1],
          (unsigned long long)dp.collectives_after[STEPS - 1]);
   run_free(&ref);
@@ -477,6 +495,83 @@ static int flood(void) {
   return rc ? 3 : 0;
 }
 
+/* Prints this rank's pid and host for the script, then trains until a step fails or 60 s
+ * pass. Every 50 steps the ranks agree (all_reduce max) on whether time is up, so all of them
+ * run the same collectives. */
+static int train_until_stopped(void) {
+  int rank = graft_dist_rank(), w = graft_dist_world_size(), s = 0, rc = 0;
+  printf("rank %d pid %d on %s\n", rank, (int)getpid(), host_name());
+  fflush(stdout);
+  int64_t n = BATCH / w, xs[2] = {n, NIN}, ys[2] = {n, NCLS}, one[1] = {1};
+  dist_model m;
+  model_init(&m, false);
+  double end = now_s() + 60;
+  for (bool done = false; !done && !rc; s++) {
+    int64_t first = (s * BATCH) % NDATA + rank * n;
+    graft_tensor *x = graft_from_host(data_x + first, GRAFT_F32, 2, xs, 0);
+    graft_tensor *y = graft_from_host(data_y + first, GRAFT_F32, 2, ys, 0);
+    graft_tensor *loss = train_step(&m, false, true, x, y, n);
+    float l = 0;
+    rc = graft_step() || graft_to_host(loss, &l, sizeof l);
+    graft_release(x), graft_release(y), graft_release(loss);
+    if (!rc && s % 50 == 49) {
+      graft_tensor *late = graft_full(now_s() > end, GRAFT_F32, 1, one), *any = NULL;
+      rc = graft_dist_all_reduce(&late, 1, GRAFT_REDUCE_MAX, &any) ||
+           graft_to_host(any, &l, sizeof l);
+      done = l > 0;
+      graft_release(late), graft_release(any);
+    }
+  }
+  if (rc)
+    fprintf(stderr, "rank %d on %s: training failed at step %d: %s\n", rank, host_name(), s,
+            graft_last_error());
+  else
+    printf("rank %d: %d steps, never stopped\n", rank, s);
+  for (int k = 0; k < 4; k++) graft_release(m.p[k]);
+  return rc ? 3 : 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median time of graft's all_reduce(sum), synced, of 4 B (latency) and 16 MB (bandwidth). */
+static int speed(void) {
+  enum { REPS = 41 };
+  const int64_t sizes[2] = {1, 4 << 20};
+  const int reps[2] = {REPS, 11};
+  for (int k = 0; k < 2; k++) {
+    int64_t n = sizes[k];
+    float *h = calloc((size_t)n, sizeof(float));
+    graft_tensor *x = graft_from_host(h, GRAFT_F32, 1, &n, 0); /* data: only the collective runs */
+    free(h);
+    double t[REPS];
+    int rc = 0;
+    for (int i = -2; i < reps[k] && !rc; i++) { /* two warm-ups */
+      graft_tensor *o = NULL;
+      double t0 = now_s();
+      rc = graft_dist_all_reduce(&x, 1, GRAFT_REDUCE_SUM, &o) || graft_sync(&o, 1);
+      if (i >= 0) t[i] = now_s() - t0;
+      graft_release(o);
+    }
+    graft_release(x);
+    if (rc) {
+      fprintf(stderr, "rank %d: speed: %s\n", graft_dist_rank(), graft_last_error());
+      return 3;
+    }
+    qsort(t, (size_t)reps[k], sizeof t[0], cmp_double);
+    double med = t[reps[k] / 2], mb = (double)n * 4 / 1e6;
+    if (graft_dist_rank() == 0 && n == 1)
+      printf("speed: all_reduce(sum) of 4 B over %d ranks: %.3f ms (median of %d)\n",
+             graft_dist_world_size(), med * 1e3, reps[k]);
+    else if (graft_dist_rank() == 0)
+      printf("speed: all_reduce(sum) of %.1f MB over %d ranks: %.1f ms, %.0f MB/s (median of %d)\n",
+             mb, graft_dist_world_size(), med * 1e3, mb / med, reps[k]);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
   make_data();
@@ -501,6 +596,8 @@ int main(int argc, char **argv) {
   else if (!strcmp(mode, "kill")) rc = fault(false);
   else if (!strcmp(mode, "flood")) rc = flood();
   else if (!strcmp(mode, "dtypes")) rc = dtypes();
+  else if (!strcmp(mode, "train")) rc = train_until_stopped();
+  else if (!strcmp(mode, "speed")) rc = speed();
   else fprintf(stderr, "test_dist: unknown mode %s\n", mode);
   graft_dist_finalize();
   graft_shutdown();

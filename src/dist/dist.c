@@ -12,7 +12,9 @@
  *     requests are left in flight), and ranks that disagree all get an error naming both sides
  *     before any data moves (never a sum of misaligned buffers; MPI stays usable);
  *  2. data: one blocking MPI_Allreduce / Bcast / Allgather in place (MPI_IN_PLACE) on the
- *     graph's flat buffer, under a watchdog thread that ends the process past the deadline. */
+ *     graph's flat buffer, under a watchdog thread that ends the process past the deadline.
+ * Errors name ranks with their hosts (exchanged at init): across machines, where a rank runs
+ * is the first thing to look at. */
 #include "graft.h"
 #include "../core/coll.h"
 #include "../core/dtype.h"
@@ -31,6 +33,7 @@
 #endif
 
 #define DIST_DEFAULT_TIMEOUT_S 30.0
+#define DIST_HOST_LEN 64
 
 typedef struct {
   bool init;         /* graft_dist_init succeeded */
@@ -39,11 +42,17 @@ typedef struct {
   bool broken;       /* a collective timed out with requests in flight */
   char broken_msg[1024];
   int rank, world;
+  char *hosts;       /* world names of DIST_HOST_LEN: rank r runs on hosts + r * DIST_HOST_LEN */
+  char peers[256];   /* "1 on nodeB, 2 on nodeC, ...": the others, for the watchdog's message */
   double timeout_s;
   uint64_t seq;      /* collectives run: equal on every rank while their graphs agree */
 } dist_state;
 
 static dist_state dist = {.world = 1, .timeout_s = DIST_DEFAULT_TIMEOUT_S};
+
+static const char *dist_host(int r) {
+  return dist.hosts && r >= 0 && r < dist.world ? dist.hosts + (size_t)r * DIST_HOST_LEN : "?";
+}
 
 /* Which launcher started us: Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE; PMIx/PMI launchers
  * (srun, other MPIs' mpiexec) set PMIX_RANK / PMI_RANK. None: a world of one. */
@@ -126,19 +135,23 @@ static void dist_sig_str(const dist_sig *s, char *buf, size_t n) {
            graft_dtype_name((graft_dtype)s->dtype), s->sig);
 }
 
-/* Names the ranks whose signature did not arrive (recv[r] still pending). */
+/* Names the ranks whose signature did not arrive (recv[r] still pending), and their hosts. */
 static int dist_missing(const dist_sig *mine, MPI_Request *recv) {
-  char who[256] = "", what[256], msg[768];
-  size_t k = 0;
+  char who[256] = "", where[256] = "", what[256], msg[1024];
+  size_t k = 0, h = 0;
   for (int r = 0; r < dist.world; r++) {
     int done = 1;
     if (r != dist.rank) MPI_Test(&recv[r], &done, MPI_STATUS_IGNORE);
-    if (!done && k < sizeof who)
-      k += (size_t)snprintf(who + k, sizeof who - k, "%s%d", k ? ", " : "", r);
+    if (done) continue;
+    if (k < sizeof who) k += (size_t)snprintf(who + k, sizeof who - k, "%s%d", k ? ", " : "", r);
+    if (h < sizeof where)
+      h += (size_t)snprintf(where + h, sizeof where - h, "%srank %d on %s", h ? ", " : "", r,
+                            dist_host(r));
   }
   dist_sig_str(mine, what, sizeof what);
-  snprintf(msg, sizeof msg, "rank %d: rank(s) %s did not reach %s within %g s "
-           "(GRAFT_DIST_TIMEOUT): failed, exited or stalled", dist.rank, who, what, dist.timeout_s);
+  snprintf(msg, sizeof msg, "rank %d on %s: rank(s) %s did not reach %s within %g s "
+           "(GRAFT_DIST_TIMEOUT): failed, exited, stalled or cut off (%s)",
+           dist.rank, dist_host(dist.rank), who, what, dist.timeout_s, where);
   return dist_fail(msg);
 }
 
@@ -255,10 +268,11 @@ static void *dist_watchdog(void *arg) {
     struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
     pthread_cond_timedwait(&dist_wd.cv, &dist_wd.mu, &ts);
     if (dist_wd.deadline != 0 && dist_now() >= dist_wd.deadline) {
-      fprintf(stderr, "graft: rank %d: %s did not complete within %g s (GRAFT_DIST_TIMEOUT) "
-              "although every rank had reached it: a rank died or the network failed; "
-              "ending this process so that mpirun ends the job\n", dist.rank, dist_wd.what,
-              dist.timeout_s);
+      fprintf(stderr, "graft: rank %d on %s: %s did not complete within %g s "
+              "(GRAFT_DIST_TIMEOUT) although every rank had reached it: a rank died or the "
+              "network failed (the other ranks: %s); ending this process so that mpirun ends "
+              "the job\n", dist.rank, dist_host(dist.rank), dist_wd.what, dist.timeout_s,
+              dist.peers);
       _exit(1);
     }
   }
@@ -327,7 +341,8 @@ static int dist_data(ir_op op, int64_t arg, graft_dtype dt, void *buf, int64_t c
   if (rc != MPI_SUCCESS) {
     char what[256], msg[512];
     dist_sig_str(sig, what, sizeof what);
-    snprintf(msg, sizeof msg, "rank %d: MPI failed in %s (error %d)", dist.rank, what, rc);
+    snprintf(msg, sizeof msg, "rank %d on %s: MPI failed in %s (error %d)", dist.rank,
+             dist_host(dist.rank), what, rc);
     return dist_fail(msg);
   }
   return 0;
@@ -369,6 +384,25 @@ static void dist_on_term(int sig) {
   raise(sig);
 }
 
+/* Every rank's host name, for errors; MPI_Init has already brought every rank together. */
+static int dist_hosts_exchange(void) {
+  char mine[MPI_MAX_PROCESSOR_NAME] = "";
+  int len = 0;
+  dist.hosts = calloc((size_t)dist.world, DIST_HOST_LEN);
+  if (!dist.hosts) return err_set(GRAFT_ERR_OOM, "graft_dist_init: out of memory"), -1;
+  MPI_Get_processor_name(mine, &len);
+  mine[DIST_HOST_LEN - 1] = 0;
+  if (MPI_Allgather(mine, DIST_HOST_LEN, MPI_CHAR, dist.hosts, DIST_HOST_LEN, MPI_CHAR,
+                    dist_comm) != MPI_SUCCESS)
+    return err_set(GRAFT_ERR_DIST, "graft_dist_init: exchanging host names failed"), -1;
+  size_t k = 0;
+  for (int r = 0; r < dist.world && k < sizeof dist.peers; r++)
+    if (r != dist.rank)
+      k += (size_t)snprintf(dist.peers + k, sizeof dist.peers - k, "%s%d on %s", k ? ", " : "",
+                            r, dist_host(r));
+  return 0;
+}
+
 static int dist_init_mpi(void) {
   int inited = 0, provided = 0;
   MPI_Initialized(&inited);
@@ -383,7 +417,7 @@ static int dist_init_mpi(void) {
   MPI_Comm_set_errhandler(dist_comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(dist_comm, &dist.rank);
   MPI_Comm_size(dist_comm, &dist.world);
-  if (dist_wd_start()) return -1;
+  if (dist_hosts_exchange() || dist_wd_start()) return -1;
   dist.mpi = true;
   coll_hooks h = {dist_run, dist.rank, dist.world};
   coll_set_hooks(&h);
@@ -431,7 +465,8 @@ int graft_dist_rank(void) { return dist.rank; }
 int graft_dist_world_size(void) { return dist.world; }
 
 void graft_dist_abort(int exit_code) {
-  fprintf(stderr, "graft: rank %d aborts the job (exit code %d)\n", dist.rank, exit_code);
+  fprintf(stderr, "graft: rank %d%s%s aborts the job (exit code %d)\n", dist.rank,
+          dist.hosts ? " on " : "", dist.hosts ? dist_host(dist.rank) : "", exit_code);
 #ifdef GRAFT_HAVE_MPI
   if (dist.mpi) MPI_Abort(MPI_COMM_WORLD, exit_code);
 #endif
@@ -451,6 +486,7 @@ graft_status graft_dist_finalize(void) {
     dist_left_mpi = true;
   }
 #endif
+  free(dist.hosts);
   dist = (dist_state){.world = 1, .timeout_s = DIST_DEFAULT_TIMEOUT_S};
   return GRAFT_OK;
 }
