@@ -229,6 +229,7 @@ bench: deps build/bench/bench_core build/bench/bench_compiler build/bench/bench_
 	./build/bench/bench_gemm
 	./build/bench/bench_opencl
 	$(PY) bench/torch_bench.py
+	$(PY) bench/zoo.py
 	$(if $(LIBS_MPI),sh bench/dist_bench.sh build/bench/bench_dist,@echo "bench: no Open MPI: collective benchmarks skipped")
 
 # The collective benchmarks call MPI directly (a bare MPI_Allreduce to compare with).

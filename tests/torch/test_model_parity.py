@@ -47,7 +47,7 @@ import time
 import pytest
 
 from devices import NO_OPENCL, OPENCL
-from model_parity import MODELS, OPTS, STEPS
+from model_parity import MODELS, OPTS, STEPS, ZOO_STEPS, zoo_models
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ("off", "sync", "async")
@@ -75,11 +75,11 @@ _results = {}   # (mode, device) -> {(model, opt): {"rows": [...], "error": str|
 _timing = {}    # (mode, device) -> seconds
 
 
-def _run_worker(mode, device, cases):
+def _run_worker(mode, device, cases, zoo=False):
     """Runs the worker for `mode` on `device` over `cases`; a crash marks its case and the rest
     go on."""
     out = {c: {"rows": [], "error": None, "fallbacks": {}} for c in cases}
-    env = dict(os.environ, GRAFT_COMPILE=mode, GRAFT_PARITY_DEVICE=device,
+    env = dict(os.environ, GRAFT_COMPILE=mode, GRAFT_PARITY_DEVICE=device, GRAFT_PARITY_ZOO="1" if zoo else "0",
                PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..", "..", "torch"), HERE]))
     todo = list(cases)
     deadline = time.time() + WORKER_TIMEOUT
@@ -131,10 +131,10 @@ def _run_worker(mode, device, cases):
 
 def _cases_for(session, mode, device):
     cases = []
+    test = "test_zoo_parity" if mode == ZOO_MODE else "test_model_parity"
     for item in session.items:
         cs = getattr(item, "callspec", None)
-        if (cs is not None and item.originalname == "test_model_parity"
-                and cs.params["mode"] == mode and cs.params["device"] == device):
+        if cs is not None and item.originalname == test and cs.params["mode"] == mode and cs.params["device"] == device:
             cases.append((cs.params["model"], cs.params["opt"]))
     return cases
 
@@ -145,7 +145,8 @@ def results(request):
         key = (mode, device)
         if key not in _results:
             t = time.time()
-            _results[key] = _run_worker(mode, device, _cases_for(request.session, mode, device))
+            _results[key] = _run_worker(mode.split("-")[-1], device, _cases_for(request.session, mode, device),
+                                        zoo=mode == ZOO_MODE)
             _timing[key] = time.time() - t
             dump = os.environ.get("GRAFT_PARITY_DUMP")
             if dump:
@@ -202,7 +203,8 @@ def table(rows):
                                                         r.get("device", "cpu"), r["step"], ran)
                      + " %8.1e %8.1e %8.1e %8.1e %8.1e %8.1e %6.2f %7.2f  %s%s"
                      % (loss_errors(r) +
-                        (og / o64, o32 / o64, eg / n64, e32 / n64, eg / max(e32, 1e-300), worst,
+                        (og / max(o64, 1e-300), o32 / max(o64, 1e-300), eg / max(n64, 1e-300),
+                         e32 / max(n64, 1e-300), eg / max(e32, 1e-300), worst,
                          worst_name, "  <-- beyond %gx:%s" % (RATIO, flag) if flag else "")))
     return "\n".join(lines)
 
@@ -254,3 +256,27 @@ def test_model_runs_without_fallback(model, results):
         pytest.skip("no parity run of %s selected" % model)
     fb = _results[have[0]][(model, OPTS[0])]["fallbacks"]
     assert fb == {}, fb
+
+
+# The short form for make bench's zoo (bench/zoo.py; the models above are left out): each model
+# two AdamW steps under one compile mode (async: the first tier runs them; the second run queues
+# the native compile, which the worker does not wait for), judged as above.
+ZOO_MODE = "zoo-async"
+ZOO = sorted(zoo_models())
+
+
+@pytest.mark.parametrize("model,opt,mode,device", [(m, "adamw", ZOO_MODE, "cpu") for m in ZOO])
+def test_zoo_parity(model, opt, mode, device, results):
+    res = results(mode, device)[(model, opt)]
+    rows = res["rows"]
+    assert res["error"] is None, "%s failed on graft:\n%s\n%s" % (model, res["error"], table(rows))
+    assert len(rows) == ZOO_STEPS
+    report = "\n" + table(rows)
+    for r in rows:
+        assert output_ok(r), "output beyond %gx float32's error:%s" % (RATIO, report)
+        ok, near, worst, name = judge(r)
+        assert ok or near, "gradients beyond %gx float32's error (worst %s, %.1f):%s" % (RATIO, name, worst, report)
+    lerr = max(loss_errors(r)[0] for r in rows)
+    l32 = max(loss_errors(r)[1] for r in rows)
+    assert lerr <= RATIO * max(l32, LOSS_FLOOR), "loss beyond %gx float32's error:%s" % (RATIO, report)
+    assert res["fallbacks"] == {}, "fallbacks: %s" % res["fallbacks"]
