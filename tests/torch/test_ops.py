@@ -432,3 +432,36 @@ def test_out_of_memory_names_op_size_dtype_device_and_is_raised_once():
     read = lines["READ"]
     assert "out of memory: mul [1000000000,10] f32 on cpu:0 needs 40000000000 bytes" in read, read
     assert lines["AFTER"] == "[3.0, 3.0, 3.0]"
+
+
+# Ops graft has no lowering for but PyTorch decomposes (torch._decomp's core table): they run as
+# the graft ops they decompose into, inside the graph (no fallback), counted as decomposed.
+DECOMPOSED = [
+    ("roll", lambda a: torch.roll(a, (1, -2), (0, 1)), lambda: (r(3, 5),), True),
+    ("mish", F.mish, lambda: (r(3, 5),), True),
+    ("glu", lambda a: F.glu(a, 1), lambda: (r(3, 6),), True),
+    ("logaddexp", torch.logaddexp, lambda: (r(3, 5), r(3, 5)), True),
+    ("nan_to_num", lambda a: torch.nan_to_num(a.log(), posinf=7.0), lambda: (r(3, 5),), False),
+    ("pixel_shuffle", lambda a: F.pixel_shuffle(a, 2), lambda: (r(1, 8, 3, 3),), True),
+    ("reflection_pad2d", lambda a: F.pad(a, (2, 1, 1, 2), mode="reflect"), lambda: (r(1, 2, 4, 5),), True),
+    ("logit", lambda a: torch.logit(a, 1e-3), lambda: (torch.rand(3, 5),), True),
+]
+
+
+@pytest.mark.parametrize("name,fn,make,grad", DECOMPOSED, ids=[c[0] for c in DECOMPOSED])
+def test_decomposed_ops_match_cpu_without_fallback(name, fn, make, grad):
+    test_op_matches_cpu(name, fn, make, grad)
+    graft.reset_metrics()
+    fn(*[x.to(DEV) for x in make()])
+    assert any(k.startswith("decomposed::") for k in graft.metrics()), graft.metrics().keys()
+
+
+def test_decompositions_switch_off():
+    import subprocess
+    import sys
+    code = ("import torch, graft; x = torch.randn(3, 5).to('graft'); graft.reset_metrics(); "
+            "y = torch.roll(x, 1, 1); print(sorted(graft.fallbacks()))")
+    env = dict(__import__("os").environ, GRAFT_DECOMP="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "aten::roll" in out.stdout, out.stdout

@@ -892,6 +892,10 @@ static std::tuple<std::string, std::string, int64_t> py_device_info(int64_t id) 
 
 static std::string py_last_compile_reason() { return graft_last_compile_reason(); }
 
+static std::vector<std::string> py_lowered_ops() { return lowered_ops(); }
+
+static void py_count_lowering(const std::string &name) { count_lowering(name); }
+
 static void py_manual_seed(int64_t s) {
   std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
   graft_manual_seed((uint64_t)s);
@@ -905,6 +909,8 @@ static bool py_is_pending(const at::Tensor &t) {
 
 TORCH_LIBRARY(graft, m) {
   m.def("step() -> ()", &py_step);
+  m.def("lowered_ops() -> str[]", &py_lowered_ops);
+  m.def("count_lowering(str name) -> ()", &py_count_lowering);
   m.def("sync(Tensor[] tensors) -> ()", &py_sync);
   m.def("metrics_json() -> str", &py_metrics_json);
   m.def("reset_metrics() -> ()", &py_reset_metrics);

@@ -206,6 +206,10 @@ def _hook_serialization():
 
 _hook_serialization()
 
+from . import _decomp  # noqa: E402  (after the library: it registers kernels on graft's key)
+
+_decomp.install(_ops.lowered_ops(), _ops.count_lowering)
+
 
 def _graft_tensors(obj, out, seen):
     """Appends the graft tensors in obj (nested dicts, lists, tuples, sets; a Module's
