@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -643,7 +644,7 @@ static int op_device(const c10::OperatorHandle &op, const torch::jit::Stack &sta
 
 // Host memory running out inside an op (a lowering's host-side tables, a fallback's copies):
 // PyTorch's own wording, naming the op, its tensors' sizes and dtypes, and the device.
-[[noreturn]] static void out_of_memory(const c10::OperatorHandle &op, const std::vector<c10::IValue> &args) {
+[[noreturn]] static void out_of_memory(const c10::OperatorHandle &op, c10::ArrayRef<c10::IValue> args) {
   std::ostringstream os;
   int64_t most = 0;
   for (const auto &iv : args) {
@@ -662,7 +663,8 @@ static void graft_kernel(const c10::OperatorHandle &op, torch::jit::Stack *stack
   DeviceScope scope(op_device(op, *stack));
   Resolved r = lookup(op);
   size_t n = op.schema().arguments().size();
-  std::vector<c10::IValue> args(stack->end() - (std::ptrdiff_t)n, stack->end());  // for the message
+  // the arguments, for out_of_memory's message (no heap allocation on the traced path)
+  c10::SmallVector<c10::IValue, 8> args(stack->end() - (std::ptrdiff_t)n, stack->end());
   try {
     if (r.fn) return run_lowering(r, op, stack);
     cpu_fallback(op, stack);
