@@ -178,7 +178,9 @@ check-valgrind: build/examples/mlp
 check-layers: build/asan/libgraft.a
 	sh tests/check_layers.sh build/asan/src
 
-# Collectives across 2 processes under mpirun: parity, mismatch, stall and kill (tests/check_dist.sh).
+# Collectives across 2 processes under mpirun: parity, mismatch, stall and kill (tests/check_dist.sh);
+# then across two hosts made of network namespaces: parity, a cut link, a killed remote rank
+# (tests/check_dist_hosts.sh; skipped, saying why, where namespaces cannot be made).
 check-dist: build/asan/tests/test_dist
 	$(if $(LIBS_MPI),sh tests/check_dist.sh build/asan/tests/test_dist,@echo "check-dist: graft built without Open MPI (MPI=0): skipped")
 	$(if $(LIBS_MPI),sh tests/check_dist_hosts.sh build/asan/tests/test_dist)
