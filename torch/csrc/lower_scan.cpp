@@ -11,17 +11,35 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <map>
+#include <tuple>
 
 namespace graftpt {
 namespace {
 
 constexpr int64_t kScanBlock = 256;
 
-// U[i][j] = (i <= j) as an [n, n] tensor of dtype st on the current graft device.
+// U[i][j] = (i <= j) as an [n, n] tensor of dtype st on the current graft device: made once per
+// (n, dtype, device) and kept as data, so a step's graph reads it instead of computing it again
+// (an embedding bag's 384 indices: a 256x256 float64 block built every step took 0.045 of its
+// 0.217 ms). Past kUpperBytes the cache is emptied (a steady loop refills it once); leaked at
+// exit like the bridge's other device constants.
 at::Tensor upper_ones(int64_t n, at::ScalarType st) {
-  const int64_t sh[2] = {n, n};
-  G rows = chk(dev_iota(GRAFT_I64, 2, sh, 0), "cumsum"), cols = chk(dev_iota(GRAFT_I64, 2, sh, 1), "cumsum");
-  return wrap(conv(chk(graft_le(rows.get(), cols.get()), "cumsum"), st));
+  static constexpr size_t kUpperBytes = 32u << 20;
+  using Key = std::tuple<int64_t, int, int>;
+  static auto *cache = new std::map<Key, at::Tensor>();
+  static size_t bytes = 0;
+  Key k{n, (int)st, cur_device()};
+  auto it = cache->find(k);
+  if (it != cache->end()) return it->second;
+  size_t b = (size_t)(n * n) * c10::elementSize(st);
+  if (bytes + b > kUpperBytes) {
+    cache->clear();
+    bytes = 0;
+  }
+  bytes += b;
+  c10::Device dev(kDevType, (c10::DeviceIndex)cur_device());
+  return cache->emplace(k, at::ones({n, n}, at::TensorOptions().dtype(st)).triu().to(dev)).first->second;
 }
 
 // Inclusive cumsum along the last dim of a 2-D float [M, n] graft tensor of finite values.
