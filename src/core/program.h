@@ -34,6 +34,11 @@ typedef struct {
 
 /* Frees a program and its arrays (program.c); NULL is a no-op. */
 void program_free(exec_program *p);
+/* Whether ins computes nothing: its value is empty. A collective still runs (the other ranks
+ * meet it there). */
+static inline bool program_instr_empty(const exec_instr *ins) {
+  return ins->numel == 0 && ir_ops[ins->op].kind != IR_K_COLLECTIVE;
+}
 /* A new buffer for instruction ins's value on p's device; out of memory names its op, shape,
  * dtype, device and size. */
 exec_buffer *program_instr_buffer(const exec_program *p, const exec_instr *ins);

@@ -152,7 +152,9 @@ def zoo_models():
     for name, (build, batch, loss) in zoo.MODELS.items():
         if name in MODELS or name in ("mobilenet_v2", "efficientnet_b0", "densenet121", "shufflenet_v2_x0_5"):
             continue  # trained above (the zoo's sizes of the same blocks)
-        if batch.__qualname__.startswith("_images") and name != "vit_tiny":  # ViT: fixed 32 px, no batch norm
+        *inputs, target = batch()
+        classify_images = len(inputs) == 1 and inputs[0].dim() == 4 and target.dim() == 1
+        if classify_images and name != "vit_tiny":  # ViT: fixed 32 px, no batch norm
             size = 64 if name in ("alexnet", "squeezenet1_0", "googlenet", "vgg11_bn") else 48
             batch = (lambda s: lambda: _image_batch(4, s))(size)
         out[name] = ((lambda b: lambda: _no_dropout(b()))(build), batch, loss)

@@ -6,7 +6,6 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -642,34 +641,36 @@ static int op_device(const c10::OperatorHandle &op, const torch::jit::Stack &sta
   return first.defined() ? gdevice(first) : tl_device;
 }
 
-// Host memory running out inside an op (a lowering's host-side tables, a fallback's copies):
-// PyTorch's own wording, naming the op, its tensors' sizes and dtypes, and the device.
-[[noreturn]] static void out_of_memory(const c10::OperatorHandle &op, c10::ArrayRef<c10::IValue> args) {
+// The last lowering arguments an exception left on this thread (note_unwound_args); cleared
+// as each op starts, so a message never names an earlier op's.
+static thread_local std::string tl_unwound;
+
+void note_unwound_args(const std::vector<c10::IValue> &v) {
   std::ostringstream os;
   int64_t most = 0;
-  for (const auto &iv : args) {
+  for (const auto &iv : v) {
     if (!iv.isTensor() || !iv.toTensor().defined()) continue;
     const at::Tensor &t = iv.toTensor();
-    os << (os.tellp() > 0 ? ", " : "") << t.sizes() << " " << t.scalar_type() << " on "
+    os << (os.tellp() > 0 ? ", " : " on ") << t.sizes() << " " << t.scalar_type() << " on "
        << (is_graft(t) ? device_desc(t) : t.device().str());
     most = std::max<int64_t>(most, t.numel() * (int64_t)t.element_size());
   }
-  TORCH_CHECK(false, "graft: out of host memory running ", op.schema().operator_name(), " on ", os.str(),
-              " (the largest tensor is ", most, " bytes)");
+  if (most) os << " (the largest tensor is " << most << " bytes)";
+  tl_unwound = os.str();
 }
 
 static void graft_kernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
   std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
   DeviceScope scope(op_device(op, *stack));
   Resolved r = lookup(op);
-  size_t n = op.schema().arguments().size();
-  // the arguments, for out_of_memory's message (no heap allocation on the traced path)
-  c10::SmallVector<c10::IValue, 8> args(stack->end() - (std::ptrdiff_t)n, stack->end());
+  if (!tl_unwound.empty()) tl_unwound.clear();
   try {
     if (r.fn) return run_lowering(r, op, stack);
     cpu_fallback(op, stack);
   } catch (const std::bad_alloc &) {
-    out_of_memory(op, args);
+    // Host memory ran out inside the op (a lowering's host-side tables, a fallback's copies):
+    // say which op, on which tensors and device
+    TORCH_CHECK(false, "graft: out of host memory running ", op.schema().operator_name(), tl_unwound);
   }
 }
 

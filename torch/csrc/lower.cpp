@@ -223,33 +223,36 @@ bool overlap_unchecked(const std::string &name) {
 
 // PyTorch's errors for a write into out that partly aliases an input (x[1:].mul_(x[:-1])), and
 // for one into a tensor whose elements alias each other (an expanded tensor) from an input.
-void check_no_partial_overlap(const at::Tensor &out, const at::Tensor &in) {
-  TORCH_CHECK(overlap_of(out, in) != Overlap::Partial,
-              "unsupported operation: some elements of the input tensor and the written-to tensor "
-              "refer to a single memory location. Please clone() the tensor before performing the "
-              "operation.");
-}
+const char *kPartialOverlap =
+    "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+    "single memory location. Please clone() the tensor before performing the operation.";
+const char *kInternalOverlap =
+    "unsupported operation: more than one element of the written-to tensor refers to a single "
+    "memory location. Please clone() the tensor before performing the operation.";
 
-void check_no_internal_overlap(const at::Tensor &out) {
-  if (!is_graft(out) || out.is_non_overlapping_and_dense()) return;
+bool internal_overlap(const at::Tensor &out) {
+  if (!is_graft(out) || out.is_non_overlapping_and_dense()) return false;
   for (int64_t d = 0; d < out.dim(); ++d)
-    TORCH_CHECK(out.stride(d) != 0 || out.size(d) <= 1,
-                "unsupported operation: more than one element of the written-to tensor refers to a "
-                "single memory location. Please clone() the tensor before performing the operation.");
+    if (out.stride(d) == 0 && out.size(d) > 1) return true;
+  return false;
 }
 
-// Both checks for an op writing out from its other tensor arguments, the top n of the stack.
+// Both checks for an op writing out from its other tensor arguments, the top n of the stack
+// (pointer comparisons on the traced path; the op's name is read only when one fails).
 void check_write_overlap(const c10::OperatorHandle &op, const Stack &s, size_t n, const at::Tensor &out) {
-  if (!is_graft(out) || overlap_unchecked(op.schema().name())) return;
-  bool has_input = false;
+  if (!is_graft(out)) return;
+  bool has_input = false, partial = false;
   for (size_t i = s.size() - n; i < s.size(); ++i) {
     if (!s[i].isTensor()) continue;
     const at::Tensor &t = s[i].toTensor();
     if (!t.defined() || t.unsafeGetTensorImpl() == out.unsafeGetTensorImpl()) continue;
     has_input = true;
-    check_no_partial_overlap(out, t);
+    partial = partial || overlap_of(out, t) == Overlap::Partial;
   }
-  if (has_input) check_no_internal_overlap(out);
+  bool internal = has_input && internal_overlap(out);
+  if (!(partial || internal) || overlap_unchecked(op.schema().name())) return;
+  TORCH_CHECK(!partial, kPartialOverlap);
+  TORCH_CHECK(false, kInternalOverlap);
 }
 
 // Copies ------------------------------------------------------------------------
@@ -261,8 +264,8 @@ void copy_from(const c10::OperatorHandle &op, Stack *s) {
   const at::Tensor &dst = a.t(1);
   if (is_graft(dst)) {
     if (!Resize) {
-      check_no_internal_overlap(dst);
-      check_no_partial_overlap(dst, src);
+      TORCH_CHECK(!internal_overlap(dst), kInternalOverlap);
+      TORCH_CHECK(overlap_of(dst, src) != Overlap::Partial, kPartialOverlap);
     }
     G v = is_graft(src) ? value(src) : from_cpu(src, gdevice(dst));
     if (graft_device(v.get()) != gdevice(dst)) v = chk(graft_to_device(v.get(), gdevice(dst)), "copy between devices");

@@ -4,6 +4,8 @@
 #pragma once
 #include "bridge.h"
 
+#include <exception>
+
 #include <initializer_list>
 #include <string>
 #include <unordered_map>
@@ -14,13 +16,22 @@ namespace graftpt {
 using Stack = torch::jit::Stack;
 using LoweringTable = std::unordered_map<std::string, Lowering>;
 
+// Notes the arguments of a lowering an exception leaves (their sizes, dtypes and devices, as
+// text: no tensor is kept alive), for the boxed kernel's out-of-memory message (core.cpp).
+void note_unwound_args(const std::vector<c10::IValue> &v);
+
 // The op's arguments, popped off the stack.
 struct Args {
   std::vector<c10::IValue> v;
+  int unwinding = std::uncaught_exceptions();  // described only when an exception leaves
   Args(const c10::OperatorHandle &op, Stack *s) {
     size_t n = op.schema().arguments().size();
     v = torch::jit::last(*s, n).vec();
     torch::jit::drop(*s, n);
+  }
+  Args(const Args &) = delete;
+  ~Args() {
+    if (std::uncaught_exceptions() > unwinding) note_unwound_args(v);
   }
   const at::Tensor &t(int i) const { return v[i].toTensor(); }
   // Absent: past the end, None, or an undefined tensor (autograd passes those for Tensor?).

@@ -157,8 +157,7 @@ static int cpu_rt_fallback(void *ctx, int i) {
   }
   int rc = cpu_rt_alloc(ctx, i);
   cpu_host_fn host = cpu_host_kernel(ins, a);
-  bool empty = ins->numel == 0 && ir_ops[ins->op].kind != IR_K_COLLECTIVE; /* as ref_run */
-  if (!rc && !empty) rc = host ? host(ins, a, r->S[i]) : ref_kernels[ins->op](ins, a, r->S[i]);
+  if (!rc && !program_instr_empty(ins)) rc = host ? host(ins, a, r->S[i]) : ref_kernels[ins->op](ins, a, r->S[i]);
   if (a != args) free(a);
   if (!host) cpu_stats.fallback[ins->op]++; /* only true reference runs count */
   return rc;

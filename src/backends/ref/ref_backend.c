@@ -13,8 +13,7 @@ static void *ref_compile(const exec_program *p) { return (void *)p; }
 static int ref_run_one(const exec_program *p, const exec_instr *ins, const ref_arg *args,
                        ref_pick_fn pick, exec_buffer **out) {
   *out = program_instr_buffer(p, ins);
-  if (*out && ins->numel == 0 && ir_ops[ins->op].kind != IR_K_COLLECTIVE)
-    return 0; /* nothing to compute; collectives still meet the other ranks */
+  if (*out && program_instr_empty(ins)) return 0;
   ref_fn fn = pick ? pick(ins, args) : NULL;
   return !*out || (fn ? fn : ref_kernels[ins->op])(ins, args, (*out)->ptr);
 }
