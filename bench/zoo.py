@@ -49,6 +49,11 @@ def _tv(name, **kw):
     return lambda: getattr(torchvision.models, name)(num_classes=10, **kw)
 
 
+def _video(name):
+    import torchvision
+    return lambda: getattr(torchvision.models.video, name)(num_classes=10)
+
+
 def _images(n=2, c=3, s=32, classes=10):
     return lambda: (torch.randn(n, c, s, s), torch.randint(0, classes, (n,)))
 
@@ -237,6 +242,7 @@ MODELS = {
     "googlenet": (_tv("googlenet", aux_logits=False, init_weights=True), _images(2), _ce),
     "vgg11_bn": (_tv("vgg11_bn"), _images(2), _ce),
     "alexnet": (_tv("alexnet"), _images(2, s=64), _ce),
+    "r3d_18": (_video("r3d_18"), lambda: (torch.randn(2, 3, 4, 32, 32), torch.randint(0, 10, (2,))), _ce),
     "vit_tiny": (TinyViT, _images(8), _ce),
     "encoder_classifier": (EncoderClassifier, _encoder_batch, _ce),
     "seq2seq_transformer": (Seq2Seq, _seq2seq_batch, _seq_ce),

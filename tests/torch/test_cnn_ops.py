@@ -48,6 +48,16 @@ CASES = {
                          torch.randn(2, 3, 5, 6), torch.randn(3, 4, 3, 3), torch.randn(4)),
     "conv_transpose2d_groups": (lambda x, w: F.conv_transpose2d(x, w, stride=2, groups=3),
                                 torch.randn(2, 6, 5, 6), torch.randn(6, 2, 3, 3)),
+    "conv2d_stride3_uneven": (lambda x, w: F.conv2d(x, w, stride=(3, 2), padding=(2, 1)),
+                              torch.randn(2, 3, 10, 9), torch.randn(4, 3, 4, 3)),
+    "conv3d_stride_pad_bias": (lambda x, w, b: F.conv3d(x, w, b, stride=2, padding=1),
+                               torch.randn(2, 3, 5, 6, 7), torch.randn(4, 3, 3, 3, 3), torch.randn(4)),
+    "conv3d_groups_dilation": (lambda x, w: F.conv3d(x, w, stride=(1, 2, 1), padding=(0, 1, 2), dilation=(1, 1, 2),
+                                                     groups=2), torch.randn(2, 4, 4, 6, 7), torch.randn(6, 2, 2, 3, 3)),
+    "conv_transpose3d": (lambda x, w, b: F.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=(1, 0, 1)),
+                         torch.randn(2, 3, 3, 4, 3), torch.randn(3, 2, 3, 3, 2), torch.randn(2)),
+    "conv_transpose3d_groups": (lambda x, w: F.conv_transpose3d(x, w, stride=(2, 1, 3), groups=2),
+                                torch.randn(1, 4, 3, 3, 2), torch.randn(4, 3, 2, 2, 3)),
     "max_pool2d": (lambda x: F.max_pool2d(x, 2), X),
     "max_pool2d_indices_pad": (lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), X),
     "max_pool2d_ceil_same_size": (lambda x: F.max_pool2d(x, 3, 2, 0, ceil_mode=True), X),
@@ -148,7 +158,8 @@ def test_cnn_layer_training_no_fallback(layer):
         torch.testing.assert_close(loss.detach().cpu(), lc.detach(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("env", [{"GRAFT_TORCH_CONV": "native"}, {"GRAFT_TORCH_POOL": "slices"}])
+@pytest.mark.parametrize("env", [{"GRAFT_TORCH_CONV": "native"}, {"GRAFT_TORCH_CONV": "placed"},
+                                 {"GRAFT_TORCH_POOL": "slices"}])
 def test_alternative_lowerings_match_cpu(env):
     """The conv/pool lowerings the knobs select (read once per process): a subprocess runs every
     layer case with them."""

@@ -322,6 +322,7 @@ const LoweringTable &table() {
     add_view_lowerings(t);
     add_reduce_lowerings(t);
     add_nn_lowerings(t);
+    add_conv_lowerings(t);
     add_optim_lowerings(t);
     add_rnn_lowerings(t);
     add_attention_lowerings(t);

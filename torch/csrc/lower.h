@@ -84,6 +84,7 @@ void add_elementwise_lowerings(LoweringTable &t);  // lower_elementwise.cpp
 void add_view_lowerings(LoweringTable &t);         // lower_views.cpp
 void add_reduce_lowerings(LoweringTable &t);       // lower_reduce.cpp
 void add_nn_lowerings(LoweringTable &t);           // lower_nn.cpp
+void add_conv_lowerings(LoweringTable &t);         // lower_conv.cpp
 void add_optim_lowerings(LoweringTable &t);        // lower_optim.cpp
 void add_rnn_lowerings(LoweringTable &t);          // lower_rnn.cpp (fused cells)
 void add_attention_lowerings(LoweringTable &t);    // lower_attention.cpp

@@ -1,4 +1,5 @@
-// graft's PyTorch bridge: neural-network lowerings: the matmul family, pooling and convolution.
+// graft's PyTorch bridge: neural-network lowerings: the matmul family and pooling (convolutions:
+// lower_conv.cpp).
 #include "lower.h"
 
 #include <algorithm>
@@ -186,11 +187,6 @@ G pad_hw(const G &v, const std::vector<int> &p, const std::vector<int> &e, doubl
     hi[nd - 2 + d] = p[d] + e[d];
   }
   return chk(graft_pad(v.get(), lo.data(), hi.data(), value), "pool");
-}
-
-bool use_im2col(int groups) {
-  static const char *m = getenv("GRAFT_TORCH_CONV");
-  return groups == 1 && !(m && std::string(m) == "native");
 }
 
 // Pooling windows as sums / maxima of k*k strided slices when GRAFT_TORCH_POOL=slices (all
@@ -483,235 +479,6 @@ void adaptive_avg_pool2d_backward(const c10::OperatorHandle &op, Stack *s) {
   push(s, wrap(chk(graft_matmul(r.get(), pw.get()), "adaptive_avg_pool2d_backward")));
 }
 
-// Convolution ------------------------------------------------------------------------
-// 1-D convolutions run as 2-D ones over [N, C, 1, L].
-// A conv's stride / padding / dilation / output_padding as a pair (a 1-D conv's unit height: dflt).
-std::vector<int> conv_pair(const std::vector<int64_t> &v, int64_t dflt, bool one_d) {
-  auto r = pair(v, dflt);
-  if (one_d) r[0] = (int)dflt;
-  return r;
-}
-
-// [N, C, 1, L] back to [N, C, L] for a 1-D conv.
-G from_4d(const G &v, bool one_d) {
-  if (!one_d) return v;
-  auto sh = gshape(v);
-  return reshape_to(v, {sh[0], sh[1], sh[3]});
-}
-
-G as_4d(const G &v) {
-  auto sh = gshape(v);
-  if (sh.size() == 4) return v;
-  sh.insert(sh.end() - 1, 1);
-  return reshape_to(v, sh);
-}
-
-// im2col lowering of a (groups=1, non-transposed) convolution: the k*k window offsets of the
-// padded input as strided slices, stacked into a [C*KH*KW, N*OH*OW] matrix, so the convolution,
-// its weight gradient and its input gradient are single matrix products plus data movement
-// (which graft's compiling backend generates natively). GRAFT_TORCH_CONV=native uses graft's
-// conv2d primitives instead.
-struct ConvGeom {
-  int64_t N, C, H, W, O, KH, KW, OH, OW, HP, WP;
-};
-
-ConvGeom conv_geom(const std::vector<int64_t> &xs, const std::vector<int64_t> &ws, const std::vector<int> &st,
-                   const std::vector<int> &p, const std::vector<int> &dl) {
-  ConvGeom g;
-  g.N = xs[0], g.C = xs[1], g.H = xs[2], g.W = xs[3], g.O = ws[0], g.KH = ws[2], g.KW = ws[3];
-  g.HP = g.H + 2 * p[0], g.WP = g.W + 2 * p[1];
-  g.OH = (g.HP - (int64_t)dl[0] * (g.KH - 1) - 1) / st[0] + 1;
-  g.OW = (g.WP - (int64_t)dl[1] * (g.KW - 1) - 1) / st[1] + 1;
-  return g;
-}
-
-// cols [C*KH*KW, N*OH*OW] of x [N,C,H,W].
-G im2col(const G &x, const ConvGeom &g, const std::vector<int> &st, const std::vector<int> &p,
-         const std::vector<int> &dl) {
-  int perm[4] = {1, 0, 2, 3};
-  G xt = chk(graft_transpose(x.get(), perm), "conv2d");  // [C,N,H,W]
-  if (p[0] || p[1]) xt = pad_hw(xt, p, {0, 0}, 0.0);
-  std::vector<G> parts;
-  std::vector<graft_tensor *> ptrs;
-  int64_t NL = g.N * g.OH * g.OW;
-  for (int i = 0; i < g.KH; ++i)
-    for (int j = 0; j < g.KW; ++j) {
-      int64_t a0[4] = {0, 0, (int64_t)i * dl[0], (int64_t)j * dl[1]};
-      int64_t a1[4] = {g.C, g.N, a0[2] + (g.OH - 1) * st[0] + 1, a0[3] + (g.OW - 1) * st[1] + 1};
-      int64_t step[4] = {1, 1, st[0], st[1]};
-      G v = chk(graft_slice(xt.get(), a0, a1, step), "conv2d");
-      parts.push_back(reshape_to(v, {g.C, 1, NL}));
-      ptrs.push_back(parts.back().get());
-    }
-  G c = ptrs.size() == 1 ? parts[0] : chk(graft_concat(ptrs.data(), (int)ptrs.size(), 1), "conv2d");
-  return reshape_to(c, {g.C * g.KH * g.KW, NL});
-}
-
-// dy [N,O,OH,OW] as [O, N*OH*OW].
-G dy_rows(const G &dy, const ConvGeom &g) {
-  int perm[4] = {1, 0, 2, 3};
-  G t = chk(graft_transpose(dy.get(), perm), "conv2d");
-  return reshape_to(t, {g.O, g.N * g.OH * g.OW});
-}
-
-G im2col_conv(const G &x, const G &w, const std::vector<int> &st, const std::vector<int> &p,
-              const std::vector<int> &dl) {
-  ConvGeom g = conv_geom(gshape(x), gshape(w), st, p, dl);
-  TORCH_CHECK(g.OH > 0 && g.OW > 0, "graft: convolution output would be empty");
-  G cols = im2col(x, g, st, p, dl);
-  G w2 = reshape_to(w, {g.O, g.C * g.KH * g.KW});
-  G y = chk(graft_matmul(w2.get(), cols.get()), "conv2d");  // [O, N*L]
-  y = reshape_to(y, {g.O, g.N, g.OH, g.OW});
-  int perm[4] = {1, 0, 2, 3};
-  return chk(graft_transpose(y.get(), perm), "conv2d");
-}
-
-G im2col_conv_bwd_weight(const G &x, const G &dy, const std::vector<int64_t> &ws, const std::vector<int> &st,
-                         const std::vector<int> &p, const std::vector<int> &dl) {
-  ConvGeom g = conv_geom(gshape(x), ws, st, p, dl);
-  G cols = im2col(x, g, st, p, dl);
-  G ct = chk(graft_t(cols.get()), "conv2d_backward_weight");
-  G dw = chk(graft_matmul(dy_rows(dy, g).get(), ct.get()), "conv2d_backward_weight");  // [O, CKK]
-  return reshape_to(dw, ws);
-}
-
-G im2col_conv_bwd_input(const G &dy, const G &w, const std::vector<int64_t> &xs, const std::vector<int> &st,
-                        const std::vector<int> &p, const std::vector<int> &dl) {
-  ConvGeom g = conv_geom(xs, gshape(w), st, p, dl);
-  G w2 = reshape_to(w, {g.O, g.C * g.KH * g.KW});
-  G wt = chk(graft_t(w2.get()), "conv2d_backward_input");
-  G dc = chk(graft_matmul(wt.get(), dy_rows(dy, g).get()), "conv2d_backward_input");  // [CKK, N*L]
-  dc = reshape_to(dc, {g.C, g.KH * g.KW, g.N, g.OH, g.OW});
-  G acc;
-  for (int i = 0; i < g.KH; ++i)
-    for (int j = 0; j < g.KW; ++j) {
-      int64_t q = i * g.KW + j;
-      int64_t a0[5] = {0, q, 0, 0, 0}, a1[5] = {g.C, q + 1, g.N, g.OH, g.OW};
-      G part = reshape_to(chk(graft_slice(dc.get(), a0, a1, nullptr), "conv2d_backward_input"),
-                          {g.C, g.N, g.OH, g.OW});
-      G t = window_place(part, (int64_t)i * dl[0], (int64_t)j * dl[1], g.HP, g.WP, st, "conv2d_backward_input");
-      acc = accumulate(acc, t, "conv2d_backward_input");
-    }
-  if (p[0] || p[1]) acc = crop_hw(acc, p[0], p[1], g.H, g.W, "conv2d_backward_input");
-  int perm[4] = {1, 0, 2, 3};
-  return chk(graft_transpose(acc.get(), perm), "conv2d_backward_input");
-}
-
-// convolution(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups)
-void convolution(const c10::OperatorHandle &op, Stack *s) {
-  Args a(op, s);
-  const at::Tensor &x = a.t(0), &w = a.t(1);
-  bool one_d = x.dim() == 3 && w.dim() == 3;
-  if (!((x.dim() == 4 && w.dim() == 4) || one_d) || !at::isFloatingType(x.scalar_type()))
-    return fall_back(op, s, a);
-  same_dtype(x, w, "convolution");
-  auto s2 = conv_pair(a.il(3), 1, one_d), p2 = conv_pair(a.il(4), 0, one_d), d2 = conv_pair(a.il(5), 1, one_d),
-       op2 = conv_pair(a.il(7), 0, one_d);
-  int groups = (int)a.i(8);
-  bool transposed = a.b(6);
-  G gx = as_4d(tv(x)), gw = as_4d(tv(w));
-  G r;
-  if (!transposed && use_im2col(groups)) {
-    r = im2col_conv(gx, gw, s2, p2, d2);
-  } else if (!transposed) {
-    r = chk(graft_conv2d(gx.get(), gw.get(), s2.data(), p2.data(), d2.data(), groups), "conv2d");
-  } else {
-    // conv_transpose(x, w) is the input-gradient of conv(., w) with x as dy.
-    auto ws = gshape(gw), xs = gshape(gx);
-    std::vector<int64_t> osz = {xs[0], ws[1] * groups, 0, 0};
-    for (int d = 0; d < 2; ++d)
-      osz[2 + d] = (xs[2 + d] - 1) * s2[d] - 2 * p2[d] + (int64_t)d2[d] * (ws[2 + d] - 1) + op2[d] + 1;
-    std::vector<int> zp = {0, 0};
-    std::vector<int64_t> big = osz;
-    big[2] += 2 * p2[0];
-    big[3] += 2 * p2[1];
-    r = use_im2col(groups)
-            ? im2col_conv_bwd_input(gx, gw, big, s2, zp, d2)
-            : chk(graft_conv2d_backward_input(gx.get(), gw.get(), big.data(), s2.data(), zp.data(), d2.data(), groups),
-                  "conv_transpose2d");
-    if (p2[0] || p2[1]) r = crop_hw(r, p2[0], p2[1], osz[2], osz[3], "conv_transpose2d");
-  }
-  if (!a.none(2) && a.t(2).defined()) {
-    G b = reshape_to(conv(tv(a.t(2)), x.scalar_type()), {1, a.t(2).numel(), 1, 1});
-    r = chk(graft_add(r.get(), b.get()), "conv2d");
-  }
-  push(s, wrap(from_4d(r, one_d)));
-}
-
-// Input gradient of a (non-transposed) conv, also when padding exceeds dilation*(kernel-1):
-// computed for the explicitly padded input with no padding, then cropped.
-G conv_bwd_input(const G &dy, const G &w, std::vector<int64_t> xs, const std::vector<int> &st,
-                 const std::vector<int> &p, const std::vector<int> &dl, int groups) {
-  auto ws = gshape(w);
-  bool direct = p[0] <= dl[0] * (ws[2] - 1) && p[1] <= dl[1] * (ws[3] - 1);
-  if (direct)
-    return chk(graft_conv2d_backward_input(dy.get(), w.get(), xs.data(), st.data(), p.data(), dl.data(), groups),
-               "conv2d_backward_input");
-  std::vector<int64_t> big = xs;
-  big[2] += 2 * p[0];
-  big[3] += 2 * p[1];
-  std::vector<int> zp = {0, 0};
-  G r = chk(graft_conv2d_backward_input(dy.get(), w.get(), big.data(), st.data(), zp.data(), dl.data(), groups),
-            "conv2d_backward_input");
-  return crop_hw(r, p[0], p[1], xs[2], xs[3], "conv2d_backward_input");
-}
-
-// convolution_backward(grad_output, input, weight, bias_sizes?, stride, padding, dilation,
-//   transposed, output_padding, groups, output_mask[3]) -> (grad_input, grad_weight, grad_bias)
-void convolution_backward(const c10::OperatorHandle &op, Stack *s) {
-  Args a(op, s);
-  const at::Tensor &go = a.t(0), &x = a.t(1), &w = a.t(2);
-  bool one_d = x.dim() == 3 && w.dim() == 3 && go.dim() == 3;
-  if (!((x.dim() == 4 && w.dim() == 4 && go.dim() == 4) || one_d) || !at::isFloatingType(x.scalar_type()))
-    return fall_back(op, s, a);
-  auto s2 = conv_pair(a.il(4), 1, one_d), p2 = conv_pair(a.il(5), 0, one_d), d2 = conv_pair(a.il(6), 1, one_d),
-       op2 = conv_pair(a.il(8), 0, one_d);
-  bool transposed = a.b(7);
-  int groups = (int)a.i(9);
-  auto mask = a.v[10].toBoolList();
-  at::ScalarType stp = x.scalar_type();
-  G g = as_4d(conv(tv(go), stp)), gx = as_4d(tv(x)), gw = as_4d(conv(tv(w), stp));
-  auto xs = gshape(gx), ws = gshape(gw), ys = gshape(g);
-  at::Tensor gi, gwt, gb;
-  if (mask[0]) {
-    G r = transposed ? (use_im2col(groups) ? im2col_conv(g, gw, s2, p2, d2)
-                                           : chk(graft_conv2d(g.get(), gw.get(), s2.data(), p2.data(), d2.data(), groups),
-                                                 "conv_transpose backward"))
-          : use_im2col(groups) ? im2col_conv_bwd_input(g, gw, xs, s2, p2, d2)
-                               : conv_bwd_input(g, gw, xs, s2, p2, d2, groups);
-    if (transposed) {  // output_padding >= stride (possible with dilation) leaves extra rows: crop
-      auto rs = gshape(r);
-      if (rs[2] != xs[2] || rs[3] != xs[3]) r = crop_hw(r, 0, 0, xs[2], xs[3], "conv_transpose backward");
-    }
-    gi = wrap(from_4d(r, one_d));
-  }
-  if (mask[1]) {
-    G r;
-    if (!transposed && use_im2col(groups)) {
-      r = im2col_conv_bwd_weight(gx, g, ws, s2, p2, d2);
-    } else if (transposed && use_im2col(groups)) {
-      r = im2col_conv_bwd_weight(g, gx, ws, s2, p2, d2);
-    } else if (!transposed) {
-      r = chk(graft_conv2d_backward_weight(gx.get(), g.get(), ws.data(), s2.data(), p2.data(), d2.data(), groups),
-              "conv2d_backward_weight");
-    } else {
-      // y = conv_transpose(x, w) = adjoint of conv(., w): dw = backward_weight(input = dy, dy = x)
-      r = chk(graft_conv2d_backward_weight(g.get(), gx.get(), ws.data(), s2.data(), p2.data(), d2.data(), groups),
-              "conv_transpose backward_weight");
-    }
-    gwt = wrap(from_4d(r, one_d));
-  }
-  if (mask[2]) {
-    std::vector<int> dims = {0, 2, 3};
-    gb = wrap(chk(graft_sum(g.get(), dims.data(), 3, false), "convolution_backward (bias)"));
-  }
-  (void)ys;
-  (void)op2;
-  push(s, gi);
-  push(s, gwt);
-  push(s, gb);
-}
-
 }  // namespace
 
 void add_nn_lowerings(LoweringTable &t) {
@@ -723,14 +490,12 @@ void add_nn_lowerings(LoweringTable &t) {
       {"aten::addmm", &addmm},
       {"aten::addmv", &addmv},
       {"aten::baddbmm", &addmm},
-      {"aten::convolution", &convolution},
       {"aten::avg_pool2d", &avg_pool2d},
       {"aten::avg_pool2d_backward", &avg_pool2d_backward},
       {"aten::max_pool2d_with_indices", &max_pool2d_with_indices},
       {"aten::max_pool2d_with_indices_backward", &max_pool2d_with_indices_backward},
       {"aten::_adaptive_avg_pool2d", &adaptive_avg_pool2d},
       {"aten::_adaptive_avg_pool2d_backward", &adaptive_avg_pool2d_backward},
-      {"aten::convolution_backward", &convolution_backward},
   });
 }
 
