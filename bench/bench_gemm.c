@@ -89,6 +89,10 @@ int main(void) {
       {512, 16, 4608, 0, 0, "resnet18 layer4 conv forward (16 columns)"},
       {4608, 16, 512, 1, 0, "resnet18 layer4 conv input gradient"},
       {512, 4608, 16, 0, 1, "resnet18 layer4 conv weight gradient (k 16)"},
+      {4, 512, 128, 0, 1, "an LSTM step at batch 4, h W_hh^T (few rows)"},
+      {4, 128, 512, 0, 0, "an LSTM step's input gradient (few rows)"},
+      {1, 1000, 512, 0, 1, "a classifier at batch 1 (few rows)"},
+      {8, 1024, 1024, 0, 1, "a linear layer at batch 8 (few rows)"},
   };
   printf("# bench_gemm: %s; pool of %d threads\n",
          cpu_own_gemm() ? "graft's AVX-512 kernels against OpenBLAS"

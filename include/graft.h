@@ -388,7 +388,9 @@ void graft_empty_cache(void);
   X(uint64_t, device_uploads, "device uploads", "copies into an accelerator's own memory (uploads, fallbacks' inputs back)") \
   X(uint64_t, device_upload_bytes, "device upload bytes", "bytes those copies moved") \
   X(uint64_t, device_downloads, "device downloads", "copies out of an accelerator's memory (reads, fallbacks' inputs)") \
-  X(uint64_t, device_download_bytes, "device download bytes", "bytes those copies moved")
+  X(uint64_t, device_download_bytes, "device download bytes", "bytes those copies moved") \
+  X(uint64_t, kernel_choices, "kernel choices", "classes of products/convolutions whose kernel was picked by timing the candidates on their first runs") \
+  X(uint64_t, kernels_demoted, "kernels demoted", "of those, classes where the library's kernel (or another of graft's) beat the default and now runs (GRAFT_PROFILE lists them)")
 
 #define GRAFT_METRICS_MEMBER_(type, name, label, meaning) type name;
 typedef struct {

@@ -782,9 +782,38 @@ static void check_f32_product(int64_t m, int64_t k, int64_t n, bool ta, bool tb,
                     tb ? mk(IR_TRANSPOSE, 1, &B, &tp, 0, 0, NULL) : B};
   ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
   uint64_t before = *counter;
+  setenv("GRAFT_KERNEL_CHOICE", "0", 1); /* the static rule's kernel, not a measured one */
   CHECK(compare(&y, 1, 1e-4) == 0);
+  unsetenv("GRAFT_KERNEL_CHOICE");
   CHECK((*counter > before) == (__builtin_cpu_supports("avx512f") && taken));
   release_all();
+}
+
+/* A product class graft's kernel takes is measured against OpenBLAS on its first runs and then
+ * keeps one of them (one choice counted; every run's result right); a class no kernel of
+ * graft's takes (4 rows, B untransposed) and any class under GRAFT_KERNEL_CHOICE=0 is not. */
+static uint64_t choices_after_runs(int64_t m, int64_t k, int64_t n, bool tb) {
+  uint64_t before = cpu_stats.choices;
+  int64_t as[2] = {m, k}, bs[2] = {tb ? n : k, tb ? k : n};
+  ir_attrs tp = {0};
+  tp.a[0] = 1, tp.a[1] = 0;
+  for (int r = 0; r < 12; r++) {
+    ir_node *B = data(GRAFT_F32, 2, bs);
+    ir_node *in[2] = {data(GRAFT_F32, 2, as), tb ? mk(IR_TRANSPOSE, 1, &B, &tp, 0, 0, NULL) : B};
+    ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+    CHECK(compare(&y, 1, 1e-4) == 0);
+    release_all();
+  }
+  return cpu_stats.choices - before;
+}
+
+TEST(kernel_choice_by_measurement) {
+  if (!__builtin_cpu_supports("avx512f")) return; /* no kernel of graft's to choose */
+  CHECK(choices_after_runs(150, 70, 90, false) == 1);
+  CHECK(choices_after_runs(4, 70, 90, false) == 0);
+  setenv("GRAFT_KERNEL_CHOICE", "0", 1);
+  CHECK(choices_after_runs(300, 70, 40, true) == 0);
+  unsetenv("GRAFT_KERNEL_CHOICE");
 }
 
 TEST(dot_blas_and_fallback) {
@@ -847,6 +876,18 @@ TEST(dot_blas_and_fallback) {
   for (size_t c = 0; c < sizeof narrow / sizeof *narrow; c++) {
     const int64_t *q = narrow[c];
     check_f32_product(q[0], q[1], q[2], q[3], q[4], 1, &cpu_stats.narrow_gemms, q[5]);
+  }
+  /* A B^T with 2-8 rows (a recurrent step, a small batch's linear layer) on cpu_fewrows.c's
+   * dot kernels: 2, 3, 4, 5 and 8 rows (one row group, a partial one, two); columns off the
+   * 4/8/16-column blocks and k off the 16-float lanes; serial and over the pool. One row, B
+   * untransposed and A transposed stay off them. {m, k, n, transposed A, transposed B, taken} */
+  static const int64_t fewrows[][6] = {
+      {2, 33, 21, 0, 1, 1},     {3, 128, 17, 0, 1, 1},  {4, 128, 512, 0, 1, 1}, {5, 7, 40, 0, 1, 1},
+      {8, 300, 1030, 0, 1, 1},  {6, 1000, 999, 0, 1, 1}, {1, 64, 100, 0, 1, 0}, {4, 64, 100, 0, 0, 0},
+      {4, 64, 100, 1, 1, 0},    {4, 64, 15, 0, 1, 0}};
+  for (size_t c = 0; c < sizeof fewrows / sizeof *fewrows; c++) {
+    const int64_t *q = fewrows[c];
+    check_f32_product(q[0], q[1], q[2], q[3], q[4], 1, &cpu_stats.fewrows_gemms, q[5]);
   }
   /* reshaped operands (a conv weight [O,I,kh,kw] read as [O,I*kh*kw], also transposed, also
    * through two reshapes, also computed): the GEMM reads the buffer under the reshapes, so
@@ -2479,6 +2520,7 @@ int main(void) {
   RUN(argmax_argmin);
   RUN(dot_blas_and_fallback);
   RUN(dot_avx512_gemm);
+  RUN(kernel_choice_by_measurement);
   RUN(profile_table);
   RUN(fallbacks_counted);
   RUN(conv_direct_input_dilated);

@@ -14,6 +14,8 @@ typedef struct {
   uint64_t disk_hits;                /* executables loaded from the disk cache */
   uint64_t disk_refused;             /* compiles that could not use the disk cache folder */
   uint64_t fallbacks[IR_OP_COUNT];   /* per op: instructions run on the reference kernels */
+  uint64_t kernel_choices;           /* kernel classes chosen by measurement */
+  uint64_t kernels_demoted;          /* of those, classes that left the default kernel */
 } backend_stats;
 
 /* A backend: what it supports, how it compiles a program and runs the result. */

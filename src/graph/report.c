@@ -23,6 +23,8 @@ static void report_backend_stats(backend_stats *bs) {
     bs->compiles += one.compiles;
     bs->disk_hits += one.disk_hits;
     bs->disk_refused += one.disk_refused;
+    bs->kernel_choices += one.kernel_choices;
+    bs->kernels_demoted += one.kernels_demoted;
     for (int k = 0; k < IR_OP_COUNT; k++) bs->fallbacks[k] += one.fallbacks[k];
   }
 }
@@ -41,6 +43,8 @@ void graft_metrics_get(graft_metrics *m) {
   report_backend_stats(&bs);
   m->native_disk_hits = bs.disk_hits;
   m->native_disk_refused = bs.disk_refused;
+  m->kernel_choices = bs.kernel_choices;
+  m->kernels_demoted = bs.kernels_demoted;
   m->fallback_ops = 0;
   for (int i = 0; i < IR_OP_COUNT; i++) m->fallback_ops += bs.fallbacks[i];
   device_traffic dt;

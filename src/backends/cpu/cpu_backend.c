@@ -65,6 +65,8 @@ static void cpu_backend_stats(backend_stats *out) {
   out->compiles = cpu_stats.compiles;
   out->disk_hits = cpu_stats.disk_hits;
   out->disk_refused = cpu_stats.disk_refused;
+  out->kernel_choices = __atomic_load_n(&cpu_stats.choices, __ATOMIC_RELAXED);
+  out->kernels_demoted = __atomic_load_n(&cpu_stats.demoted, __ATOMIC_RELAXED);
   memcpy(out->fallbacks, cpu_stats.fallback, sizeof out->fallbacks);
   pthread_mutex_unlock(&cpu_compile_mu);
 }

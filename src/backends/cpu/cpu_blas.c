@@ -30,17 +30,22 @@ typedef struct {
   double alpha, beta;
   const void *A, *B;
   void *C;
+  bool lib;     /* OpenBLAS for every part (the measured choice of cpu_choice.c) */
+  int own_ran;  /* a part ran on graft's own kernel (atomic: parts run on the pool) */
 } cpu_gemm_job;
 
 enum { CPU_ROW_MAJOR = 101, CPU_NO_TRANS = 111 };
 
-/* One single-threaded f32 product: graft's AVX-512 kernel where it takes it, else OpenBLAS. */
-static void cpu_sgemm_one(int ta, int tb, int m, int n, int k, float alpha, const float *a,
-                          int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-  if (alpha == 1.0f && beta == 0.0f &&
+/* One single-threaded f32 product: graft's AVX-512 kernel where it takes it (unless lib), else
+ * OpenBLAS. True when graft's kernel ran. */
+static bool cpu_sgemm_one(int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                          int lda, const float *b, int ldb, float beta, float *c, int ldc,
+                          bool lib) {
+  if (!lib && alpha == 1.0f && beta == 0.0f &&
       cpu_sgemm_avx512(ta != CPU_NO_TRANS, tb != CPU_NO_TRANS, m, n, k, a, lda, b, ldb, c, ldc))
-    return;
+    return true;
   raw_sgemm(CPU_ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return false;
 }
 
 static void cpu_gemm_part(void **S, int64_t lo, int64_t hi) {
@@ -63,19 +68,36 @@ static void cpu_gemm_part(void **S, int64_t lo, int64_t hi) {
     if (j->dbl)
       raw_dgemm(CPU_ROW_MAJOR, j->ta, j->tb, m, n, j->k, j->alpha, (const double *)j->A + aoff,
                 j->lda, (const double *)j->B + boff, j->ldb, j->beta, (double *)j->C + coff, j->ldc);
-    else
-      cpu_sgemm_one(j->ta, j->tb, m, n, j->k, (float)j->alpha, (const float *)j->A + aoff, j->lda,
-                    (const float *)j->B + boff, j->ldb, (float)j->beta, (float *)j->C + coff,
-                    j->ldc);
+    else if (cpu_sgemm_one(j->ta, j->tb, m, n, j->k, (float)j->alpha, (const float *)j->A + aoff,
+                           j->lda, (const float *)j->B + boff, j->ldb, (float)j->beta,
+                           (float *)j->C + coff, j->ldc, j->lib))
+      __atomic_store_n(&((cpu_gemm_job *)j)->own_ran, 1, __ATOMIC_RELAXED);
   }
 }
 
+/* The split product on the pool (graft's kernels unless j->lib); true when one of them ran. */
+static bool cpu_gemm_split(cpu_gemm_job *j);
+
+/* An f32 product's kernels are a measured choice per class of (transposes, sizes): graft's own
+ * (the default) or OpenBLAS's (cpu_choice.c). */
 static void cpu_gemm_run(cpu_gemm_job *j) {
-  double flops = 2.0 * j->m * j->n * j->k;
-  if (!j->dbl && j->alpha == 1.0 && j->beta == 0.0 &&
-      cpu_narrow_gemm(j->ta != CPU_NO_TRANS, j->tb != CPU_NO_TRANS, j->m, j->n, j->k, j->A, j->lda,
-                      j->B, j->ldb, j->C, j->ldc))
+  if (j->dbl || j->alpha != 1.0 || j->beta != 0.0 || !cpu_own_gemm()) {
+    cpu_gemm_split(j);
     return;
+  }
+  int ta = j->ta != CPU_NO_TRANS, tb = j->tb != CPU_NO_TRANS;
+  int64_t dims[5] = {ta, tb, j->m, j->n, j->k};
+  cpu_choice_ticket t;
+  j->lib = cpu_choice_begin("sgemm (transposes, m, n, k)", dims, 5, 2, 2, &t) == 1;
+  bool own = !j->lib && (cpu_narrow_gemm(ta, tb, j->m, j->n, j->k, j->A, j->lda, j->B, j->ldb, j->C, j->ldc) ||
+                         cpu_fewrows_gemm(ta, tb, j->m, j->n, j->k, j->A, j->lda, j->B, j->ldb, j->C, j->ldc));
+  if (!own) own = cpu_gemm_split(j);
+  if (!j->lib && !own) cpu_choice_only(&t); /* no kernel of graft's takes this class */
+  cpu_choice_end(&t);
+}
+
+static bool cpu_gemm_split(cpu_gemm_job *j) {
+  double flops = 2.0 * j->m * j->n * j->k;
   int saved = get_threads && set_threads ? get_threads() : 0;
   if (saved > 1) set_threads(1);
   /* Rows, unless there are few of them and many columns (a convolution's [32, 1024]: 0.11 ms
@@ -89,6 +111,7 @@ static void cpu_gemm_run(cpu_gemm_job *j) {
   if (j->parts == 1) cpu_gemm_part((void **)j, 0, 1);
   else cpu_parallel_run(cpu_gemm_part, (void **)j, j->parts);
   if (saved > 1) set_threads(saved);
+  return __atomic_load_n(&j->own_ran, __ATOMIC_RELAXED);
 }
 
 static void cpu_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
@@ -97,7 +120,7 @@ static void cpu_sgemm(int order, int ta, int tb, int m, int n, int k, float alph
     raw_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  cpu_gemm_job j = {0, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, alpha, beta, a, b, c};
+  cpu_gemm_job j = {0, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, alpha, beta, a, b, c, false, 0};
   cpu_gemm_run(&j);
 }
 
@@ -108,7 +131,7 @@ static void cpu_dgemm(int order, int ta, int tb, int m, int n, int k, double alp
     raw_dgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  cpu_gemm_job j = {1, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, alpha, beta, a, b, c};
+  cpu_gemm_job j = {1, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, alpha, beta, a, b, c, false, 0};
   cpu_gemm_run(&j);
 }
 
@@ -131,7 +154,7 @@ static void cpu_batch_part(void **S, int64_t lo, int64_t hi) {
     else
       cpu_sgemm_one(j->ta, j->tb, j->m, j->n, j->k, 1.0f, (const float *)j->A + q * j->sa, j->lda,
                     (const float *)j->B + q * j->sb, j->ldb, 0.0f, (float *)j->C + q * j->sc,
-                    j->ldc);
+                    j->ldc, false);
   }
 }
 
@@ -145,7 +168,7 @@ static void cpu_gemm_batch(int dbl, int ta, int tb, int m, int n, int k, const v
     for (int64_t q = 0; q < batch; q++) {
       cpu_gemm_job j = {dbl, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, 1.0, 0.0,
                         (const char *)a + (size_t)(q * sa) * es, (const char *)b + (size_t)(q * sb) * es,
-                        (char *)c + (size_t)(q * sc) * es};
+                        (char *)c + (size_t)(q * sc) * es, false, 0};
       cpu_gemm_run(&j);
     }
     return;

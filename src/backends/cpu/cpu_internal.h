@@ -8,6 +8,7 @@
 #include "error.h"
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 
 /* ---- cpu_str.c: a growable string ---- */
 typedef struct {
@@ -107,6 +108,31 @@ void cpu_transpose16(const float *src, int64_t ld, float *dst, int64_t ldd);
  * wide (n 16 untransposed B, or k 16 as A B^T) and the CPU has AVX-512; false: not taken. */
 bool cpu_narrow_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
                      const float *b, int ldb, float *c, int ldc);
+
+/* ---- cpu_choice.c: measured choices between kernels of the same result ---- */
+enum { CPU_CHOICE_MAX = 2, CPU_CHOICE_DIMS = 8 };
+typedef struct {
+  int slot, which, sample;
+  double t0;
+} cpu_choice_ticket;
+/* x's size class (the nearest half octave). */
+int64_t cpu_choice_class(int64_t x);
+/* Which of n candidates (0: the static rule's default) to run for this instance of the class
+ * (kind: a string constant; dims: the first `exact` compared as they are, the rest by size
+ * class); while the class is being measured t is armed, and cpu_choice_end times the run. */
+int cpu_choice_begin(const char *kind, const int64_t *dims, int nd, int exact, int n,
+                     cpu_choice_ticket *t);
+void cpu_choice_end(cpu_choice_ticket *t);
+/* The default turned out to be the only real candidate for this class: settle on it. */
+void cpu_choice_only(cpu_choice_ticket *t);
+/* The classes that left their default, one line each (GRAFT_PROFILE's exit report). */
+void cpu_choice_report(FILE *f);
+
+/* ---- cpu_fewrows.c ---- */
+/* C = A B^T (alpha 1, beta 0, row-major f32) on an AVX-512 kernel when C has 2 to 8 rows and
+ * at least 16 columns and the CPU has AVX-512; false: not taken. */
+bool cpu_fewrows_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
+                      const float *b, int ldb, float *c, int ldc);
 
 /* ---- cpu_profile.c: GRAFT_PROFILE=1, time per call site of each compiled graph ---- */
 typedef struct {

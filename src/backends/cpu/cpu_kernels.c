@@ -270,7 +270,16 @@ static int cpu_k_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t ph = IR_ATTR_AT(*at, CONV2D, pad_lo, 0), pw = IR_ATTR_AT(*at, CONV2D, pad_lo, 1);
   int64_t dh = IR_ATTR_AT(*at, CONV2D, dilation, 0), dw = IR_ATTR_AT(*at, CONV2D, dilation, 1);
   int64_t lh = IR_ATTR_AT(*at, CONV2D, lhs_dilation, 0), lw = IR_ATTR_AT(*at, CONV2D, lhs_dilation, 1);
-  if (cpu_conv_direct_pays(G, Og)) {
+  /* Grouped: the rule's kernel or the other, a measured choice per class (cpu_choice.c). */
+  bool direct = cpu_conv_direct_pays(G, Og);
+  cpu_choice_ticket t = {.slot = -1};
+  if (G > 1) {
+    int64_t d[8] = {KH, KW, sh, sw, lh > 1 || lw > 1, direct, Og, Cg * OH * OW * N};
+    if (cpu_choice_begin("conv2d grouped (kh, kw, sh, sw, input-dilated, direct first, og, cg*oh*ow*n)",
+                         d, 8, 6, 2, &t) == 1)
+      direct = !direct;
+  }
+  if (direct) {
     cpu_conv c = {in[0].data, in[1].data, out, C, H, W, O, KH, KW, Cg, Og, OH, OW,
                   sh, sw, ph, pw, dh, dw, lh, lw};
     void *S[1] = {&c};
@@ -279,10 +288,12 @@ static int cpu_k_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
                        : dot ? (f32 ? cpu_conv_dot_float : cpu_conv_dot_double)
                              : (f32 ? cpu_conv_direct_float : cpu_conv_direct_double);
     cpu_parallel_run(fn, S, N * O);
-    return 0;
+  } else if (ins->dtype == GRAFT_F32) {
+    CONV_BODY(float, bl->sgemm);
+  } else {
+    CONV_BODY(double, bl->dgemm);
   }
-  if (ins->dtype == GRAFT_F32) CONV_BODY(float, bl->sgemm);
-  else CONV_BODY(double, bl->dgemm);
+  cpu_choice_end(&t);
   return 0;
 }
 

@@ -115,6 +115,7 @@ static void cpu_profile_atexit(void) {
   for (cpu_profile *p = cpu_profile_list; p; p = p->next) cpu_profile_print(p);
   cpu_profile_list = NULL;
   pthread_mutex_unlock(&cpu_profile_mu);
+  cpu_choice_report(stderr);
 }
 
 void cpu_profile_run(cpu_profile *p, uint64_t hash, double ms) {

@@ -1,0 +1,109 @@
+/* f32 products A B^T with few rows (2 <= m <= 8), on AVX-512 registers: a recurrent step's
+ * h W^T at a batch of 4 ([4,128] x [512,128]^T), a linear layer at a small batch. BLAS-style
+ * kernels pack op(B) for tiles that serve 12 or more rows; with 4 rows each element of B serves
+ * 4 products, and turning B^T's rows into column panels costs more than they do (OpenBLAS:
+ * 4x512x128 at ~30 GF/s). Here each C element is a dot product of two contiguous rows, 16
+ * accumulators (rows x columns of C) each summing 16 lanes of k, reduced together at the end:
+ * B is read once, in place (4x512x128: 76 GF/s; 8x1024x1024: 3.3x OpenBLAS; `bench_gemm`).
+ * The sums run in another order than the other kernels' (lanes, then a tree); a result does
+ * not depend on how C was split over threads. A single row (a matrix-vector product: memory
+ * bound, OpenBLAS as fast) and untransposed B (OpenBLAS's kernels as fast) are not taken. */
+#include "cpu_internal.h"
+#include <immintrin.h>
+#include <string.h>
+
+enum { CPU_FR_MAX_ROWS = 8 };
+
+typedef struct {
+  int64_t m, n, k, lda, ldb, ldc;
+  const float *A, *B;
+  float *C;
+  int64_t cols; /* columns per task */
+} cpu_fr_job;
+
+/* The mask of a 16-float vector of which `left` are valid (all 16 when more). */
+static inline __mmask16 cpu_fr_mask(int64_t left) {
+  return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+}
+
+/* C[r0 .. r0+rows, c0 .. c0+NC) = A's rows dot B's rows, NR of A and NC of B (NR * NC = 16
+ * accumulators), 16 terms of k a lane (masked at the end of k); the 16 sums then reduced at
+ * once in a butterfly of shuffles (the transpose-and-add of cpu_transpose16's rounds), lane
+ * NC r + c holding C[r0 + r, c0 + c]. Rows past rows repeat the first row, unstored. */
+__attribute__((target("avx512f"), always_inline)) static inline void
+cpu_fr_dots(const cpu_fr_job *j, int64_t r0, int rows, int64_t c0, const int NR, const int NC) {
+  int cols = j->n - c0 < NC ? (int)(j->n - c0) : NC;
+  __m512 x[16];
+#pragma GCC unroll 16
+  for (int q = 0; q < 16; q++) x[q] = _mm512_setzero_ps();
+  const float *a[16], *b[16];
+  for (int r = 0; r < NR; r++) a[r] = j->A + (r0 + (r < rows ? r : 0)) * j->lda;
+  for (int c = 0; c < NC; c++) b[c] = j->B + (c0 + (c < cols ? c : 0)) * j->ldb;
+  for (int64_t p = 0; p < j->k; p += 16) {
+    __mmask16 mk = cpu_fr_mask(j->k - p);
+    __m512 av[16], bv[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < NR; r++) av[r] = _mm512_maskz_loadu_ps(mk, a[r] + p);
+#pragma GCC unroll 16
+    for (int c = 0; c < NC; c++) bv[c] = _mm512_maskz_loadu_ps(mk, b[c] + p);
+#pragma GCC unroll 16
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; c++) x[NC * r + c] = _mm512_fmadd_ps(av[r], bv[c], x[NC * r + c]);
+  }
+  __m512 v[8], w[4], s[2];
+#pragma GCC unroll 8
+  for (int q = 0; q < 8; q++)
+    v[q] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * q], x[2 * q + 1]), _mm512_unpackhi_ps(x[2 * q], x[2 * q + 1]));
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; q++) {
+    __m512d lo = _mm512_castps_pd(v[2 * q]), hi = _mm512_castps_pd(v[2 * q + 1]);
+    w[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi)), _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi)));
+  }
+#pragma GCC unroll 2
+  for (int q = 0; q < 2; q++)
+    s[q] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * q], w[2 * q + 1], 0x88),
+                         _mm512_shuffle_f32x4(w[2 * q], w[2 * q + 1], 0xdd));
+  __m512 sum = _mm512_add_ps(_mm512_shuffle_f32x4(s[0], s[1], 0x88), _mm512_shuffle_f32x4(s[0], s[1], 0xdd));
+  float out[16] __attribute__((aligned(64)));
+  _mm512_store_ps(out, sum);
+  for (int r = 0; r < rows; r++) memcpy(j->C + (r0 + r) * j->ldc + c0, out + NC * r, sizeof(float) * (size_t)cols);
+}
+
+__attribute__((target("avx512f"))) static void cpu_fr_dots_1x16(const cpu_fr_job *j, int64_t r0, int rows, int64_t c0) {
+  cpu_fr_dots(j, r0, rows, c0, 1, 16);
+}
+__attribute__((target("avx512f"))) static void cpu_fr_dots_2x8(const cpu_fr_job *j, int64_t r0, int rows, int64_t c0) {
+  cpu_fr_dots(j, r0, rows, c0, 2, 8);
+}
+__attribute__((target("avx512f"))) static void cpu_fr_dots_4x4(const cpu_fr_job *j, int64_t r0, int rows, int64_t c0) {
+  cpu_fr_dots(j, r0, rows, c0, 4, 4);
+}
+
+/* Task t: columns t * cols .. of every row: two rows or four at a time (one: a last row). */
+static void cpu_fr_part(void **S, int64_t lo, int64_t hi) {
+  const cpu_fr_job *j = (const cpu_fr_job *)S;
+  for (int64_t t = lo; t < hi; t++)
+    for (int64_t r0 = 0; r0 < j->m; r0 += 4) {
+      int rows = j->m - r0 < 4 ? (int)(j->m - r0) : 4;
+      int64_t c0 = t * j->cols, c1 = c0 + j->cols < j->n ? c0 + j->cols : j->n;
+      if (rows == 1)
+        for (int64_t c = c0; c < c1; c += 16) cpu_fr_dots_1x16(j, r0, 1, c);
+      else if (rows == 2)
+        for (int64_t c = c0; c < c1; c += 8) cpu_fr_dots_2x8(j, r0, 2, c);
+      else
+        for (int64_t c = c0; c < c1; c += 4) cpu_fr_dots_4x4(j, r0, rows, c);
+    }
+}
+
+bool cpu_fewrows_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
+                      const float *b, int ldb, float *c, int ldc) {
+  if (m < 2 || m > CPU_FR_MAX_ROWS || n < 16 || k < 1 || !cpu_own_gemm()) return false;
+  if (ta || !tb) return false;
+  cpu_fr_job j = {m, n, k, lda, ldb, ldc, a, b, c, 16};
+  int64_t tasks = (n + j.cols - 1) / j.cols;
+  __atomic_fetch_add(&cpu_stats.fewrows_gemms, 1, __ATOMIC_RELAXED);
+  if (2.0 * m * n * k < CPU_GEMM_PAR_MIN_FLOPS || tasks < 2) cpu_fr_part((void **)&j, 0, tasks);
+  else cpu_parallel_run(cpu_fr_part, (void **)&j, tasks);
+  return true;
+}
