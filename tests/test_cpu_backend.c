@@ -863,16 +863,19 @@ TEST(dot_blas_and_fallback) {
       CHECK(compare(&y, 1, 1e-5) == 0);
       release_all();
     }
-  /* products with a side of 16 (a convolution on a 2x2 plane at batch 4, forward and both
-   * backward products) run on cpu_narrow.c's kernels where the CPU has AVX-512: row counts
-   * off the kernels' blocks, column counts off 16, serial and over the pool; other shapes and
-   * transposes stay on OpenBLAS. {m, k, n, transposed A, transposed B, narrow kernel} */
+  /* products with a side of 8 to 16 (a convolution on a 2x2 plane at batch 4, forward and both
+   * backward products; 9 and 12 wide ones) run on cpu_narrow.c's kernels where the CPU has
+   * AVX-512: row counts off the kernels' blocks, column counts off 16, serial and over the
+   * pool; other shapes (7 wide, 17 wide) and transposes stay on OpenBLAS.
+   * {m, k, n, transposed A, transposed B, narrow kernel} */
   static const int64_t narrow[][6] = {
       {4, 64, 16, 0, 0, 1},    {130, 300, 16, 0, 0, 1}, {1027, 300, 16, 0, 0, 1},
       {61, 96, 16, 0, 0, 1},   {16, 64, 16, 1, 0, 1},   {130, 300, 16, 1, 0, 1},
       {1027, 300, 16, 1, 0, 1}, {4, 64, 16, 1, 0, 0},   {61, 96, 16, 0, 1, 0},
       {5, 16, 16, 0, 1, 1},    {130, 16, 300, 0, 1, 1}, {1027, 16, 600, 0, 1, 1},
-      {64, 17, 64, 0, 1, 0},   {64, 16, 64, 1, 1, 0}};
+      {64, 17, 64, 0, 1, 0},   {64, 16, 64, 1, 1, 0},   {130, 300, 12, 0, 0, 1},
+      {61, 96, 9, 1, 0, 1},    {1027, 300, 8, 0, 0, 1}, {130, 12, 300, 0, 1, 1},
+      {9, 9, 37, 0, 1, 1},     {64, 300, 7, 0, 0, 0},   {64, 7, 64, 0, 1, 0}};
   for (size_t c = 0; c < sizeof narrow / sizeof *narrow; c++) {
     const int64_t *q = narrow[c];
     check_f32_product(q[0], q[1], q[2], q[3], q[4], 1, &cpu_stats.narrow_gemms, q[5]);
@@ -2537,6 +2540,7 @@ int main(void) {
   RUN(train_seeds);
   RUN(output_view_of_a_donated_input);
   capture_free(&cap);
+  graft_wait_compiles(); /* a background compile still writing the cache folder would keep it */
   cpu_pool_shutdown();
   cleanup_cache_root();
   return CHECK_DONE();

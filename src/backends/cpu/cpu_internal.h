@@ -102,10 +102,12 @@ bool cpu_sgemm_avx512(int ta, int tb, int64_t m, int64_t n, int64_t k, const flo
 /* dst[t * ldd + q] = src[q * ld + t] for a 16x16 f32 block, in AVX-512 registers (callers
  * check cpu_own_gemm first). */
 void cpu_transpose16(const float *src, int64_t ld, float *dst, int64_t ldd);
+/* The same, reading only the columns of src whose bit is set in cols (the others as 0). */
+void cpu_transpose16_masked(const float *src, int64_t ld, float *dst, int64_t ldd, uint16_t cols);
 
 /* ---- cpu_narrow.c ---- */
-/* C = op(A) op(B) (alpha 1, beta 0, row-major f32) on an AVX-512 kernel when one side is 16
- * wide (n 16 untransposed B, or k 16 as A B^T) and the CPU has AVX-512; false: not taken. */
+/* C = op(A) op(B) (alpha 1, beta 0, row-major f32) on an AVX-512 kernel when one side is 8 to
+ * 16 wide (n with B untransposed, or k as A B^T) and the CPU has AVX-512; false: not taken. */
 bool cpu_narrow_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
                      const float *b, int ldb, float *c, int ldc);
 

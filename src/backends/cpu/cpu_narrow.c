@@ -1,9 +1,12 @@
-/* f32 GEMMs with a side of 16, on AVX-512 registers: a convolution on a 2x2 plane at batch 4
- * (resnet18's layer4) has 16 output columns forward ([512,4608] x [4608,16]), and its backward
- * products are C[4608,16] = W^T dY (k 512) and dW[512,4608] = dY cols^T (k 16). OpenBLAS's
- * Haswell kernels (as OPENBLAS_CORETYPE selects here) ran these at 50-82 GF/s on one thread;
- * each kernel below holds a 16-float row of the narrow side in one register. Every C element
- * sums its k terms in order. AVX-512 only, checked at run time (valgrind's CPU has none). */
+/* f32 GEMMs with a side of 8 to 16, on AVX-512 registers, that side in one (masked) register:
+ * a convolution on a 2x2 plane at batch 4 (resnet18's layer4) has 16 output columns forward
+ * ([512,4608] x [4608,16]), and its backward products are C[4608,16] = W^T dY (k 512) and
+ * dW[512,4608] = dY cols^T (k 16); a 3x3 plane at batch 1 has 9, a 4-class head 8 to 16 rows of
+ * a transposed weight. OpenBLAS's Haswell kernels (as OPENBLAS_CORETYPE selects here) ran the
+ * 16-wide ones at 50-82 GF/s on one thread; each kernel below holds a row of the narrow side in
+ * one register, its lanes past the side masked off. Every C element sums its k terms in order.
+ * AVX-512 only, checked at run time (valgrind's CPU has none); where OpenBLAS runs a class
+ * faster, the measured choice (cpu_choice.c) sends it there. */
 #include "cpu_internal.h"
 #include <immintrin.h>
 #include <stdint.h>
@@ -12,40 +15,55 @@ typedef struct {
   int64_t m, n, k, lda, ldb, ldc;
   const float *A, *B;
   float *C;
+  __mmask16 side; /* the narrow side's lanes: n (NN, TN) or k (NT) of them */
 } cpu_narrow_job;
 
+enum { CPU_NARROW_MIN = 8, CPU_NARROW_MAX = 16 };
+
 #define CPU_V16(p) _mm512_loadu_ps(p)
+/* A row of the narrow side; masked only when it is under 16 wide (a masked load in the inner
+ * loop cost the 16-wide products 15-35%): each kernel is inlined twice, full and masked. */
+#define CPU_VS(p) (full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(side, p))
+#define CPU_STS(p, v) (full ? _mm512_storeu_ps(p, v) : _mm512_mask_storeu_ps(p, side, v))
+#define CPU_NARROW_TWICE(name)                                                                  \
+  __attribute__((target("avx512f"))) static void name(void **S, int64_t lo, int64_t hi) {      \
+    const cpu_narrow_job *j = (const cpu_narrow_job *)S;                                        \
+    if (j->side == 0xFFFF) name##_at(j, lo, hi, true, j->side);                                 \
+    else name##_at(j, lo, hi, false, j->side);                                                   \
+  }
 #define CPU_FMA(acc, x, v) (acc) = _mm512_fmadd_ps(_mm512_set1_ps(x), (v), (acc))
 
 /* NN, C[m,16] = A[m,k] B[k,16]: each row of A streamed once against B's rows, four rows of C
  * in registers (144 GF/s on one thread). Task t is rows 4t..4t+3. */
-__attribute__((target("avx512f"))) static void cpu_nn16(void **S, int64_t lo, int64_t hi) {
-  const cpu_narrow_job *j = (const cpu_narrow_job *)S;
+__attribute__((target("avx512f"), always_inline)) static inline void
+cpu_nn16_at(const cpu_narrow_job *j, int64_t lo, int64_t hi, const bool full, const __mmask16 side) {
   for (int64_t i = lo * 4; i < hi * 4 && i < j->m; i += 4) {
     int64_t rows = j->m - i < 4 ? j->m - i : 4;
     const float *a[4];
     for (int r = 0; r < 4; r++) a[r] = j->A + (i + (r < rows ? r : 0)) * j->lda;
     __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
     for (int64_t p = 0; p < j->k; p++) {
-      __m512 b = CPU_V16(j->B + p * j->ldb);
+      __m512 b = CPU_VS(j->B + p * j->ldb);
       CPU_FMA(c0, a[0][p], b), CPU_FMA(c1, a[1][p], b), CPU_FMA(c2, a[2][p], b), CPU_FMA(c3, a[3][p], b);
     }
     __m512 c[4] = {c0, c1, c2, c3};
-    for (int r = 0; r < rows; r++) _mm512_storeu_ps(j->C + (i + r) * j->ldc, c[r]);
+    for (int r = 0; r < rows; r++) CPU_STS(j->C + (i + r) * j->ldc, c[r]);
   }
 }
+CPU_NARROW_TWICE(cpu_nn16)
 
 /* TN, C[m,16] = A^T B with A [k,m]: sixteen rows of C in registers; each step reads one
  * 16-float line of A's row p (broadcast per element) against B's row p (4608x16x512: 69 ->
  * 150 GF/s on one thread). Task t is rows 16t..16t+15. */
 __attribute__((target("avx512f"))) static void cpu_tn16_row(const cpu_narrow_job *j, int64_t i) {
   __m512 c = _mm512_setzero_ps();
-  for (int64_t p = 0; p < j->k; p++) CPU_FMA(c, j->A[p * j->lda + i], CPU_V16(j->B + p * j->ldb));
-  _mm512_storeu_ps(j->C + i * j->ldc, c);
+  for (int64_t p = 0; p < j->k; p++)
+    CPU_FMA(c, j->A[p * j->lda + i], _mm512_maskz_loadu_ps(j->side, j->B + p * j->ldb));
+  _mm512_mask_storeu_ps(j->C + i * j->ldc, j->side, c);
 }
 
-__attribute__((target("avx512f"))) static void cpu_tn16(void **S, int64_t lo, int64_t hi) {
-  const cpu_narrow_job *j = (const cpu_narrow_job *)S;
+__attribute__((target("avx512f"), always_inline)) static inline void
+cpu_tn16_at(const cpu_narrow_job *j, int64_t lo, int64_t hi, const bool full, const __mmask16 side) {
   for (int64_t i = lo * 16; i < hi * 16 && i < j->m; i += 16) {
     if (j->m - i < 16) {
       for (; i < j->m; i++) cpu_tn16_row(j, i);
@@ -55,14 +73,16 @@ __attribute__((target("avx512f"))) static void cpu_tn16(void **S, int64_t lo, in
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) c[r] = _mm512_setzero_ps();
     for (int64_t p = 0; p < j->k; p++) {
-      __m512 b = CPU_V16(j->B + p * j->ldb);
+      __m512 b = CPU_VS(j->B + p * j->ldb);
       const float *a = j->A + p * j->lda + i;
 #pragma GCC unroll 16
       for (int r = 0; r < 16; r++) CPU_FMA(c[r], a[r], b);
     }
-    for (int r = 0; r < 16; r++) _mm512_storeu_ps(j->C + (i + r) * j->ldc, c[r]);
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) CPU_STS(j->C + (i + r) * j->ldc, c[r]);
   }
 }
+CPU_NARROW_TWICE(cpu_tn16)
 
 /* NT with k 16, C[m,n] = A[m,16] B[n,16]^T: a task is a block of C's columns and rows; it
  * transposes its columns of B into bt (16 rows of CPU_NT_COLS, by cpu_sgemm.c's 16x16
@@ -79,7 +99,7 @@ __attribute__((target("avx512f"))) static void cpu_nt16_rows(const cpu_narrow_jo
     float *c = j->C + i * j->ldc + c0;
     __m512 av[16];
 #pragma GCC unroll 16
-    for (int p = 0; p < 16; p++) av[p] = _mm512_set1_ps(a[p]);
+    for (int p = 0; p < 16; p++) av[p] = _mm512_set1_ps(p < j->k ? a[p] : 0.0f);
     int64_t q = 0;
     for (; q + 16 <= w; q += 16) {
       const float *t = bt + q;
@@ -90,7 +110,7 @@ __attribute__((target("avx512f"))) static void cpu_nt16_rows(const cpu_narrow_jo
     }
     for (; q < w; q++) {
       float s = a[0] * bt[q];
-      for (int p = 1; p < 16; p++) s += a[p] * bt[p * L + q];
+      for (int p = 1; p < j->k; p++) s += a[p] * bt[p * L + q];
       c[q] = s;
     }
   }
@@ -109,9 +129,10 @@ __attribute__((target("avx512f"))) static void cpu_nt16(void **S, int64_t lo, in
     int64_t w = j->n - c0 < CPU_NT_COLS ? j->n - c0 : CPU_NT_COLS;
     if (c0 != cached) { /* consecutive tasks share a column block */
       int64_t q = 0;
-      for (; q + 16 <= w; q += 16) cpu_transpose16(j->B + (c0 + q) * j->ldb, j->ldb, bt + q, CPU_NT_COLS);
+      for (; q + 16 <= w; q += 16)
+        cpu_transpose16_masked(j->B + (c0 + q) * j->ldb, j->ldb, bt + q, CPU_NT_COLS, j->side);
       for (; q < w; q++)
-        for (int p = 0; p < 16; p++) bt[p * CPU_NT_COLS + q] = j->B[(c0 + q) * j->ldb + p];
+        for (int p = 0; p < 16; p++) bt[p * CPU_NT_COLS + q] = p < j->k ? j->B[(c0 + q) * j->ldb + p] : 0.0f;
       cached = c0;
     }
     int64_t r1 = j->m - r0 < CPU_NT_ROWS ? j->m : r0 + CPU_NT_ROWS;
@@ -122,13 +143,16 @@ __attribute__((target("avx512f"))) static void cpu_nt16(void **S, int64_t lo, in
 bool cpu_narrow_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
                      const float *b, int ldb, float *c, int ldc) {
   if (!cpu_own_gemm()) return false;
-  cpu_narrow_job j = {m, n, k, lda, ldb, ldc, a, b, c};
+  bool nside = n >= CPU_NARROW_MIN && n <= CPU_NARROW_MAX, kside = k >= CPU_NARROW_MIN && k <= CPU_NARROW_MAX;
+  cpu_narrow_job j = {m, n, k, lda, ldb, ldc, a, b, c, 0};
   cpu_kernel_fn fn;
   int64_t tasks;
-  if (!tb && n == 16 && k >= 64 && m >= (ta ? 16 : 4)) {
+  if (!tb && nside && k >= 64 && m >= (ta ? 16 : 4)) {
+    j.side = (__mmask16)((1u << n) - 1);
     fn = ta ? cpu_tn16 : cpu_nn16;
     tasks = ta ? (m + 15) / 16 : (m + 3) / 4;
-  } else if (!ta && tb && k == 16 && n >= 16) {
+  } else if (!ta && tb && kside && n >= 16) {
+    j.side = (__mmask16)((1u << k) - 1);
     fn = cpu_nt16;
     tasks = (n + CPU_NT_COLS - 1) / CPU_NT_COLS * cpu_nt16_row_blocks(&j);
   } else {

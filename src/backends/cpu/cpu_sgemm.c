@@ -121,12 +121,14 @@ static void cpu_sg_pack_a(const cpu_sg_job *j, int64_t i0, int64_t mc, int64_t p
 }
 
 /* dst[t * ldd + q] = src[q * ld + t] for a 16x16 block, in registers: the four rounds of
- * shuffles that interleave 1, 2, 4 then 8 floats at a time. */
-__attribute__((target("avx512f"))) void cpu_transpose16(const float *src, int64_t ld, float *dst,
-                                                        int64_t ldd) {
+ * shuffles that interleave 1, 2, 4 then 8 floats at a time. Only the columns of src in `cols`
+ * are read (the others read as 0). */
+__attribute__((target("avx512f"), always_inline)) static inline void
+cpu_transpose16_at(const float *src, int64_t ld, float *dst, int64_t ldd, const __mmask16 cols) {
   __m512 r[16], t[16];
 #pragma GCC unroll 16
-  for (int q = 0; q < 16; q++) r[q] = _mm512_loadu_ps(src + q * ld);
+  for (int q = 0; q < 16; q++)
+    r[q] = cols == 0xFFFF ? _mm512_loadu_ps(src + q * ld) : _mm512_maskz_loadu_ps(cols, src + q * ld);
 #pragma GCC unroll 8
   for (int q = 0; q < 16; q += 2)
     t[q] = _mm512_unpacklo_ps(r[q], r[q + 1]), t[q + 1] = _mm512_unpackhi_ps(r[q], r[q + 1]);
@@ -150,6 +152,18 @@ __attribute__((target("avx512f"))) void cpu_transpose16(const float *src, int64_
   }
 #pragma GCC unroll 16
   for (int q = 0; q < 16; q++) _mm512_storeu_ps(dst + q * ldd, r[q]);
+}
+
+__attribute__((target("avx512f"))) void cpu_transpose16(const float *src, int64_t ld, float *dst,
+                                                        int64_t ldd) {
+  cpu_transpose16_at(src, ld, dst, ldd, 0xFFFF);
+}
+
+__attribute__((target("avx512f"))) void cpu_transpose16_masked(const float *src, int64_t ld,
+                                                               float *dst, int64_t ldd,
+                                                               __mmask16 cols) {
+  if (cols == 0xFFFF) cpu_transpose16_at(src, ld, dst, ldd, 0xFFFF);
+  else cpu_transpose16_at(src, ld, dst, ldd, cols);
 }
 
 /* op(B)[p0 .. p0+kc, j0 .. j0+nc] as 32-column panels, each kc x 32, columns past nc zero.
