@@ -603,6 +603,41 @@ TEST(concat_rows) {
  * instead of at clamped coordinates: against the reference over fills, low/high and interior
  * padding, an expression operand and every dtype; and a convolution's input gradient (nine
  * taps of [9, 4, 16] padded into [6, 18] and summed), exactly in f64. */
+/* An expensive value read by im2col's 9 taps (a sigmoid, padded) gets a buffer: its kernel
+ * computes the sigmoid once per element and the taps read it; a cheap one (x * 2) stays
+ * inlined in the taps. Both against the reference. */
+static int count_in_source(const char *needle) {
+  int n = 0;
+  for (const char *s = cpu_last_source(); (s = strstr(s, needle)) != NULL; s++) n++;
+  return n;
+}
+
+TEST(taps_share_an_expensive_value) {
+  int64_t xs[4] = {3, 2, 5, 6}, col[3] = {2, 1, 90};
+  for (int c = 0; c < 2; c++) {
+    ir_node *x = data(GRAFT_F32, 4, xs);
+    ir_node *v = c == 0 ? u1(IR_SIGMOID, x) : b2(IR_MUL, x, cnst(GRAFT_F32, 2, 4, xs));
+    ir_attrs pd = {0};
+    pd.a[2] = pd.a[3] = pd.a[10] = pd.a[11] = 1;
+    ir_node *xp = mk(IR_PAD, 1, &v, &pd, 0, 0, NULL);
+    ir_node *parts[9];
+    for (int k = 0; k < 9; k++) {
+      ir_attrs sl = {0};
+      int64_t lim[4] = {3, 2, 5 + k / 3, 6 + k % 3};
+      for (int d = 0; d < 4; d++) sl.a[8 + d] = lim[d], sl.a[16 + d] = 1;
+      sl.a[2] = k / 3; sl.a[3] = k % 3;
+      parts[k] = reshape(tr(mk(IR_SLICE, 1, &xp, &sl, 0, 0, NULL), 1, 0, 2, 3), 3, col);
+    }
+    ir_attrs ca = {0};
+    ca.a[0] = 1;
+    ir_node *y = mk(IR_CONCAT, 9, parts, &ca, 0, 0, NULL);
+    CHECK(compare(&y, 1, 1e-6) == 0);
+    if (c == 0) CHECK(count_in_source("gm_sigmoidf(") <= 2); /* its definition and one call */
+    else CHECK(strstr(cpu_last_source(), "static void k1") == NULL); /* one kernel: inlined */
+    release_all();
+  }
+}
+
 TEST(padded_rows) {
   int64_t xs[3] = {3, 5, 12};
   for (int d = 0; d < 6; d++) {
@@ -2517,6 +2552,7 @@ int main(void) {
   RUN(softmax_layernorm_rows);
   RUN(streaming_stores);
   RUN(unread_outputs_stream);
+  RUN(taps_share_an_expensive_value);
   RUN(padded_rows);
   RUN(pool_host_kernels);
   RUN(gather_scatter_rows);

@@ -113,21 +113,27 @@ static void fuse_plan_depth_limit(const exec_program *p, fuse_plan *pl, int *dep
 
 /* An expensive inlined value read by several consumers would be recomputed in each (seen:
  * a col2im sum of 9 padded slices recomputed by 5 batch-norm reductions; at 12 nodes, the
- * max-pool gradient those reductions read: the demo CNN's step 1.9 -> 1.55 ms): give it a buffer.
- * size = inlined expression nodes under a value, as a tree (capped); depth[] holds the depths
- * fuse_plan_depth_limit left and is reused for sizes. */
-static void fuse_plan_shared_values(const exec_program *p, fuse_plan *pl, int *depth) {
+ * max-pool gradient those reductions read: the demo CNN's step 1.9 -> 1.55 ms; a SiLU padded
+ * for a convolution's im2col, its sigmoid recomputed by each of the 9 taps: a U-Net's largest
+ * kernel): give it a buffer. By size (inlined expression nodes under a value, as a tree,
+ * capped) or by the work the extra reads repeat (ops.def's per-element costs under it: a
+ * transcendental 16, a division 4, other arithmetic 1, movement 0, times the reads past the
+ * first). depth[] holds the depths fuse_plan_depth_limit left and is reused for sizes. */
+#define FUSE_SHARED_REPEAT_COST 48
+static void fuse_plan_shared_values(const exec_program *p, fuse_plan *pl, int *depth, int *cost) {
   for (int i = 0; i < p->ninstr; i++) {
     if (pl->role[i] != FUSE_INLINE) continue;
-    int64_t sz = 1;
+    int64_t sz = 1, c = ir_ops[p->instr[i].op].cost;
     for (int k = 0; k < p->instr[i].nin; k++) {
       int s = p->instr[i].in[k];
-      if (pl->role[s] == FUSE_INLINE) sz += depth[s];
+      if (pl->role[s] == FUSE_INLINE) sz += depth[s], c += cost[s];
     }
     depth[i] = sz > 1 << 20 ? 1 << 20 : (int)sz;
-    if (pl->nuse[i] >= 2 && depth[i] >= FUSE_SHARED_EXPR_SIZE) {
+    cost[i] = c > 1 << 20 ? 1 << 20 : (int)c;
+    int extra = pl->nuse[i] - 1;
+    if (extra >= 1 && (depth[i] >= FUSE_SHARED_EXPR_SIZE || (int64_t)extra * cost[i] >= FUSE_SHARED_REPEAT_COST)) {
       pl->role[i] = FUSE_KERNEL;
-      depth[i] = 0;
+      depth[i] = 0, cost[i] = 0;
     }
   }
 }
@@ -139,10 +145,11 @@ int fuse_plan_build(const exec_program *p, fuse_classify_fn classify, void *ctx,
   pl->nuse = calloc((size_t)n + 1, sizeof(int));
   pl->tview = calloc((size_t)n + 1, 1);
   unsigned char *live = calloc((size_t)n + 1, 1);
-  int *depth = calloc((size_t)n + 1, sizeof(int));
-  if (!pl->role || !pl->nuse || !pl->tview || !live || !depth) {
+  int *depth = calloc((size_t)n + 1, sizeof(int)), *cost = calloc((size_t)n + 1, sizeof(int));
+  if (!pl->role || !pl->nuse || !pl->tview || !live || !depth || !cost) {
     free(live);
     free(depth);
+    free(cost);
     fuse_plan_free(pl);
     err_set(GRAFT_ERR_OOM, "out of memory planning a graph's kernels");
     return -1;
@@ -155,8 +162,9 @@ int fuse_plan_build(const exec_program *p, fuse_classify_fn classify, void *ctx,
   fuse_plan_library_operands(p, pl);
   fuse_plan_broadcast_sources(p, pl);
   fuse_plan_depth_limit(p, pl, depth);
-  fuse_plan_shared_values(p, pl, depth);
+  fuse_plan_shared_values(p, pl, depth, cost);
   free(depth);
+  free(cost);
   free(live);
   return 0;
 }
