@@ -177,3 +177,16 @@ def test_alternative_lowerings_match_cpu(env):
                        env=dict(os.environ, PYTHONPATH=pkg + os.pathsep + here, GRAFT_COMPILE="off", **env),
                        timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 1, 2, 9), (1, 1, 3, 3, 1)])
+def test_conv_kernel_larger_than_input_is_an_error(shape):
+    """A kernel larger than the padded input: an error naming the sizes, as on CPU (not a crash
+    or a slice's error); also when every spatial dim is too small (their product is positive)."""
+    x = torch.randn(shape)
+    w = torch.randn((1, 1) + (4,) * (len(shape) - 2))
+    f = F.conv2d if len(shape) == 4 else F.conv3d
+    with pytest.raises(RuntimeError):
+        f(x, w)
+    with pytest.raises(RuntimeError, match="convolution output would be empty"):
+        f(x.to(DEV), w.to(DEV))

@@ -163,7 +163,9 @@ G from_rows(const G &y, const Conv &g) {
 }
 
 G im2col_conv(const G &x, const G &w, const Conv &g) {
-  TORCH_CHECK(g.L > 0, "graft: convolution output would be empty");
+  for (int d = 0; d < g.S; ++d)
+    TORCH_CHECK(g.out[d] > 0, "graft: convolution output would be empty (input ", g.in[d], " padded by ", g.p[d],
+                " on each side is smaller than the dilated kernel, ", (int64_t)g.dl[d] * (g.k[d] - 1) + 1, ")");
   G cols = by_group(im2col(x, g), g.C * g.K, g.N * g.L, g.G);
   G w2 = by_group(w, g.O, g.C / g.G * g.K, g.G);
   return from_rows(chk(graft_matmul(w2.get(), cols.get()), "conv"), g);

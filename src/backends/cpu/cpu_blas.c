@@ -86,13 +86,16 @@ static void cpu_gemm_run(cpu_gemm_job *j) {
     return;
   }
   int ta = j->ta != CPU_NO_TRANS, tb = j->tb != CPU_NO_TRANS;
-  int64_t dims[5] = {ta, tb, j->m, j->n, j->k};
+  /* the kernel of graft's that would run is part of the class: sizes a half octave apart
+   * may fall on either side of a kernel's bounds */
+  int64_t own = cpu_narrow_takes(ta, tb, j->m, j->n, j->k) * 2 + cpu_fewrows_takes(ta, tb, j->m, j->n, j->k);
+  int64_t dims[6] = {ta, tb, own, j->m, j->n, j->k};
   cpu_choice_ticket t;
-  j->lib = cpu_choice_begin("sgemm (transposes, m, n, k)", dims, 5, 2, 2, &t) == 1;
-  bool own = !j->lib && (cpu_narrow_gemm(ta, tb, j->m, j->n, j->k, j->A, j->lda, j->B, j->ldb, j->C, j->ldc) ||
+  j->lib = cpu_choice_begin("sgemm (transposes, kernel, m, n, k)", dims, 6, 3, 2, &t) == 1;
+  bool ran = !j->lib && (cpu_narrow_gemm(ta, tb, j->m, j->n, j->k, j->A, j->lda, j->B, j->ldb, j->C, j->ldc) ||
                          cpu_fewrows_gemm(ta, tb, j->m, j->n, j->k, j->A, j->lda, j->B, j->ldb, j->C, j->ldc));
-  if (!own) own = cpu_gemm_split(j);
-  if (!j->lib && !own) cpu_choice_only(&t); /* no kernel of graft's takes this class */
+  if (!ran) ran = cpu_gemm_split(j);
+  if (!j->lib && !ran) cpu_choice_only(&t); /* no kernel of graft's takes this class */
   cpu_choice_end(&t);
 }
 

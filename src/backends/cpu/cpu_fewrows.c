@@ -4,7 +4,8 @@
  * 4 products, and turning B^T's rows into column panels costs more than they do (OpenBLAS:
  * 4x512x128 at ~30 GF/s). Here each C element is a dot product of two contiguous rows, 16
  * accumulators (rows x columns of C) each summing 16 lanes of k, reduced together at the end:
- * B is read once, in place (4x512x128: 76 GF/s; 8x1024x1024: 3.3x OpenBLAS; `bench_gemm`).
+ * B is read in place, once for up to 4 rows, twice for 5-8 (two row groups) (4x512x128:
+ * 76 GF/s; 8x1024x1024: 3.3x OpenBLAS; `bench_gemm`).
  * The sums run in another order than the other kernels' (lanes, then a tree); a result does
  * not depend on how C was split over threads. A single row (a matrix-vector product: memory
  * bound, OpenBLAS as fast) and untransposed B (OpenBLAS's kernels as fast) are not taken. */
@@ -96,10 +97,13 @@ static void cpu_fr_part(void **S, int64_t lo, int64_t hi) {
     }
 }
 
+bool cpu_fewrows_takes(int ta, int tb, int64_t m, int64_t n, int64_t k) {
+  return !ta && tb && m >= 2 && m <= CPU_FR_MAX_ROWS && n >= 16 && k >= 1;
+}
+
 bool cpu_fewrows_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
                       const float *b, int ldb, float *c, int ldc) {
-  if (m < 2 || m > CPU_FR_MAX_ROWS || n < 16 || k < 1 || !cpu_own_gemm()) return false;
-  if (ta || !tb) return false;
+  if (!cpu_fewrows_takes(ta, tb, m, n, k) || !cpu_own_gemm()) return false;
   cpu_fr_job j = {m, n, k, lda, ldb, ldc, a, b, c, 16};
   int64_t tasks = (n + j.cols - 1) / j.cols;
   __atomic_fetch_add(&cpu_stats.fewrows_gemms, 1, __ATOMIC_RELAXED);

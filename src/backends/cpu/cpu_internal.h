@@ -110,9 +110,11 @@ void cpu_transpose16_masked(const float *src, int64_t ld, float *dst, int64_t ld
  * 16 wide (n with B untransposed, or k as A B^T) and the CPU has AVX-512; false: not taken. */
 bool cpu_narrow_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
                      const float *b, int ldb, float *c, int ldc);
+/* Which side cpu_narrow_gemm's kernels would take as the narrow one: 1 n, 2 k, 0 none. */
+int cpu_narrow_takes(int ta, int tb, int64_t m, int64_t n, int64_t k);
 
 /* ---- cpu_choice.c: measured choices between kernels of the same result ---- */
-enum { CPU_CHOICE_MAX = 2, CPU_CHOICE_DIMS = 8 };
+enum { CPU_CHOICE_MAX = 2, CPU_CHOICE_DIMS = 12 };
 typedef struct {
   int slot, which, sample;
   double t0;
@@ -135,6 +137,8 @@ void cpu_choice_report(FILE *f);
  * at least 16 columns and the CPU has AVX-512; false: not taken. */
 bool cpu_fewrows_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
                       const float *b, int ldb, float *c, int ldc);
+/* Whether cpu_fewrows_gemm's kernels take such a product (the CPU aside). */
+bool cpu_fewrows_takes(int ta, int tb, int64_t m, int64_t n, int64_t k);
 
 /* ---- cpu_profile.c: GRAFT_PROFILE=1, time per call site of each compiled graph ---- */
 typedef struct {

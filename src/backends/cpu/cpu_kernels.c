@@ -9,12 +9,15 @@
 #include <string.h>
 
 /* ---- conv2d: per image and group, W_g [Og, Cg*KH*KW] x col [Cg*KH*KW, OH*OW] ---- */
-#define CONV_BODY(T, GEMM)                                                                       \
+#define CONV_BODY(T, GEMM, TICKET)                                                               \
   do {                                                                                           \
     const T *x = in[0].data, *w = in[1].data;                                                    \
     T *y = out;                                                                                  \
     T *col = malloc(sizeof(T) * (size_t)(Cg * KH * KW * OH * OW));                               \
-    if (!col) return err_set(GRAFT_ERR_OOM, "cpu: out of memory for conv2d columns"), -1;        \
+    if (!col) {                                                                                  \
+      cpu_choice_end(TICKET); /* a measured run that failed still ends */                       \
+      return err_set(GRAFT_ERR_OOM, "cpu: out of memory for conv2d columns"), -1;                \
+    }                                                                                            \
     for (int64_t n = 0; n < N; n++)                                                              \
       for (int64_t g = 0; g < G; g++) {                                                          \
         T *c = col;                                                                              \
@@ -274,9 +277,9 @@ static int cpu_k_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
   bool direct = cpu_conv_direct_pays(G, Og);
   cpu_choice_ticket t = {.slot = -1};
   if (G > 1) {
-    int64_t d[8] = {KH, KW, sh, sw, lh > 1 || lw > 1, direct, Og, Cg * OH * OW * N};
-    if (cpu_choice_begin("conv2d grouped (kh, kw, sh, sw, input-dilated, direct first, og, cg*oh*ow*n)",
-                         d, 8, 6, 2, &t) == 1)
+    int64_t d[11] = {ins->dtype, KH, KW, sh, sw, dh, dw, lh > 1 || lw > 1, direct, Og, Cg * OH * OW * N};
+    if (cpu_choice_begin("conv2d grouped (dtype, kh, kw, sh, sw, dh, dw, input-dilated, direct first, og, "
+                         "cg*oh*ow*n)", d, 11, 9, 2, &t) == 1)
       direct = !direct;
   }
   if (direct) {
@@ -289,9 +292,9 @@ static int cpu_k_conv2d(const exec_instr *ins, const ref_arg *in, void *out) {
                              : (f32 ? cpu_conv_direct_float : cpu_conv_direct_double);
     cpu_parallel_run(fn, S, N * O);
   } else if (ins->dtype == GRAFT_F32) {
-    CONV_BODY(float, bl->sgemm);
+    CONV_BODY(float, bl->sgemm, &t);
   } else {
-    CONV_BODY(double, bl->dgemm);
+    CONV_BODY(double, bl->dgemm, &t);
   }
   cpu_choice_end(&t);
   return 0;

@@ -140,18 +140,26 @@ __attribute__((target("avx512f"))) static void cpu_nt16(void **S, int64_t lo, in
   }
 }
 
+/* 1: n is the narrow side (B untransposed), 2: k is (A B^T), 0: neither. */
+int cpu_narrow_takes(int ta, int tb, int64_t m, int64_t n, int64_t k) {
+  bool nside = n >= CPU_NARROW_MIN && n <= CPU_NARROW_MAX, kside = k >= CPU_NARROW_MIN && k <= CPU_NARROW_MAX;
+  if (!tb && nside && k >= 64 && m >= (ta ? 16 : 4)) return 1;
+  if (!ta && tb && kside && n >= 16) return 2;
+  return 0;
+}
+
 bool cpu_narrow_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
                      const float *b, int ldb, float *c, int ldc) {
   if (!cpu_own_gemm()) return false;
-  bool nside = n >= CPU_NARROW_MIN && n <= CPU_NARROW_MAX, kside = k >= CPU_NARROW_MIN && k <= CPU_NARROW_MAX;
+  int side = cpu_narrow_takes(ta, tb, m, n, k);
   cpu_narrow_job j = {m, n, k, lda, ldb, ldc, a, b, c, 0};
   cpu_kernel_fn fn;
   int64_t tasks;
-  if (!tb && nside && k >= 64 && m >= (ta ? 16 : 4)) {
+  if (side == 1) {
     j.side = (__mmask16)((1u << n) - 1);
     fn = ta ? cpu_tn16 : cpu_nn16;
     tasks = ta ? (m + 15) / 16 : (m + 3) / 4;
-  } else if (!ta && tb && kside && n >= 16) {
+  } else if (side == 2) {
     j.side = (__mmask16)((1u << k) - 1);
     fn = cpu_nt16;
     tasks = (n + CPU_NT_COLS - 1) / CPU_NT_COLS * cpu_nt16_row_blocks(&j);
