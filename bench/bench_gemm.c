@@ -93,6 +93,8 @@ int main(void) {
       {4, 128, 512, 0, 0, "an LSTM step's input gradient (few rows)"},
       {1, 1000, 512, 0, 1, "a classifier at batch 1 (few rows)"},
       {8, 1024, 1024, 0, 1, "a linear layer at batch 8 (few rows)"},
+      {16, 81, 4096, 0, 1, "a 3-D conv's weight gradient, 16 outputs (few rows)"},
+      {32, 1024, 1024, 0, 1, "a linear layer at batch 32 (few rows)"},
   };
   printf("# bench_gemm: %s; pool of %d threads\n",
          cpu_own_gemm() ? "graft's AVX-512 kernels against OpenBLAS"

@@ -915,14 +915,16 @@ TEST(dot_blas_and_fallback) {
     const int64_t *q = narrow[c];
     check_f32_product(q[0], q[1], q[2], q[3], q[4], 1, &cpu_stats.narrow_gemms, q[5]);
   }
-  /* A B^T with 2-8 rows (a recurrent step, a small batch's linear layer) on cpu_fewrows.c's
-   * dot kernels: 2, 3, 4, 5 and 8 rows (one row group, a partial one, two); columns off the
-   * 4/8/16-column blocks and k off the 16-float lanes; serial and over the pool. One row, B
-   * untransposed and A transposed stay off them. {m, k, n, transposed A, transposed B, taken} */
+  /* A B^T with 2-32 rows (a recurrent step, a small batch's linear layer, a weight gradient
+   * with few outputs) on cpu_fewrows.c's dot kernels: 2, 3, 4, 5, 8, 13 and 32 rows (one row
+   * group, a partial one, several); columns off the 4/8/16-column blocks and k off the
+   * 16-float lanes; serial and over the pool. One row, 33 rows, B untransposed and A
+   * transposed stay off them. {m, k, n, transposed A, transposed B, taken} */
   static const int64_t fewrows[][6] = {
       {2, 33, 21, 0, 1, 1},     {3, 128, 17, 0, 1, 1},  {4, 128, 512, 0, 1, 1}, {5, 7, 40, 0, 1, 1},
-      {8, 300, 1030, 0, 1, 1},  {6, 1000, 999, 0, 1, 1}, {1, 64, 100, 0, 1, 0}, {4, 64, 100, 0, 0, 0},
-      {4, 64, 100, 1, 1, 0},    {4, 64, 15, 0, 1, 0}};
+      {8, 300, 1030, 0, 1, 1},  {6, 1000, 999, 0, 1, 1}, {13, 70, 45, 0, 1, 1},  {32, 200, 300, 0, 1, 1},
+      {1, 64, 100, 0, 1, 0},    {4, 64, 100, 0, 0, 0},   {4, 64, 100, 1, 1, 0},  {4, 64, 15, 0, 1, 0},
+      {33, 64, 100, 0, 1, 0}};
   for (size_t c = 0; c < sizeof fewrows / sizeof *fewrows; c++) {
     const int64_t *q = fewrows[c];
     check_f32_product(q[0], q[1], q[2], q[3], q[4], 1, &cpu_stats.fewrows_gemms, q[5]);

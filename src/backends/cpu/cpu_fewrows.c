@@ -1,11 +1,14 @@
-/* f32 products A B^T with few rows (2 <= m <= 8), on AVX-512 registers: a recurrent step's
- * h W^T at a batch of 4 ([4,128] x [512,128]^T), a linear layer at a small batch. BLAS-style
+/* f32 products A B^T with few rows (2 <= m <= 32), on AVX-512 registers: a recurrent step's
+ * h W^T at a batch of 4 ([4,128] x [512,128]^T), a linear layer at a small batch, a
+ * convolution's weight gradient with few output channels (dY [16, N*L] x cols^T). BLAS-style
  * kernels pack op(B) for tiles that serve 12 or more rows; with 4 rows each element of B serves
  * 4 products, and turning B^T's rows into column panels costs more than they do (OpenBLAS:
  * 4x512x128 at ~30 GF/s). Here each C element is a dot product of two contiguous rows, 16
  * accumulators (rows x columns of C) each summing 16 lanes of k, reduced together at the end:
- * B is read in place, once for up to 4 rows, twice for 5-8 (two row groups) (4x512x128:
- * 76 GF/s; 8x1024x1024: 3.3x OpenBLAS; `bench_gemm`).
+ * B is read in place, once per group of 4 rows (4x512x128: 76 GF/s, 2.4x OpenBLAS;
+ * 16x81x4096 2.3x; 32x1024x1024 1.8x OpenBLAS and 1.5x cpu_sgemm.c's 12x32 tiles, which
+ * read B packed once per 12 rows but waste most of a tile's columns' loads at these sizes;
+ * `bench_gemm`).
  * The sums run in another order than the other kernels' (lanes, then a tree); a result does
  * not depend on how C was split over threads. A single row (a matrix-vector product: memory
  * bound, OpenBLAS as fast) and untransposed B (OpenBLAS's kernels as fast) are not taken. */
@@ -13,7 +16,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-enum { CPU_FR_MAX_ROWS = 8 };
+enum { CPU_FR_MAX_ROWS = 32 };
 
 typedef struct {
   int64_t m, n, k, lda, ldb, ldc;

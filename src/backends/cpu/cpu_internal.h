@@ -133,7 +133,7 @@ void cpu_choice_only(cpu_choice_ticket *t);
 void cpu_choice_report(FILE *f);
 
 /* ---- cpu_fewrows.c ---- */
-/* C = A B^T (alpha 1, beta 0, row-major f32) on an AVX-512 kernel when C has 2 to 8 rows and
+/* C = A B^T (alpha 1, beta 0, row-major f32) on an AVX-512 kernel when C has 2 to 32 rows and
  * at least 16 columns and the CPU has AVX-512; false: not taken. */
 bool cpu_fewrows_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
                       const float *b, int ldb, float *c, int ldc);
