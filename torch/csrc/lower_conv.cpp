@@ -55,6 +55,13 @@ bool conv_mode(const char *mode) {
 
 bool native_2d(int S, int groups) { return S == 2 && (groups > 1 || conv_mode("native")); }
 
+// Whether any dim has a nonzero value (padding).
+bool any_nonzero(const std::vector<int> &v) {
+  for (int x : v)
+    if (x) return true;
+  return false;
+}
+
 // The geometry of x [N, C, *in] convolved with w [O, C/G, *k].
 struct Conv {
   int S, G;
@@ -123,10 +130,8 @@ G by_group(const G &v, int64_t rows, int64_t cols, int G) {
 // cols [C*K, N*L] of x [N, C, *in].
 G im2col(const G &x, const Conv &g) {
   G xt = swap01(x, "conv");  // [C, N, *in]
-  bool pad = false;
-  for (int d = 0; d < g.S; ++d) pad |= g.p[d] != 0;
   int nd = g.S + 2;
-  if (pad) {
+  if (any_nonzero(g.p)) {
     std::vector<int64_t> lo(nd, 0);
     for (int d = 0; d < g.S; ++d) lo[2 + d] = g.p[d];
     xt = chk(graft_pad(xt.get(), lo.data(), lo.data(), 0.0), "conv");
@@ -175,6 +180,15 @@ G im2col_conv_bwd_weight(const G &x, const G &dy, const std::vector<int64_t> &ws
   G cols = by_group(im2col(x, g), g.C * g.K, g.N * g.L, g.G);
   G dw = chk(graft_matmul(dy_rows(dy, g).get(), mt(cols, "conv_backward_weight").get()), "conv_backward_weight");
   return reshape_to(dw, ws);
+}
+
+// x's spatial dims cropped to [lo, lo + size).
+G crop(const G &x, const std::vector<int> &lo, const std::vector<int64_t> &size, const char *what) {
+  auto xs = gshape(x);
+  int S = (int)xs.size() - 2;
+  std::vector<int64_t> a0(xs.size(), 0), a1 = xs;
+  for (int d = 0; d < S; ++d) a0[2 + d] = lo[d], a1[2 + d] = lo[d] + size[2 + d];
+  return chk(graft_slice(x.get(), a0.data(), a1.data(), nullptr), what);
 }
 
 // dc [C, K, N, *out] (the columns' gradient) as tap q's part [C, N, *out].
@@ -259,25 +273,15 @@ G im2col_conv_bwd_input(const G &dy, const G &w, const Conv &g) {
   std::vector<int64_t> sz = {g.C, g.K, g.N};
   sz.insert(sz.end(), g.out.begin(), g.out.end());
   dc = reshape_to(dc, sz);
-  bool strided = false, pad = false;
-  for (int d = 0; d < g.S; ++d) strided |= g.st[d] > 1, pad |= g.p[d] != 0;
+  bool strided = false;
+  for (int d = 0; d < g.S; ++d) strided |= g.st[d] > 1;
   G acc = strided && !conv_mode("placed") ? col2im_strided(dc, g, what) : col2im_placed(dc, g, what);
-  int nd = g.S + 2;
-  if (pad) {
-    std::vector<int64_t> a0(nd, 0), a1 = {g.C, g.N};
-    for (int d = 0; d < g.S; ++d) a0[2 + d] = g.p[d], a1.push_back(g.p[d] + g.in[d]);
-    acc = chk(graft_slice(acc.get(), a0.data(), a1.data(), nullptr), what);
+  if (any_nonzero(g.p)) {
+    std::vector<int64_t> size = {g.C, g.N};
+    size.insert(size.end(), g.in.begin(), g.in.end());
+    acc = crop(acc, g.p, size, what);
   }
   return swap01(acc, what);
-}
-
-// x's spatial dims cropped to [lo, lo + size).
-G crop(const G &x, const std::vector<int> &lo, const std::vector<int64_t> &size, const char *what) {
-  auto xs = gshape(x);
-  int S = (int)xs.size() - 2;
-  std::vector<int64_t> a0(xs.size(), 0), a1 = xs;
-  for (int d = 0; d < S; ++d) a0[2 + d] = lo[d], a1[2 + d] = lo[d] + size[2 + d];
-  return chk(graft_slice(x.get(), a0.data(), a1.data(), nullptr), what);
 }
 
 // Input gradient of a grouped 2-D conv on graft's primitive, also when padding exceeds
@@ -357,9 +361,7 @@ void convolution(const c10::OperatorHandle &op, Stack *s) {
     big = osz;
     for (int d = 0; d < S; ++d) big[2 + d] += 2 * p[d];
     r = conv_bwd_input(gx, gw, big, st, std::vector<int>(S, 0), dl, groups);
-    bool pad = false;
-    for (int d = 0; d < S; ++d) pad |= p[d] != 0;
-    if (pad) r = crop(r, p, osz, "conv_transpose");
+    if (any_nonzero(p)) r = crop(r, p, osz, "conv_transpose");
   }
   if (!a.none(2) && a.t(2).defined()) {
     std::vector<int64_t> bs(S + 2, 1);
