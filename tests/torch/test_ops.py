@@ -456,6 +456,35 @@ def test_decomposed_ops_match_cpu_without_fallback(name, fn, make, grad):
     assert any(k.startswith("decomposed::") for k in graft.metrics()), graft.metrics().keys()
 
 
+# CompositeExplicitAutograd ops that _decomp.KERNEL_FIRST leaves to their own C++ kernel: it runs on
+# graft (no fallback, no Python decomposition) and matches the CPU.
+KERNEL_FIRST = [
+    ("empty_like", lambda a: torch.empty_like(a).fill_(2.0) * a, lambda: (r(3, 5),), True),
+    ("ones_like", lambda a: torch.ones_like(a) + a, lambda: (r(3, 5),), True),
+    ("zeros_like", lambda a: torch.zeros_like(a, dtype=torch.float64) + a, lambda: (r(3, 5),), True),
+    ("full_like", lambda a: torch.full_like(a, -1.5) * a, lambda: (r(3, 5),), True),
+    ("new_zeros", lambda a: a.new_zeros(5) + a, lambda: (r(3, 5),), True),
+    ("new_ones", lambda a: a.new_ones((3, 1)) * a, lambda: (r(3, 5),), True),
+    ("new_full", lambda a: a.new_full((5,), 4.0) - a, lambda: (r(3, 5),), True),
+    ("new_empty", lambda a: a.new_empty((3, 5)).fill_(1.0) - a, lambda: (r(3, 5),), True),
+    ("stack", lambda a, b: torch.stack([a, b, a], 1), lambda: (r(3, 5), r(3, 5)), True),
+    ("_safe_softmax", lambda a: torch.ops.aten._safe_softmax(a.masked_fill(a > 0.5, float("-inf")), 1),
+     lambda: (torch.cat([r(2, 5), torch.ones(1, 5)]),), False),
+    ("bce_with_logits", lambda a, t: F.binary_cross_entropy_with_logits(a, t, pos_weight=torch.full_like(a[0], 2.0)),
+     lambda: (r(3, 5), torch.rand(3, 5)), True),
+]
+
+
+@pytest.mark.parametrize("name,fn,make,grad", KERNEL_FIRST, ids=[c[0] for c in KERNEL_FIRST])
+def test_kernel_first_ops_run_without_fallback_or_decomposition(name, fn, make, grad):
+    test_op_matches_cpu(name, fn, make, grad)
+    graft.reset_metrics()
+    graft.sync([fn(*[x.to(DEV) for x in make()])])
+    m = graft.metrics()
+    assert m["fallbacks"] == 0, graft.fallbacks()
+    assert not [k for k in m if k.startswith("decomposed::")], m
+
+
 def test_decompositions_switch_off():
     import subprocess
     import sys

@@ -10,7 +10,8 @@ Only functional ops that reach the backend are taken: not the lowered ones, not 
 forms (their decompositions assume functionalization), not views (a decomposition copies), not
 CompositeImplicitAutograd ones (they decompose above autograd already), and not ops without a
 tensor argument. CompositeExplicitAutograd ones are taken: their kernels mostly call an out=
-variant that only the CPU implements (nan_to_num -> nan_to_num.out), i.e. the fallback. GRAFT_DECOMP=0 leaves every unlowered op to the fallback (the A/B switch).
+variant that only the CPU implements (nan_to_num -> nan_to_num.out), i.e. the fallback; those
+in KERNEL_FIRST are not (their kernels run on graft as they are, faster). GRAFT_DECOMP=0 leaves every unlowered op to the fallback (the A/B switch).
 """
 import os
 
@@ -31,6 +32,15 @@ EXCLUDED = {
     "aten::logspace.Tensor_Tensor": "the decomposition makes its steps on the CPU",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "the CPU's own kernel (graft lowers SDPA's math path)",
 }
+# CompositeExplicitAutograd ops whose own C++ kernel calls only ops graft lowers: that kernel runs
+# them through the dispatcher in a few microseconds, where the Python decomposition costs ~40 us a
+# call (every training step calls ones_like for the loss's gradient, stack in clip_grad_norm_).
+# tests/torch/test_ops.py checks each runs on graft with no fallback and matches the CPU.
+KERNEL_FIRST = {
+    "aten::empty_like", "aten::ones_like", "aten::zeros_like", "aten::full_like",
+    "aten::new_zeros", "aten::new_ones", "aten::new_full", "aten::new_empty",
+    "aten::stack", "aten::_safe_softmax", "aten::binary_cross_entropy_with_logits",
+}
 _LIB = None
 TAKEN = []  # the ops registered, "aten::name[.overload]"
 
@@ -38,7 +48,9 @@ TAKEN = []  # the ops registered, "aten::name[.overload]"
 def _eligible(op, lowered):
     key = op.name()
     s = op._schema
-    if key in lowered or key in EXCLUDED or s.is_mutable or any(r.alias_info for r in s.returns):
+    if key in lowered or key in EXCLUDED or key in KERNEL_FIRST:
+        return False
+    if s.is_mutable or any(r.alias_info for r in s.returns):
         return False
     if op.overloadpacket.__name__.endswith("_"):
         return False
