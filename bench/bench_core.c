@@ -1,8 +1,10 @@
 /* Core engine benchmarks: tracing cost per recorded op, and the overhead of a cached step on a
  * 1,000-node graph (capture + hash + lookup + bind, excluding kernel time).
- * Prints: BENCH trace_per_op ns=<x>  and  BENCH cached_step_1000_nodes us=<x>  (medians). */
+ * Prints: BENCH trace_per_op ns=<x>, BENCH trace_per_op_located ns=<x> (a source line set per
+ * op) and BENCH cached_step_1000_nodes us=<x> (medians). */
 #define _POSIX_C_SOURCE 200809L
 #include "graft.h"
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -23,16 +25,21 @@ static double median(double *v, int n) {
   return v[n / 2];
 }
 
-/* A chain of n binary ops over small tensors; the inputs stay live, each result replaces x. */
-static graft_tensor *chain(graft_tensor *x, graft_tensor *y, int n) {
+/* A chain of n binary ops over small tensors; the inputs stay live, each result replaces x.
+ * located: each op's source line is set first, as a wrapper recording locations would. */
+static graft_tensor *chain_at(graft_tensor *x, graft_tensor *y, int n, bool located) {
   graft_tensor *cur = graft_retain(x);
   for (int i = 0; i < n; i++) {
+    if (located) graft_set_location(__FILE__, __LINE__ + (i & 7));
     graft_tensor *next = (i & 1) ? graft_mul(cur, y) : graft_add(cur, y);
     graft_release(cur);
     cur = next;
   }
+  if (located) graft_set_location(NULL, 0);
   return cur;
 }
+
+static graft_tensor *chain(graft_tensor *x, graft_tensor *y, int n) { return chain_at(x, y, n, false); }
 
 int main(void) {
   graft_set_max_pending_nodes(10000000);
@@ -50,6 +57,13 @@ int main(void) {
     graft_release(z);
   }
   printf("BENCH trace_per_op ns=%.1f\n", median(tr, 20));
+  for (int r = 0; r < 20; r++) { /* the same with a location set per op (graft_set_location) */
+    double t0 = now_ns();
+    graft_tensor *z = chain_at(x, y, 10000, true);
+    tr[r] = (now_ns() - t0) / 10000;
+    graft_release(z);
+  }
+  printf("BENCH trace_per_op_located ns=%.1f\n", median(tr, 20));
 
   /* Cached step: the same 1,000-node graph synced 200 times; the first sync compiles. */
   double st[200];

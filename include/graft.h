@@ -407,8 +407,16 @@ char *graft_metrics_report(void);
 /** Compiles every cached graph not yet native (graphs run once included; normally a graph is
  *  compiled when it runs again) and blocks until background compiles have finished. */
 void graft_wait_compiles(void);
-/** Why the last graph was compiled ("" before any compile); valid until the next compile. */
+/** Why the last graph was compiled ("" before any compile); valid until the next compile.
+ *  A reason names the source line of the first op that differs from the nearest cached graph
+ *  when the ops were traced with a location set (graft_set_location). */
 const char *graft_last_compile_reason(void);
+/** Sets the calling thread's source location: ops traced after it, on this thread, are
+ *  recorded as made at file:line (not hashed: graphs from different lines still match), so a
+ *  recompile can name the line whose op differs; graft_metrics_report lists the lines with
+ *  the most recompiles. file must stay valid and unchanged (a string literal such as
+ *  __FILE__); NULL clears. A wrapper calls it per op, e.g. as a macro around each call. */
+void graft_set_location(const char *file, int line);
 
 /* ---- data-parallel collectives (Open MPI; src/dist) ----
  * Collectives are graph nodes: a training step with its all_reduce is one cached graph, run

@@ -97,6 +97,65 @@ TEST(shape_change_recompiles_and_dump_names_why) {
   CHECK(reason_found);
 }
 
+/* One step: an upload of x [rows,8], a slice of its first `keep` columns, a sum; each op traced
+ * at its own line. Returns the step's value. */
+static int loc_upload_line, loc_slice_line;
+static double located_step(int64_t rows, int64_t keep) {
+  int64_t shape[2] = {rows, 8};
+  float host[64 * 8];
+  for (int i = 0; i < 64 * 8; i++) host[i] = 1;
+  graft_set_location(__FILE__, loc_upload_line = __LINE__);
+  graft_tensor *x = graft_from_host(host, GRAFT_F32, 2, shape, 0);
+  graft_set_location(__FILE__, loc_slice_line = __LINE__);
+  graft_tensor *s = graft_slice(x, (int64_t[]){0, 0}, (int64_t[]){rows, keep}, NULL);
+  graft_set_location(__FILE__, __LINE__);
+  graft_tensor *y = graft_sum(s, (int[]){0, 1}, 2, false);
+  graft_set_location(NULL, 0);
+  double v = -1;
+  CHECK(graft_item(y, &v) == GRAFT_OK);
+  graft_release(y);
+  graft_release(s);
+  graft_release(x);
+  return v;
+}
+
+TEST(recompile_reason_names_the_line) {
+  graft_metrics_reset();
+  CHECK_NEAR(located_step(32, 4), 128, 0);
+  CHECK_NEAR(located_step(32, 4), 128, 0);
+  CHECK(M().graphs_compiled == 1);
+  char want[256];
+  /* an intermediate shape differs (inputs the same): the slice's line is named */
+  CHECK_NEAR(located_step(32, 5), 160, 0);
+  CHECK(M().graphs_compiled == 2);
+  const char *why = graft_last_compile_reason();
+  snprintf(want, sizeof want, "%s:%d", __FILE__, loc_slice_line);
+  if (!strstr(why, want)) fprintf(stderr, "  reason: %s\n", why);
+  CHECK(strstr(why, want) != NULL);
+  CHECK(strstr(why, "[32,5]") && strstr(why, "[32,4]"));
+  /* an input's shape differs: the line that uploaded it */
+  CHECK_NEAR(located_step(16, 5), 80, 0);
+  CHECK(M().graphs_compiled == 3);
+  why = graft_last_compile_reason();
+  snprintf(want, sizeof want, "%s:%d", __FILE__, loc_upload_line);
+  if (!strstr(why, want)) fprintf(stderr, "  reason: %s\n", why);
+  CHECK(strstr(why, want) != NULL && strstr(why, "input 0 at"));
+  CHECK_NEAR(located_step(16, 6), 96, 0);
+  /* the report lists the lines with the most recompiles */
+  char *rep = graft_metrics_report();
+  snprintf(want, sizeof want, "%s:%d (2)", __FILE__, loc_slice_line);
+  const char *top = strstr(rep, "top recompile sites: ");
+  if (!top || !strstr(top, want)) fprintf(stderr, "%s", rep);
+  CHECK(top && strstr(top, want) != NULL);
+  free(rep);
+  /* locations are not hashed: the same graph traced at other lines is a cache hit */
+  uint64_t before = M().graphs_compiled;
+  graft_tensor *x = graft_ones(GRAFT_F32, 2, (int64_t[]){16, 8});
+  graft_release(x);
+  CHECK_NEAR(located_step(16, 6), 96, 0);
+  CHECK(M().graphs_compiled == before);
+}
+
 TEST(constant_value_is_part_of_the_graph) {
   graft_metrics_reset();
   for (int i = 0; i < 3; i++) {
@@ -621,6 +680,7 @@ TEST(handles_after_shutdown_read_as_released) {
 int main(void) {
   RUN(loop_compiles_once);
   RUN(shape_change_recompiles_and_dump_names_why);
+  RUN(recompile_reason_names_the_line);
   RUN(constant_value_is_part_of_the_graph);
   RUN(shared_vs_distinct_inputs_bind_correctly);
   RUN(hash_collision_compiles_its_own_graph);

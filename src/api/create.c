@@ -1,6 +1,7 @@
 /* C API: creation, queries, sync, configuration and shutdown. */
 #include "api.h"
 #include "device.h"
+#include "loc.h"
 #include "../graph/graph.h"
 #include <stdlib.h>
 #include <string.h>
@@ -415,4 +416,5 @@ void graft_shutdown(void) {
   exec_shutdown();
   buffer_pool_trim();
   tensor_unlock();
+  loc_free_all();
 }

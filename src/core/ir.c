@@ -4,6 +4,7 @@
 #include "device.h"
 #include "buffer.h"
 #include "error.h"
+#include "loc.h"
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,7 @@ static ir_node *ir_alloc(int nin) {
   n->refcnt = 1;
   n->nin = nin;
   n->slot = -1;
+  n->loc = loc_current();
   return n;
 }
 

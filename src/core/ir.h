@@ -94,6 +94,7 @@ struct ir_node {
   int nattr;       /* attr.a[nattr..] are all zero (0 for data leaves: attrs not hashed) */
   struct exec_buffer *data; /* IR_DATA only: the device data */
   int device;
+  uint32_t loc;    /* where it was traced (loc.h; 0 unknown): not hashed */
   /* scratch for graph capture; valid only under the global lock during one capture */
   uint64_t mark;
   int32_t slot;

@@ -9,7 +9,7 @@
 
 metrics_state metrics;
 
-char metrics_reasons[METRICS_NREASONS][512];
+char metrics_reasons[METRICS_NREASONS][METRICS_REASON_BYTES];
 int metrics_nreasons;
 
 double metrics_now_ms(void) {

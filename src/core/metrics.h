@@ -10,7 +10,8 @@ typedef struct {
 extern metrics_state metrics;
 /* The most recent compile reasons (a ring of METRICS_NREASONS). */
 #define METRICS_NREASONS 8
-extern char metrics_reasons[METRICS_NREASONS][512];
+#define METRICS_REASON_BYTES 1024
+extern char metrics_reasons[METRICS_NREASONS][METRICS_REASON_BYTES];
 extern int metrics_nreasons;
 /* Remembers a compile reason for the report (keeps the most recent few). */
 void metrics_add_reason(const char *reason);

@@ -2,6 +2,7 @@
  * reason a graph is compiled, found by comparing with the nearest cached graph. */
 #include "graph.h"
 #include "../core/error.h"
+#include "../core/loc.h"
 #include "../core/metrics.h"
 #include <inttypes.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@ typedef struct {
   size_t nref;
   bool differ, oom;
   int nb;
+  size_t *starts;       /* writing, when set: each node's first word */
   uint64_t buf[SIG_BUF]; /* words not yet written or compared */
 } sig_walk;
 
@@ -55,21 +57,25 @@ static inline void sig_put(sig_walk *s, uint64_t v) {
   s->buf[s->nb++] = v;
 }
 
+static void sig_node(sig_walk *s, const ir_node *nd) {
+  uint64_t fb = 0;
+  if (nd->op != IR_DATA) memcpy(&fb, &nd->attr.f, sizeof fb);
+  /* op < 2^16, dtype < 2^8, ndim <= GRAFT_MAX_DIMS, nattr <= IR_MAX_ATTRS: fields disjoint;
+   * attr.a past nattr is zero (ir.c), so the count stands for the trailing zeros */
+  sig_put(s, (uint64_t)nd->op | (uint64_t)nd->dtype << 16 | (uint64_t)nd->ndim << 24 |
+                 (uint64_t)nd->nattr << 32 | (uint64_t)(fb != 0) << 40);
+  sig_put(s, ((uint64_t)(uint32_t)nd->device << 32) | (uint32_t)nd->nin);
+  for (int k = 0; k < nd->ndim; k++) sig_put(s, (uint64_t)nd->shape[k]);
+  for (int k = 0; k < nd->nattr; k++) sig_put(s, (uint64_t)nd->attr.a[k]);
+  if (fb) sig_put(s, fb);
+  for (int k = 0; k < nd->nin; k++) sig_put(s, (uint64_t)(uint32_t)nd->in[k]->slot);
+}
+
 static void sig_graph(const graph_capture *g, sig_walk *s) {
   sig_put(s, ((uint64_t)(uint32_t)g->n << 32) | (uint32_t)g->nroots);
   for (int i = 0; i < g->n && !s->differ && !s->oom; i++) {
-    const ir_node *nd = g->nodes[i];
-    uint64_t fb = 0;
-    if (nd->op != IR_DATA) memcpy(&fb, &nd->attr.f, sizeof fb);
-    /* op < 2^16, dtype < 2^8, ndim <= GRAFT_MAX_DIMS, nattr <= IR_MAX_ATTRS: fields disjoint;
-     * attr.a past nattr is zero (ir.c), so the count stands for the trailing zeros */
-    sig_put(s, (uint64_t)nd->op | (uint64_t)nd->dtype << 16 | (uint64_t)nd->ndim << 24 |
-                   (uint64_t)nd->nattr << 32 | (uint64_t)(fb != 0) << 40);
-    sig_put(s, ((uint64_t)(uint32_t)nd->device << 32) | (uint32_t)nd->nin);
-    for (int k = 0; k < nd->ndim; k++) sig_put(s, (uint64_t)nd->shape[k]);
-    for (int k = 0; k < nd->nattr; k++) sig_put(s, (uint64_t)nd->attr.a[k]);
-    if (fb) sig_put(s, fb);
-    for (int k = 0; k < nd->nin; k++) sig_put(s, (uint64_t)(uint32_t)nd->in[k]->slot);
+    if (s->starts) s->starts[i] = s->n + (size_t)s->nb;
+    sig_node(s, g->nodes[i]);
   }
   for (int r = 0; r < g->nroots; r++) sig_put(s, (uint64_t)(uint32_t)g->out_slot[r]);
   sig_flush(s);
@@ -83,6 +89,7 @@ static bool sig_matches(const cache_entry *e, const graph_capture *g) {
   s.nref = e->nsig;
   s.differ = s.oom = false;
   s.nb = 0;
+  s.starts = NULL;
   sig_graph(g, &s);
   return !s.differ && s.n == s.nref;
 }
@@ -108,6 +115,7 @@ cache_entry *cache_insert(exec_program *prog, const graph_capture *g, const back
   s.nref = 0;
   s.differ = s.oom = false;
   s.nb = 0;
+  s.starts = NULL;
   sig_graph(g, &s);
   cache_entry *e = s.oom ? NULL : calloc(1, sizeof *e);
   if (!e) {
@@ -145,15 +153,129 @@ void cache_clear(void) {
   }
 }
 
-static void reason_param(char *buf, size_t n, int k, const ir_node *now, const exec_instr *was) {
-  char a[128], b[128];
-  snprintf(buf, n, "input %d is %s %s, the cached graph of the same structure has %s %s", k,
-           graft_dtype_name(now->dtype), ir_shape_str(now->ndim, now->shape, a, sizeof a),
-           graft_dtype_name(was->dtype), ir_shape_str(was->ndim, was->shape, b, sizeof b));
+/* Where node i of g was traced; for a node without a location (a leaf made before any was
+ * set, a gradient traced on autograd's own thread) the nearest one around it: the first later
+ * node that reads it, else its operands', breadth first. */
+#define REASON_LOC_VISITS 256
+static uint32_t reason_loc(const graph_capture *g, int i) {
+  const ir_node *nd = g->nodes[i];
+  if (nd->loc) return nd->loc;
+  for (int j = i + 1; j < g->n && j < i + REASON_LOC_VISITS; j++)
+    for (int k = 0; k < g->nodes[j]->nin; k++)
+      if (g->nodes[j]->in[k] == nd && g->nodes[j]->loc) return g->nodes[j]->loc;
+  const ir_node *queue[REASON_LOC_VISITS];
+  int head = 0, tail = 0;
+  queue[tail++] = nd;
+  while (head < tail) {
+    const ir_node *m = queue[head++];
+    for (int k = 0; k < m->nin; k++) {
+      if (m->in[k]->loc) return m->in[k]->loc;
+      if (tail < REASON_LOC_VISITS) queue[tail++] = m->in[k];
+    }
+  }
+  return 0;
+}
+
+/* " at file:line" of node i (counted as a recompile site), or "" (where it is not known). */
+static const char *reason_at(const graph_capture *g, int i, char *buf, size_t n) {
+  uint32_t id = reason_loc(g, i);
+  char where[400];
+  loc_str(id, where, sizeof where);
+  if (n) buf[0] = 0;
+  if (!id || !where[0]) return buf;
+  loc_count_recompile(id);
+  snprintf(buf, n, " at %s", where);
+  return buf;
+}
+
+/* The cached graph whose structure agrees with g's longest (compared word by word after the
+ * node count), and the first node of g past the agreement (g->n: all nodes agree, the
+ * outputs differ); NULL when nothing is cached or memory runs out. *was: where that node's
+ * record starts in the cached graph's words. */
+static const cache_entry *reason_nearest(const graph_capture *g, int *node, size_t *was) {
+  sig_walk s;
+  memset(&s, 0, sizeof s);
+  s.starts = malloc(sizeof *s.starts * ((size_t)g->n + 1));
+  if (!s.starts) return NULL;
+  sig_graph(g, &s);
+  if (s.oom) {
+    free(s.starts);
+    free(s.w);
+    return NULL;
+  }
+  const cache_entry *best = NULL;
+  size_t best_k = 0;
+  for (int b = 0; b < NBUCKETS && !s.oom; b++)
+    for (const cache_entry *e = buckets[b]; e; e = e->next) {
+      size_t m = e->nsig < s.n ? e->nsig : s.n, k = 1;
+      while (k < m && e->sig[k] == s.w[k]) k++;
+      if (!best || k > best_k) best = e, best_k = k;
+    }
+  size_t nodes_end = s.n - (size_t)g->nroots; /* the root words come last */
+  int i = g->n;
+  if (best_k < nodes_end) {
+    i = 0;
+    while (i + 1 < g->n && s.starts[i + 1] <= best_k) i++;
+  }
+  *node = i;
+  *was = *node < g->n ? s.starts[*node] : 0;
+  free(s.starts);
+  free(s.w);
+  return best;
+}
+
+/* A cached graph's node record at word p: "op dtype[shape]"; a data leaf "dtype[shape]" (fields as sig_node writes them). */
+static void reason_record(const cache_entry *e, size_t p, char *buf, size_t n) {
+  if (p + 2 > e->nsig) {
+    snprintf(buf, n, "no node (it ends before)");
+    return;
+  }
+  uint64_t w = e->sig[p];
+  int op = (int)(w & 0xffff), dt = (int)(w >> 16 & 0xff), nd = (int)(w >> 24 & 0xff);
+  int64_t shape[GRAFT_MAX_DIMS] = {0};
+  for (int k = 0; k < nd && k < GRAFT_MAX_DIMS && p + 2 + (size_t)k < e->nsig; k++)
+    shape[k] = (int64_t)e->sig[p + 2 + (size_t)k];
+  char sh[128];
+  snprintf(buf, n, "%s%s%s%s", op == IR_DATA ? "" : op < IR_OP_COUNT ? ir_ops[op].name : "?",
+           op == IR_DATA ? "" : " ", graft_dtype_name((graft_dtype)dt),
+           ir_shape_str(nd, shape, sh, sizeof sh));
+}
+
+/* The reason from the nearest cached graph by structure: its first differing node, where it
+ * was traced, and what the cached graph has there. */
+static void reason_structure(const graph_capture *g, char *buf, size_t n) {
+  int i = 0;
+  size_t was = 0;
+  const cache_entry *e = reason_nearest(g, &i, &was);
+  if (!e) {
+    snprintf(buf, n, "no cached graph has this structure");
+    return;
+  }
+  char at[420], now[200], then[200], sh[128];
+  if (i >= g->n) {
+    snprintf(buf, n, "its nodes match cached graph %016" PRIx64 " but other tensors are its "
+             "outputs", e->prog->hash);
+    return;
+  }
+  const ir_node *nd = g->nodes[i];
+  snprintf(now, sizeof now, "%s %s%s", ir_ops[nd->op].name, graft_dtype_name(nd->dtype),
+           ir_shape_str(nd->ndim, nd->shape, sh, sizeof sh));
+  reason_record(e, was, then, sizeof then);
+  int param = -1;
+  for (int k = 0; nd->op == IR_DATA && k < g->nparams && param < 0; k++)
+    if (g->params[k] == nd) param = k;
+  if (param >= 0) {
+    snprintf(buf, n, "input %d%s is %s, where cached graph %016" PRIx64 " has %s", param,
+             reason_at(g, i, at, sizeof at), now + strlen(ir_ops[IR_DATA].name) + 1,
+             e->prog->hash, then);
+    return;
+  }
+  snprintf(buf, n, "first differs from cached graph %016" PRIx64 " at node %d, %s%s; the cached "
+           "graph has %s%s", e->prog->hash, i, now, reason_at(g, i, at, sizeof at), then,
+           strcmp(now, then) ? "" : " (its attributes or operands differ)");
 }
 
 void cache_reason(const graph_capture *g, char *buf, size_t n) {
-  const exec_program *near = NULL;
   int ncached = 0;
   for (cache_entry *e = buckets[g->hash % NBUCKETS]; e; e = e->next)
     if (e->prog->hash == g->hash) { /* a miss with this hash cached: a collision */
@@ -162,26 +284,10 @@ void cache_reason(const graph_capture *g, char *buf, size_t n) {
                g->hash, g->n);
       return;
     }
-  for (int b = 0; b < NBUCKETS; b++)
-    for (cache_entry *e = buckets[b]; e; e = e->next) {
-      ncached++;
-      if (e->prog->shape_free == g->shape_free && e->prog->nparams == g->nparams) near = e->prog;
-    }
-  if (!near) {
-    snprintf(buf, n, "new graph %016" PRIx64 " (%d nodes, %d inputs): %s", g->hash, g->n,
-             g->nparams, ncached ? "no cached graph has this structure" : "cache empty");
-    return;
-  }
-  size_t k = (size_t)snprintf(buf, n, "new graph %016" PRIx64 " (%d nodes): ", g->hash, g->n);
-  for (int i = 0; i < g->nparams; i++) {
-    const ir_node *now = g->params[i];
-    const exec_instr *was = &near->instr[near->param_slot[i]];
-    if (now->dtype != was->dtype || now->ndim != was->ndim ||
-        memcmp(now->shape, was->shape, sizeof(int64_t) * (size_t)now->ndim)) {
-      reason_param(buf + k, n - k, i, now, was);
-      return;
-    }
-  }
-  snprintf(buf + k, n - k, "same structure and inputs as cached graph %016" PRIx64
-           ", but an intermediate shape, constant or attribute differs", near->hash);
+  for (int b = 0; b < NBUCKETS && !ncached; b++) ncached = buckets[b] != NULL;
+  size_t k = (size_t)snprintf(buf, n, "new graph %016" PRIx64 " (%d nodes, %d inputs): ",
+                              g->hash, g->n, g->nparams);
+  if (k >= n) return;
+  if (!ncached) snprintf(buf + k, n - k, "cache empty");
+  else reason_structure(g, buf + k, n - k);
 }

@@ -220,7 +220,7 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
     tier_hit(e);
   } else {
     double c0 = metrics_now_ms();
-    char reason[512];
+    char reason[METRICS_REASON_BYTES];
     cache_reason(&cap, reason, sizeof reason);
     exec_program *p = capture_lower(&cap);
     if (!p) return graft_last_status();

@@ -1,6 +1,7 @@
 /* Metrics read-out: counters from the core, gauges, and the backends' own counters (native
  * compiles, disk hits, reference fallbacks per op), as a struct and as a text report. */
 #include "graph.h"
+#include "../core/loc.h"
 #include "../core/device.h"
 #include "../core/buffer.h"
 #include "../core/metrics.h"
@@ -63,6 +64,7 @@ void graft_metrics_reset(void) {
   device_traffic_reset();
   buffer_reset_peak();
   metrics_nreasons = 0;
+  loc_reset_counts();
   tensor_unlock();
 }
 
@@ -77,12 +79,14 @@ static int report_double(char *s, size_t n, const char *label, double v) {
 char *graft_metrics_report(void) {
   graft_metrics m;
   graft_metrics_get(&m);
-  size_t cap = 8192 + METRICS_NREASONS * 520;
+  size_t cap = 8192 + METRICS_NREASONS * (METRICS_REASON_BYTES + 8) + 1100;
   char *s = malloc(cap);
   if (!s) return NULL;
   tensor_lock();
   int k = snprintf(s, cap, "graft metrics\n");
   /* one line per field of GRAFT_METRICS_FIELDS (include/graft.h), in its order */
+/* recompile sites the report lists */
+#define REPORT_TOP_SITES 5
 #define REPORT_FIELD(type, name, label, meaning) k += report_##type(s + k, cap - (size_t)k, label, m.name);
   GRAFT_METRICS_FIELDS(REPORT_FIELD)
 #undef REPORT_FIELD
@@ -104,6 +108,9 @@ char *graft_metrics_report(void) {
   if (metrics_nreasons) k += snprintf(s + k, cap - (size_t)k, "  recent compile reasons:\n");
   for (int i = first; i < metrics_nreasons && (size_t)k < cap; i++)
     k += snprintf(s + k, cap - (size_t)k, "    - %s\n", metrics_reasons[i % METRICS_NREASONS]);
+  char top[1024];
+  if (loc_top(top, sizeof top, REPORT_TOP_SITES) && (size_t)k < cap)
+    k += snprintf(s + k, cap - (size_t)k, "  top recompile sites: %s\n", top);
   tensor_unlock();
   return s;
 }

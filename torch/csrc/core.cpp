@@ -659,7 +659,21 @@ void note_unwound_args(const std::vector<c10::IValue> &v) {
   tl_unwound = os.str();
 }
 
+// pyloc.c: the Python line of the op being traced, for recompile reasons
+extern "C" void graftpt_pyloc_capture(void);
+extern "C" void graftpt_pyloc_configure(const char *const *prefixes, int n, int on);
+
+// Ops a lowering calls (at::) come back through graft_kernel: only the outermost one, the
+// op the user's code called, looks up its Python line.
+static thread_local int tl_kernel_depth;
+struct KernelDepth {
+  KernelDepth() { ++tl_kernel_depth; }
+  ~KernelDepth() { --tl_kernel_depth; }
+};
+
 static void graft_kernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+  if (!tl_kernel_depth) graftpt_pyloc_capture();  // before the lock: it may take the GIL
+  KernelDepth depth;
   std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
   DeviceScope scope(op_device(op, *stack));
   Resolved r = lookup(op);
@@ -895,6 +909,12 @@ static std::tuple<std::string, std::string, int64_t> py_device_info(int64_t id) 
 
 static std::string py_last_compile_reason() { return graft_last_compile_reason(); }
 
+static void py_locations(const std::vector<std::string> &internal, bool on) {
+  std::vector<const char *> p;
+  for (const auto &s : internal) p.push_back(s.c_str());
+  graftpt_pyloc_configure(p.data(), (int)p.size(), on);
+}
+
 static std::vector<std::string> py_lowered_ops() { return lowered_ops(); }
 
 static void py_count_lowering(const std::string &name) { count_lowering(name); }
@@ -919,6 +939,7 @@ TORCH_LIBRARY(graft, m) {
   m.def("reset_metrics() -> ()", &py_reset_metrics);
   m.def("metrics_report() -> str", &py_report);
   m.def("last_compile_reason() -> str", &py_last_compile_reason);
+  m.def("locations(str[] internal, bool on) -> ()", &py_locations);
   m.def("manual_seed(int seed) -> ()", &py_manual_seed);
   m.def("is_pending(Tensor t) -> bool", &py_is_pending);
   m.def("wait_compiles() -> ()", &py_wait_compiles);

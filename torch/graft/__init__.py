@@ -51,6 +51,17 @@ _name_backend()
 _LIB = _load()
 _ops = torch.ops.graft
 
+
+def _record_locations():
+    """Each traced op records the user's Python line (the innermost frame outside torch and
+    graft), so a recompile reason names it; GRAFT_LOCATIONS=0 turns it off."""
+    dirs = {os.path.dirname(os.path.abspath(torch.__file__)), _HERE}
+    dirs |= {os.path.realpath(d) for d in dirs}
+    _ops.locations(sorted(d + os.sep for d in dirs), os.environ.get("GRAFT_LOCATIONS", "1") != "0")
+
+
+_record_locations()
+
 DEVICE_TYPE = "graft"  # graft device N is torch.device("graft", N)
 CPU_DEVICES = 4  # graft devices 0..3 are virtual CPU devices; accelerators (OpenCL) follow
 
