@@ -192,6 +192,11 @@ static const char *reason_at(const graph_capture *g, int i, char *buf, size_t n)
  * node count), and the first node of g past the agreement (g->n: all nodes agree, the
  * outputs differ); NULL when nothing is cached or memory runs out. *was: where that node's
  * record starts in the cached graph's words. */
+static size_t sig_nodes_end(const uint64_t *sig, size_t nsig) { /* sig[0]: nodes, roots */
+  size_t roots = nsig ? (size_t)(uint32_t)sig[0] : 0;
+  return roots < nsig ? nsig - roots : 0;
+}
+
 static const cache_entry *reason_nearest(const graph_capture *g, int *node, size_t *was) {
   sig_walk s;
   memset(&s, 0, sizeof s);
@@ -207,11 +212,14 @@ static const cache_entry *reason_nearest(const graph_capture *g, int *node, size
   size_t best_k = 0;
   for (int b = 0; b < NBUCKETS && !s.oom; b++)
     for (const cache_entry *e = buckets[b]; e; e = e->next) {
-      size_t m = e->nsig < s.n ? e->nsig : s.n, k = 1;
+      /* node words only: the root words come last in both */
+      size_t mine = sig_nodes_end(s.w, s.n), theirs = sig_nodes_end(e->sig, e->nsig);
+      size_t m = mine < theirs ? mine : theirs, k = 1;
       while (k < m && e->sig[k] == s.w[k]) k++;
+      if (k == m && mine == theirs) k = s.n; /* every node agrees: rank by the roots too */
       if (!best || k > best_k) best = e, best_k = k;
     }
-  size_t nodes_end = s.n - (size_t)g->nroots; /* the root words come last */
+  size_t nodes_end = sig_nodes_end(s.w, s.n);
   int i = g->n;
   if (best_k < nodes_end) {
     i = 0;
@@ -226,14 +234,16 @@ static const cache_entry *reason_nearest(const graph_capture *g, int *node, size
 
 /* A cached graph's node record at word p: "op dtype[shape]"; a data leaf "dtype[shape]" (fields as sig_node writes them). */
 static void reason_record(const cache_entry *e, size_t p, char *buf, size_t n) {
-  if (p + 2 > e->nsig) {
-    snprintf(buf, n, "no node (it ends before)");
+  size_t end = sig_nodes_end(e->sig, e->nsig);
+  if (p + 2 > end) {
+    snprintf(buf, n, "no node there (it has %u)", (unsigned)(e->nsig ? e->sig[0] >> 32 : 0));
     return;
   }
   uint64_t w = e->sig[p];
   int op = (int)(w & 0xffff), dt = (int)(w >> 16 & 0xff), nd = (int)(w >> 24 & 0xff);
+  if (nd > GRAFT_MAX_DIMS) nd = GRAFT_MAX_DIMS;
   int64_t shape[GRAFT_MAX_DIMS] = {0};
-  for (int k = 0; k < nd && k < GRAFT_MAX_DIMS && p + 2 + (size_t)k < e->nsig; k++)
+  for (int k = 0; k < nd && p + 2 + (size_t)k < end; k++)
     shape[k] = (int64_t)e->sig[p + 2 + (size_t)k];
   char sh[128];
   snprintf(buf, n, "%s%s%s%s", op == IR_DATA ? "" : op < IR_OP_COUNT ? ir_ops[op].name : "?",
@@ -253,8 +263,13 @@ static void reason_structure(const graph_capture *g, char *buf, size_t n) {
   }
   char at[420], now[200], then[200], sh[128];
   if (i >= g->n) {
-    snprintf(buf, n, "its nodes match cached graph %016" PRIx64 " but other tensors are its "
-             "outputs", e->prog->hash);
+    unsigned more = (unsigned)(e->nsig ? e->sig[0] >> 32 : 0);
+    if (more > (unsigned)g->n)
+      snprintf(buf, n, "its %d nodes are the first of cached graph %016" PRIx64 "'s %u", g->n,
+               e->prog->hash, more);
+    else
+      snprintf(buf, n, "its nodes match cached graph %016" PRIx64 " but other tensors are its "
+               "outputs", e->prog->hash);
     return;
   }
   const ir_node *nd = g->nodes[i];

@@ -664,11 +664,14 @@ extern "C" void graftpt_pyloc_capture(void);
 extern "C" void graftpt_pyloc_configure(const char *const *prefixes, int n, int on);
 
 // Ops a lowering calls (at::) come back through graft_kernel: only the outermost one, the
-// op the user's code called, looks up its Python line.
+// op the user's code called, looks up its Python line; leaving it clears the line, so nodes
+// made elsewhere (syncs, collectives) take their neighbours' (src/graph/cache.c).
 static thread_local int tl_kernel_depth;
 struct KernelDepth {
   KernelDepth() { ++tl_kernel_depth; }
-  ~KernelDepth() { --tl_kernel_depth; }
+  ~KernelDepth() {
+    if (!--tl_kernel_depth) graft_set_location(nullptr, 0);
+  }
 };
 
 static void graft_kernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {

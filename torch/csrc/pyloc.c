@@ -48,6 +48,7 @@ static int pyloc_on;
 
 /* Called once by the bridge's set-up op: the folders of torch and graft; on: record. */
 void graftpt_pyloc_configure(const char *const *prefixes, int n, int on) {
+  if ((Py_Version >> 16) != (PY_VERSION_HEX >> 16)) on = 0; /* built for another Python's frames */
   pthread_mutex_lock(&pyloc_mu);
   for (int i = 0; i < PYLOC_PREFIXES; i++) {
     free(pyloc_internal[i]);
@@ -88,6 +89,8 @@ static int pyloc_is_internal(const char *file) {
  * GIL may be waiting for it); keeps a reference so its address stays its own. */
 static const char *pyloc_classify(PyCodeObject *co, int *internal) {
   PyGILState_STATE g = PyGILState_Ensure();
+  PyObject *et, *ev, *tb; /* an exception the thread has pending stays pending */
+  PyErr_Fetch(&et, &ev, &tb);
   const char *name = co->co_filename ? PyUnicode_AsUTF8(co->co_filename) : NULL;
   char *file = NULL;
   if (!name) PyErr_Clear();
@@ -95,6 +98,7 @@ static const char *pyloc_classify(PyCodeObject *co, int *internal) {
   *internal = !name || pyloc_is_internal(name);
   pthread_mutex_unlock(&pyloc_mu);
   if (!*internal) file = strdup(name);
+  PyErr_Restore(et, ev, tb);
   Py_INCREF((PyObject *)co);
   PyGILState_Release(g);
   return file;
@@ -119,17 +123,19 @@ static PyCodeObject *pyloc_code_of(_PyInterpreterFrame *f) {
 static int pyloc_line_of(PyCodeObject *co, int lasti) {
   size_t m = PYLOC_LINES - 1;
   pthread_mutex_lock(&pyloc_mu);
-  int line = -1;
+  int line = 0, found = 0;
   size_t i = pyloc_slot(co, lasti, m);
   for (;; i = (i + 1) & m) {
     if (pyloc_lines[i].code == co && pyloc_lines[i].lasti == lasti) {
       line = pyloc_lines[i].line;
+      found = 1;
       break;
     }
     if (!pyloc_lines[i].code) break;
   }
-  if (line < 0) {
+  if (!found) {
     line = PyCode_Addr2Line(co, lasti * (int)sizeof(_Py_CODEUNIT)); /* reads the code's own table */
+    if (line < 0) line = co->co_firstlineno;                      /* an instruction with no line */
     if (pyloc_nlines < PYLOC_LINES / 2) {
       pyloc_lines[i] = (pyloc_line){co, lasti, line};
       pyloc_nlines++;
