@@ -418,6 +418,32 @@ const char *graft_last_compile_reason(void);
  *  __FILE__); NULL clears. A wrapper calls it per op, e.g. as a macro around each call. */
 void graft_set_location(const char *file, int line);
 
+/* ---- host functions inside a graph ----
+ * A graph can call a function of the caller's on the host, at its place in the step: no cut,
+ * no sync. The PyTorch bridge runs an op it has no lowering for through PyTorch's CPU kernel
+ * this way. */
+/** One operand or the result of a host function: contiguous, row-major, host memory. */
+typedef struct {
+  void *data;
+  graft_dtype dtype;
+  int ndim;
+  const int64_t *shape;
+  int64_t numel;
+} graft_host_tensor;
+/** Computes out (allocated, dtype and shape as declared) from in[0..nin); returns 0, or nonzero
+ *  after writing why into err (errlen bytes): the sync that ran it fails with that message. It
+ *  runs on graft's executor thread, any time after the call that traced it; it must be a pure
+ *  function of its operands (a cached graph calls it again with new operands). */
+typedef int (*graft_host_fn)(void *ctx, int nin, const graft_host_tensor *in,
+                             graft_host_tensor *out, char *err, size_t errlen);
+/** A tensor of dtype and shape computed by fn(ctx, in...) when the graph runs. key identifies
+ *  the function for graph hashing and caching: the first (fn, ctx) registered under a key is
+ *  the one every graph with that key calls, so ctx must stay valid for the process and a key
+ *  must not name two computations. CPU devices only (the operands' device, at least one). */
+graft_tensor *graft_host_call(graft_host_fn fn, void *ctx, uint64_t key, int nin,
+                              graft_tensor *const *in, graft_dtype dtype, int ndim,
+                              const int64_t *shape);
+
 /* ---- data-parallel collectives (Open MPI; src/dist) ----
  * Collectives are graph nodes: a training step with its all_reduce is one cached graph, run
  * at the next sync. Every rank must trace the same collectives in the same order; a rank

@@ -156,6 +156,74 @@ TEST(recompile_reason_names_the_line) {
   CHECK(M().graphs_compiled == before);
 }
 
+/* out = 10 * a + b over f32; ctx counts the calls (made on the executor thread). */
+static int ten_a_plus_b(void *ctx, int nin, const graft_host_tensor *in, graft_host_tensor *out,
+                        char *err, size_t errlen) {
+  __atomic_fetch_add((int *)ctx, 1, __ATOMIC_RELAXED);
+  if (nin != 2 || out->dtype != GRAFT_F32) return snprintf(err, errlen, "ten_a_plus_b: bad call"), 1;
+  for (int64_t i = 0; i < out->numel; i++)
+    ((float *)out->data)[i] = 10 * ((const float *)in[0].data)[i] + ((const float *)in[1].data)[i];
+  return 0;
+}
+
+static int refuses(void *ctx, int nin, const graft_host_tensor *in, graft_host_tensor *out,
+                   char *err, size_t errlen) {
+  (void)ctx, (void)nin, (void)in, (void)out;
+  snprintf(err, errlen, "refuses: this input is not accepted");
+  return 1;
+}
+
+static graft_status host_step(float base, int *calls, double *sum) {
+  float xv[3] = {base, base + 1, base + 2};
+  int64_t n = 3;
+  graft_tensor *x = graft_from_host(xv, GRAFT_F32, 1, &n, 0);
+  graft_tensor *one = graft_ones(GRAFT_F32, 1, &n);
+  graft_tensor *x1 = graft_add(x, one);
+  graft_tensor *in[2] = {x1, one};
+  graft_tensor *h = graft_host_call(ten_a_plus_b, calls, 0x74656e61ull, 2, in, GRAFT_F32, 1, &n);
+  graft_tensor *two = graft_scalar(2.0, GRAFT_F32), *h2 = graft_mul(h, two);
+  graft_tensor *y = graft_sum(h2, (int[]){0}, 1, false);
+  graft_status st = graft_item(y, sum);
+  graft_release(y);
+  graft_release(h2);
+  graft_release(two);
+  graft_release(h);
+  graft_release(x1);
+  graft_release(one);
+  graft_release(x);
+  return st;
+}
+
+TEST(host_call_runs_inside_the_graph) {
+  graft_metrics_reset();
+  int calls = 0;
+  double sum = 0;
+  CHECK(host_step(1, &calls, &sum) == GRAFT_OK);
+  CHECK_NEAR(sum, 2 * (10 * (2 + 3 + 4) + 3), 0); /* ((x + 1) * 10 + 1) * 2, summed */
+  CHECK(host_step(5, &calls, &sum) == GRAFT_OK);  /* the cached graph, new operands */
+  CHECK_NEAR(sum, 2 * (10 * (6 + 7 + 8) + 3), 0);
+  CHECK(M().graphs_compiled == 1 && M().executions == 2); /* one graph a step: no cut */
+  CHECK(calls == 2);
+  /* a failing function fails the sync with its message */
+  int64_t n = 2;
+  graft_tensor *x = graft_ones(GRAFT_F32, 1, &n);
+  graft_tensor *r = graft_host_call(refuses, NULL, 0x726566ull, 1, &x, GRAFT_F32, 1, &n);
+  double v;
+  graft_tensor *rs = graft_sum(r, (int[]){0}, 1, false);
+  CHECK(graft_item(rs, &v) != GRAFT_OK);
+  graft_release(rs);
+  CHECK(strstr(graft_last_error(), "refuses: this input is not accepted") != NULL);
+  graft_clear_error();
+  /* bad calls: no operand; a key that names another function */
+  CHECK(graft_host_call(refuses, NULL, 1, 0, &x, GRAFT_F32, 1, &n) == NULL);
+  CHECK(graft_last_status() == GRAFT_ERR_ARG);
+  CHECK(graft_host_call(ten_a_plus_b, NULL, 0x726566ull, 1, &x, GRAFT_F32, 1, &n) == NULL);
+  CHECK(strstr(graft_last_error(), "already names another function") != NULL);
+  graft_clear_error();
+  graft_release(r);
+  graft_release(x);
+}
+
 TEST(constant_value_is_part_of_the_graph) {
   graft_metrics_reset();
   for (int i = 0; i < 3; i++) {
@@ -681,6 +749,7 @@ int main(void) {
   RUN(loop_compiles_once);
   RUN(shape_change_recompiles_and_dump_names_why);
   RUN(recompile_reason_names_the_line);
+  RUN(host_call_runs_inside_the_graph);
   RUN(constant_value_is_part_of_the_graph);
   RUN(shared_vs_distinct_inputs_bind_correctly);
   RUN(hash_collision_compiles_its_own_graph);

@@ -92,10 +92,33 @@ static ir_node *example_movement(ir_op op, graft_dtype dt) {
   }
 }
 
+/* The host function of the HOST_CALL example: its operand's elements in reverse order. */
+static int reverse_elements(void *ctx, int nin, const graft_host_tensor *in, graft_host_tensor *out,
+                            char *err, size_t errlen) {
+  (void)ctx;
+  if (nin != 1 || in[0].numel != out->numel || in[0].dtype != out->dtype) {
+    snprintf(err, errlen, "reverse_elements: bad operands");
+    return 1;
+  }
+  size_t es = graft_dtype_size(out->dtype);
+  for (int64_t i = 0; i < out->numel; i++)
+    memcpy((char *)out->data + (size_t)i * es, (const char *)in[0].data + (size_t)(out->numel - 1 - i) * es, es);
+  return 0;
+}
+
 /* Contractions and the special ops. */
 static ir_node *example_special(ir_op op, graft_dtype dt) {
   ir_attrs at = {0};
   switch (op) {
+  case IR_HOST_CALL: { /* registered as graft_host_call would */
+    static const uint64_t key = 0x7265766572736531ull;
+    graft_tensor *probe = graft_zeros(GRAFT_F32, 0, NULL);
+    graft_release(graft_host_call(reverse_elements, NULL, key, 1, &probe, GRAFT_F32, 0, NULL));
+    graft_release(probe);
+    ir_node *x = leaf(dt, 2, S2, 0);
+    IR_ATTR(at, HOST_CALL, key) = (int64_t)key;
+    return node(op, 1, &x, &at, dt, 2, S2);
+  }
   case IR_RNG: { /* the seed is the operand; dt is the output's */
     ir_node *seed = leaf(GRAFT_I64, 0, NULL, 1000);
     return node(op, 1, &seed, &at, dt, 2, S2);

@@ -1,5 +1,7 @@
 /* C API: contraction (matmul, conv2d), indexing (gather, scatter_add) and pooling. */
 #include "api.h"
+#include "hostfn.h"
+#include <stdlib.h>
 #include <string.h>
 
 /* Reshape helper (lock held): a new reference. */
@@ -204,4 +206,33 @@ graft_tensor *graft_avg_pool2d(graft_tensor *x, const int *kernel, const int *st
   }
   tensor_unlock();
   return err_named(t, mark, fn);
+}
+
+graft_tensor *graft_host_call(graft_host_fn fn, void *ctx, uint64_t key, int nin,
+                              graft_tensor *const *in, graft_dtype dtype, int ndim,
+                              const int64_t *shape) {
+  unsigned mark = err_count();
+  const char *name = "graft_host_call";
+  if (!fn || nin < 1 || !in)
+    return err_named(err_set(GRAFT_ERR_ARG, "%s: needs a function and at least one operand "
+                             "(got %d)", name, nin), mark, name);
+  tensor_lock();
+  ir_node **nodes = malloc(sizeof *nodes * (size_t)nin);
+  graft_tensor *t = NULL;
+  int k = 0;
+  if (!nodes) err_set(GRAFT_ERR_OOM, "%s: out of memory", name);
+  for (; nodes && k < nin; k++)
+    if (!(nodes[k] = api_in(in[k], name))) break;
+  if (nodes && k == nin) {
+    if (nodes[0]->device >= GRAFT_CPU_DEVICES)
+      err_set(GRAFT_ERR_DEVICE, "%s: host functions run on the CPU devices; operand 0 is on "
+              "device %d", name, nodes[0]->device);
+    else if (!hostfn_register(key, fn, ctx)) {
+      ir_attrs at = {.a[IR_ATTR_HOST_CALL_key] = (int64_t)key};
+      t = api_node(ir_make(IR_HOST_CALL, nin, nodes, &at, dtype, ndim, shape));
+    }
+  }
+  free(nodes);
+  tensor_unlock();
+  return err_named(t, mark, name);
 }

@@ -253,10 +253,11 @@ static int ir_infer(ir_node *n, graft_dtype out_dtype, int ndim, const int64_t *
   case IR_DATA:
     return err_set(GRAFT_ERR_INTERNAL, "data leaves are made by ir_make_data"), -1;
   case IR_CONSTANT: case IR_IOTA: case IR_RNG: case IR_BROADCAST: case IR_RESHAPE:
+  case IR_HOST_CALL:
     if (ir_check_shape_arg(nm, ndim, shape)) return -1;
     n->ndim = ndim;
     if (ndim) memcpy(n->shape, shape, sizeof(int64_t) * (size_t)ndim);
-    n->dtype = a && n->op != IR_RNG ? a->dtype : out_dtype;
+    n->dtype = a && n->op != IR_RNG && n->op != IR_HOST_CALL ? a->dtype : out_dtype;
     if (!dtype_valid(n->dtype))
       return err_set(GRAFT_ERR_DTYPE, "%s: invalid dtype %d", nm, (int)n->dtype), -1;
     if (n->op == IR_CONSTANT) /* its dtype's value: i32 3.7 hashes, folds and prints as 3 */
@@ -574,6 +575,7 @@ void ir_attr_fmt(ir_op op, const ir_attrs *attr, int nd, char *buf, size_t size)
   case IR_IOTA: case IR_CONCAT: case IR_GATHER: case IR_SCATTER_ADD:
     PUT("axis=%" PRId64, IR_ATTR(*at, AXIS, axis)); break;
   case IR_RNG: PUT("dist=%s", IR_ATTR(*at, RNG, dist) ? "normal" : "uniform"); break;
+  case IR_HOST_CALL: PUT("key=%016" PRIx64, (uint64_t)IR_ATTR(*at, HOST_CALL, key)); break;
   case IR_ALL_REDUCE: {
     int64_t r = IR_ATTR(*at, COLLECTIVE, arg);
     PUT("op=%s", r == 0 ? "sum" : r == 1 ? "mean" : r == 2 ? "max" : "min");

@@ -142,5 +142,8 @@ struct Resolved {
 Resolved resolve_lowering(const std::string &key, const c10::OperatorHandle &op);
 void run_lowering(const Resolved &r, const c10::OperatorHandle &op, torch::jit::Stack *stack);
 void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
+// An op with no lowering as a host call inside the graph (hostcall.cpp); false: not taken,
+// the stack untouched.
+bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
 
 }  // namespace graftpt

@@ -551,6 +551,7 @@ static bool copy_like(const std::string &name) {
 // An op with no lowering runs on PyTorch's CPU kernel: graft arguments are synced and copied to
 // the CPU, mutated ones written back, results copied to graft (views and aliases kept).
 void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
+  if (host_call_fallback(op, stack)) return;  // inside the graph, no cut (hostcall.cpp)
   const auto &schema = op.schema();
   const std::string name = schema.name();
   size_t nargs = schema.arguments().size();
@@ -561,8 +562,8 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
               "Expected all tensors to be on the same device, but found at least two devices, graft:",
               cur_device(), " and cpu! (in ", schema.operator_name(), ")");
 
-  count_fallback(name);
   for (auto &iv : args) stack->push_back(std::move(iv));
+  count_fallback(name);
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 
   for (size_t i = 0; i < nargs; ++i) {  // mutated arguments back into their graft tensors

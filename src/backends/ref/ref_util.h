@@ -77,6 +77,8 @@ int ref_gather(const exec_instr *ins, const ref_arg *in, void *out);
 int ref_scatter_add(const exec_instr *ins, const ref_arg *in, void *out);
 /* ref_rng.c */
 int ref_rng(const exec_instr *ins, const ref_arg *in, void *out);
+/* ref_host.c: the registered host function */
+int ref_host_call(const exec_instr *ins, const ref_arg *in, void *out);
 /* ref_coll.c: all_reduce, rank_broadcast, all_gather (pack, then core's collective hook) */
 int ref_collective(const exec_instr *ins, const ref_arg *in, void *out);
 #endif
