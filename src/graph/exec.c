@@ -16,7 +16,8 @@ static graph_capture cap;
  * parameter update then needs no second copy). The leaf keeps no data: if the step fails
  * anyway, a later sync of these tensors reports the lost input instead of reading garbage. So
  * that nothing ordinary can fail after a donation, a graph whose gather/scatter indices cannot
- * be checked in range beforehand donates nothing, and nothing is donated under a memory limit
+ * be checked in range beforehand donates nothing, nor does one with a host call (its function
+ * may refuse its values: a PyTorch kernel's checks), and nothing is donated under a memory limit
  * (where running out of memory is an expected, recoverable error). */
 static int *edges;
 static int edges_cap;
@@ -123,8 +124,9 @@ static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *cons
     any = exec_sole_owner(cap.params[k]->data) && cap.params[k]->data->bytes >= 4096;
   if (!any) return;
   for (int i = 0; i < p->ninstr; i++)
-    if ((p->instr[i].op == IR_GATHER || p->instr[i].op == IR_SCATTER_ADD) &&
-        !exec_index_in_range(p, bufs, i))
+    if (p->instr[i].op == IR_HOST_CALL ||
+        ((p->instr[i].op == IR_GATHER || p->instr[i].op == IR_SCATTER_ADD) &&
+         !exec_index_in_range(p, bufs, i)))
       return;
   if (cap.n > edges_cap) {
     int *e = realloc(edges, sizeof *e * (size_t)cap.n);

@@ -519,6 +519,42 @@ def test_a_host_call_failing_at_run_time_fails_its_sync():
     with pytest.raises(RuntimeError, match="not finite"):
         h.cpu()
     assert torch.equal((x + 1).cpu(), torch.tensor([2.0, float("inf"), 3.0]))  # graft goes on
+    # run asynchronously, the step's other outputs say why their values were lost
+    w = torch.ones(4096).to(DEV)
+    graft.step()
+    h = torch.histc(x * 3, 5)
+    w.add_(1)
+    graft.step()
+    with pytest.raises(RuntimeError, match="lost.*histc.*not finite"):
+        w.cpu()
+
+
+_HOST_FAIL_SYNC = """
+import torch, graft
+d = graft.device()
+x = torch.tensor([1.0, float("inf"), 2.0]).to(d)
+w = torch.ones(4096).to(d)
+graft.step()
+h = torch.histc(x * 3, 5)
+w.add_(1)
+try:
+    graft.step()
+except RuntimeError as e:
+    print("STEP", "not finite" in str(e))
+del h
+print("W", bool((w.cpu() == 2).all()))
+"""
+
+
+def test_a_failed_host_call_donates_no_input():
+    # run in the syncing thread, a failed step leaves its tensors pending: as it donated none
+    # of its inputs' buffers (a host call may fail), the other work can be read alone after
+    import subprocess
+    import sys
+    env = dict(__import__("os").environ, GRAFT_ASYNC="0")
+    out = subprocess.run([sys.executable, "-c", _HOST_FAIL_SYNC], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "STEP True" in out.stdout and "W True" in out.stdout, out.stdout
 
 
 def test_host_calls_switch_off():

@@ -732,8 +732,11 @@ struct GraftGenerator final : public c10::GeneratorImpl {
   uint64_t seed_ = 67280421310721ull;
   explicit GraftGenerator(c10::DeviceIndex d)
       : c10::GeneratorImpl(c10::Device(kDevType, d), c10::DispatchKeySet(kKey)) {}
+  // Its own lock, not the bridge's: Python calls this holding the GIL, and the bridge's lock
+  // is held while a host call's meta kernel (often Python) takes the GIL (hostcall.cpp).
+  std::mutex seed_mu_;
   void set_current_seed(uint64_t s) override {
-    std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+    std::lock_guard<std::mutex> lk(seed_mu_);
     seed_ = s;
     graft_manual_seed(s);
   }

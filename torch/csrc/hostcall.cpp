@@ -5,6 +5,11 @@
 // tensors are all on a CPU graft device and whose outputs are plain tensors of a shape known
 // before the values (meta); anything else takes the cutting fallback. GRAFT_HOST_CALLS=0 is
 // the A/B switch. An op with several outputs is one host call per output (each runs the op).
+// Only aten ops: their CPU kernels are C++ (a Python kernel on graft's executor thread would
+// take the GIL there). An op traced with more than kMaxVariants distinct non-tensor arguments
+// (a scalar that changes every step) takes the cutting fallback from then on: each variant is a
+// new graph. Lock order: the GIL (a Python meta kernel) may be taken under the bridge's lock,
+// never the reverse (GraftGenerator has its own lock).
 #include "bridge.h"
 
 #include <ATen/ATen.h>
@@ -41,6 +46,11 @@ std::unordered_map<std::string, HostOp *> &host_ops() {
   static auto *m = new std::unordered_map<std::string, HostOp *>();
   return *m;
 }
+constexpr int kMaxVariants = 32;
+std::unordered_map<std::string, int> &host_variants() {  // per operator
+  static auto *m = new std::unordered_map<std::string, int>();
+  return *m;
+}
 std::unordered_map<uint64_t, std::string> &host_keys() {
   static auto *m = new std::unordered_map<uint64_t, std::string>();
   return *m;
@@ -72,14 +82,17 @@ int run_host_op(void *ctx, int nin, const graft_host_tensor *in, graft_host_tens
       s[h->tensor_at[(size_t)k]] = at::from_blob(in[k].data, shape, at::TensorOptions().dtype(to_st(in[k].dtype)));
     }
     h->op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &s);
-    at::Tensor r = s.at(h->ret).toTensor().contiguous();
-    if (r.numel() != out->numel || to_gdt(r.scalar_type()) != out->dtype) {
-      std::snprintf(err, errlen, "%s: output %zu is %s of %lld elements, its meta kernel said %s of %lld",
-                    h->op.schema().operator_name().name.c_str(), h->ret, c10::toString(r.scalar_type()),
-                    (long long)r.numel(), graft_dtype_name(out->dtype), (long long)out->numel);
+    at::Tensor r = s.at(h->ret).toTensor();
+    std::vector<int64_t> shape(out->shape, out->shape + out->ndim);
+    if (r.sizes() != c10::IntArrayRef(shape)) {
+      std::snprintf(err, errlen, "%s: output %zu has shape %s, its meta kernel said %s",
+                    h->op.schema().operator_name().name.c_str(), h->ret, c10::str(r.sizes()).c_str(),
+                    c10::str(c10::IntArrayRef(shape)).c_str());
       return 1;
     }
-    if (r.numel()) std::memcpy(out->data, r.data_ptr(), (size_t)r.numel() * r.element_size());
+    // the declared dtype is the meta kernel's when traced (a default dtype changed since
+    // converts); the copy resolves zero tensors, negative and conjugate bits
+    if (r.numel()) at::from_blob(out->data, shape, at::TensorOptions().dtype(to_st(out->dtype))).copy_(r);
     return 0;
   } catch (const std::exception &e) {
     std::snprintf(err, errlen, "%s (run on PyTorch's CPU kernel): %s",
@@ -106,6 +119,20 @@ void put_arg(std::ostringstream &os, const c10::IValue &iv) {
   }
 }
 
+// A non-tensor argument the key can name exactly, copied so the caller's list cannot change it.
+bool plain_value(const c10::IValue &iv, c10::IValue *copy) {
+  if (iv.isNone() || iv.isBool() || iv.isInt() || iv.isDouble() || iv.isString()) *copy = iv;
+  else if (iv.isIntList()) *copy = c10::IValue(iv.toIntVector());
+  else if (iv.isDoubleList()) *copy = c10::IValue(iv.toDoubleVector());
+  else if (iv.isBoolList()) {
+    c10::List<bool> l;
+    for (bool b : iv.toBoolList()) l.push_back(b);
+    *copy = c10::IValue(std::move(l));
+  }
+  else return false;
+  return true;
+}
+
 bool list_of_plain(const c10::TypePtr &t) {
   auto k = t->containedType(0)->kind();
   return k == c10::TypeKind::IntType || k == c10::TypeKind::FloatType || k == c10::TypeKind::BoolType;
@@ -115,7 +142,8 @@ bool list_of_plain(const c10::TypePtr &t) {
 // (PyTorch's functional kernel of a structured op calls it) whose only writes are its outs.
 bool eligible_op(const c10::OperatorHandle &op) {
   const auto &sc = op.schema();
-  if (sc.returns().empty()) return false;
+  if (sc.returns().empty() || sc.name().rfind("aten::", 0) != 0) return false;
+  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU)) return false;
   size_t outs = 0;
   for (const auto &a : sc.arguments()) {
     if (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType) {
@@ -170,15 +198,13 @@ bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
       meta.emplace_back(at::empty(t.sizes(), t.options().device(c10::kMeta)));
       text << "|T" << c10::toString(t.scalar_type()) << t.dim();
       operands.push_back(value(t));
-    } else if (iv.isTensorList() || iv.isList() && !iv.isIntList() && !iv.isDoubleList() && !iv.isBoolList()) {
-      return false;
-    } else if (iv.isDevice() || iv.isGenerator() || iv.isObject() || iv.isCapsule()) {
-      return false;
     } else {
-      proto.args.emplace_back(iv);
-      meta.emplace_back(iv);
+      c10::IValue copy;
+      if (!plain_value(iv, &copy)) return false;
+      proto.args.emplace_back(copy);
+      meta.emplace_back(copy);
       text << "|";
-      put_arg(text, iv);
+      put_arg(text, copy);
     }
   }
   if (operands.empty()) return false;
@@ -189,8 +215,8 @@ bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
   }
   size_t nret = sc.returns().size();
   if (meta.size() != nret) return false;
-  for (const auto &m : meta) {  // outputs graft can hold (not complex, not quantized)
-    if (!m.isTensor()) return false;
+  for (const auto &m : meta) {  // outputs graft can hold (dense; not complex, not quantized)
+    if (!m.isTensor() || m.toTensor().layout() != at::kStrided || m.toTensor().is_nested()) return false;
     try {
       to_gdt(m.toTensor().scalar_type());
     } catch (const std::exception &) {
@@ -211,6 +237,8 @@ bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
       if (it == host_ops().end()) {
         auto k = host_keys().find(key);
         if (k != host_keys().end()) return false;  // a 64-bit key two texts share
+        if (r == 0 && ++host_variants()[sc.operator_name().name + "." + sc.overload_name()] > kMaxVariants)
+          return false;
         h = new HostOp(proto);
         h->ret = r;
         host_ops().emplace(key_text, h);
