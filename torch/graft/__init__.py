@@ -7,6 +7,7 @@
     graft.step()              # cut the pending graph, compile once, run
     print(graft.metrics_report())
 """
+import atexit
 import collections
 import json
 import os
@@ -186,6 +187,18 @@ def wait():
     """Blocks until every queued step has run (graft.step() returns once its graph is queued;
     reads wait on their own). Raises the first failure of a queued step not yet reported."""
     _ops.wait()
+
+
+def _drain_at_exit():
+    """Queued steps run before the interpreter and libtorch tear down: a host call inside one
+    calls PyTorch's kernels from graft's executor thread. A failure nobody read is dropped."""
+    try:
+        _ops.wait()
+    except RuntimeError:
+        pass
+
+
+atexit.register(_drain_at_exit)
 
 
 def _hook_serialization():
