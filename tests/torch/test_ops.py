@@ -513,6 +513,16 @@ def test_host_called_ops_run_inside_the_graph(name, fn, make, grad):
     assert m["executions"] == 1, m["executions"]
 
 
+def test_a_host_called_out_form_checks_overlap_as_cpu_does():
+    for dev in ("cpu", DEV):
+        x = (torch.rand(6) * 0.5).to(dev)
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            torch.erfinv(x[:-1], out=x[1:])
+        o = torch.empty(6).to(dev)
+        torch.erfinv(x, out=o)
+        torch.testing.assert_close(o.cpu(), torch.erfinv(x.cpu()))
+
+
 def test_a_host_call_failing_at_run_time_fails_its_sync():
     x = torch.tensor([1.0, float("inf"), 2.0]).to(DEV)
     h = torch.histc(x * 2, 5)  # the range comes from the values: known only when it runs

@@ -145,5 +145,9 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
 // An op with no lowering as a host call inside the graph (hostcall.cpp); false: not taken,
 // the stack untouched.
 bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
+// PyTorch's two errors for writing out from the top n arguments of s: out partly overlapping
+// one of them, or an expanded out (lower.cpp).
+void check_out_overlap(const c10::OperatorHandle &op, const torch::jit::Stack &s, size_t n,
+                       const at::Tensor &out);
 
 }  // namespace graftpt

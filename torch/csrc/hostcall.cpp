@@ -177,6 +177,7 @@ bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
     if (sc.arguments()[i].is_out()) {  // written with the result, as the functional form's
       if (!iv.isTensor() || !is_graft(iv.toTensor()) || gdevice(iv.toTensor()) >= GRAFT_CPU_DEVICES) return false;
       const at::Tensor &o = iv.toTensor();
+      check_out_overlap(op, *stack, n, o);  // raises as PyTorch's CPU does
       out_args.push_back(o);
       proto.args.emplace_back();
       proto.out_at.emplace_back(i, o.scalar_type());

@@ -407,6 +407,10 @@ std::optional<c10::OperatorHandle> functional_of_out(const c10::OperatorHandle &
 
 }  // namespace
 
+void check_out_overlap(const c10::OperatorHandle &op, const Stack &s, size_t n, const at::Tensor &out) {
+  check_write_overlap(op, s, n, out);
+}
+
 std::vector<std::string> lowered_ops() {
   std::vector<std::string> out;
   for (auto &kv : table()) out.push_back(kv.first);
