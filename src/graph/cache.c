@@ -30,6 +30,18 @@ typedef struct {
   uint64_t buf[SIG_BUF]; /* words not yet written or compared */
 } sig_walk;
 
+/* Starts a walk: writing (ref NULL) or comparing against ref's nref words. The buffer is
+ * not cleared: a walk writes before it reads. */
+static void sig_begin(sig_walk *s, const uint64_t *ref, size_t nref) {
+  s->w = NULL;
+  s->n = s->cap = 0;
+  s->ref = ref;
+  s->nref = nref;
+  s->differ = s->oom = false;
+  s->nb = 0;
+  s->starts = NULL;
+}
+
 static void sig_flush(sig_walk *s) {
   size_t k = (size_t)s->nb;
   s->nb = 0;
@@ -83,13 +95,7 @@ static void sig_graph(const graph_capture *g, sig_walk *s) {
 
 static bool sig_matches(const cache_entry *e, const graph_capture *g) {
   sig_walk s;
-  s.w = NULL;
-  s.n = s.cap = 0;
-  s.ref = e->sig;
-  s.nref = e->nsig;
-  s.differ = s.oom = false;
-  s.nb = 0;
-  s.starts = NULL;
+  sig_begin(&s, e->sig, e->nsig);
   sig_graph(g, &s);
   return !s.differ && s.n == s.nref;
 }
@@ -109,13 +115,7 @@ cache_entry *cache_lookup(const graph_capture *g) {
 cache_entry *cache_insert(exec_program *prog, const graph_capture *g, const backend *be,
                           void *exe) {
   sig_walk s;
-  s.w = NULL;
-  s.n = s.cap = 0;
-  s.ref = NULL;
-  s.nref = 0;
-  s.differ = s.oom = false;
-  s.nb = 0;
-  s.starts = NULL;
+  sig_begin(&s, NULL, 0);
   sig_graph(g, &s);
   cache_entry *e = s.oom ? NULL : calloc(1, sizeof *e);
   if (!e) {
@@ -188,18 +188,18 @@ static const char *reason_at(const graph_capture *g, int i, char *buf, size_t n)
   return buf;
 }
 
-/* The cached graph whose structure agrees with g's longest (compared word by word after the
- * node count), and the first node of g past the agreement (g->n: all nodes agree, the
- * outputs differ); NULL when nothing is cached or memory runs out. *was: where that node's
- * record starts in the cached graph's words. */
 static size_t sig_nodes_end(const uint64_t *sig, size_t nsig) { /* sig[0]: nodes, roots */
   size_t roots = nsig ? (size_t)(uint32_t)sig[0] : 0;
   return roots < nsig ? nsig - roots : 0;
 }
 
+/* The cached graph whose structure agrees with g's longest (compared word by word after the
+ * node count), and the first node of g past the agreement (g->n: all nodes agree, the
+ * outputs differ); NULL when nothing is cached or memory runs out. *was: where that node's
+ * record starts in the cached graph's words. */
 static const cache_entry *reason_nearest(const graph_capture *g, int *node, size_t *was) {
   sig_walk s;
-  memset(&s, 0, sizeof s);
+  sig_begin(&s, NULL, 0);
   s.starts = malloc(sizeof *s.starts * ((size_t)g->n + 1));
   if (!s.starts) return NULL;
   sig_graph(g, &s);

@@ -86,8 +86,9 @@ static int pyloc_is_internal(const char *file) {
 }
 
 /* Classifies code object co under the GIL (not under pyloc_mu: another thread holding the
- * GIL may be waiting for it); keeps a reference so its address stays its own. */
-static const char *pyloc_classify(PyCodeObject *co, int *internal) {
+ * GIL may be waiting for it); keeps a reference so its address stays its own. Returns its
+ * file name (malloc'd), or NULL for code inside torch or graft. */
+static const char *pyloc_classify(PyCodeObject *co) {
   PyGILState_STATE g = PyGILState_Ensure();
   PyObject *et, *ev, *tb; /* an exception the thread has pending stays pending */
   PyErr_Fetch(&et, &ev, &tb);
@@ -95,9 +96,9 @@ static const char *pyloc_classify(PyCodeObject *co, int *internal) {
   char *file = NULL;
   if (!name) PyErr_Clear();
   pthread_mutex_lock(&pyloc_mu);
-  *internal = !name || pyloc_is_internal(name);
+  int internal = !name || pyloc_is_internal(name);
   pthread_mutex_unlock(&pyloc_mu);
-  if (!*internal) file = strdup(name);
+  if (!internal) file = strdup(name);
   PyErr_Restore(et, ev, tb);
   Py_INCREF((PyObject *)co);
   PyGILState_Release(g);
@@ -120,9 +121,9 @@ static PyCodeObject *pyloc_code_of(_PyInterpreterFrame *f) {
 #endif
 }
 
+/* Under pyloc_mu. */
 static int pyloc_line_of(PyCodeObject *co, int lasti) {
   size_t m = PYLOC_LINES - 1;
-  pthread_mutex_lock(&pyloc_mu);
   int line = 0, found = 0;
   size_t i = pyloc_slot(co, lasti, m);
   for (;; i = (i + 1) & m) {
@@ -141,7 +142,6 @@ static int pyloc_line_of(PyCodeObject *co, int lasti) {
       pyloc_nlines++;
     }
   }
-  pthread_mutex_unlock(&pyloc_mu);
   return line;
 }
 
@@ -151,36 +151,32 @@ void graftpt_pyloc_capture(void) {
   if (!__atomic_load_n(&pyloc_on, __ATOMIC_RELAXED)) return;
   PyThreadState *ts = PyGILState_GetThisThreadState();
   _PyInterpreterFrame *f = ts ? pyloc_top(ts) : NULL;
-  for (int depth = 0; f && depth < PYLOC_DEPTH; f = f->previous, depth++) {
-    if (_PyFrame_IsIncomplete(f)) continue;
-    PyCodeObject *co = pyloc_code_of(f);
+  const char *file = NULL;
+  int line = 0;
+  pthread_mutex_lock(&pyloc_mu); /* one lock for the walk; released only to classify */
+  for (int depth = 0; f && depth < PYLOC_DEPTH && !file; f = f->previous, depth++) {
+    PyCodeObject *co = _PyFrame_IsIncomplete(f) ? NULL : pyloc_code_of(f);
     if (!co) continue;
     int seen;
-    pthread_mutex_lock(&pyloc_mu);
     pyloc_code *e = pyloc_find_code(co, &seen);
-    const char *file = seen ? e->file : NULL;
-    int full = !seen && pyloc_ncodes >= PYLOC_CODES / 2;
-    pthread_mutex_unlock(&pyloc_mu);
-    if (full) break;
     if (!seen) {
-      int internal;
-      file = pyloc_classify(co, &internal);
+      if (pyloc_ncodes >= PYLOC_CODES / 2) break;
+      pthread_mutex_unlock(&pyloc_mu);
+      const char *named = pyloc_classify(co);
       pthread_mutex_lock(&pyloc_mu);
       e = pyloc_find_code(co, &seen);
       if (!seen) {
-        *e = (pyloc_code){co, file};
+        *e = (pyloc_code){co, named};
         pyloc_ncodes++;
       } else { /* another thread classified it meanwhile */
-        free((char *)file);
-        file = e->file;
+        free((char *)named);
       }
-      pthread_mutex_unlock(&pyloc_mu);
     }
-    if (!file) continue;
-    graft_set_location(file, pyloc_line_of(co, _PyInterpreterFrame_LASTI(f)));
-    return;
+    file = e->file;
+    if (file) line = pyloc_line_of(co, _PyInterpreterFrame_LASTI(f));
   }
-  graft_set_location(NULL, 0);
+  pthread_mutex_unlock(&pyloc_mu);
+  graft_set_location(file, line);
 }
 #else
 void graftpt_pyloc_configure(const char *const *prefixes, int n, int on) {
