@@ -389,13 +389,16 @@ def bench_model(name, gflops, quick):
               5 if quick else 15)
 
 
-def first_steps(name, mode, steps=30):
+def first_steps(name, mode, steps=30, cache_dir=None):
     """One fresh process: build the model, move it, and run `steps` training steps; seconds from
-    the first move to the last step's loss read. mode = graft (cold disk cache), eager, or
-    inductor (torch.compile of the model, its compile time counted: a user pays it; Inductor's
-    own cache off)."""
+    the first move to the last step's loss read. mode = graft (its disk cache in cache_dir: a
+    fresh folder is a cold start, a second process on the same folder a warm one; None: no
+    disk cache), eager, or inductor (torch.compile of the model, its compile time counted: a
+    user pays it; Inductor's own cache off)."""
     import subprocess
     env = dict(os.environ, GRAFT_DISK_CACHE="0", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
+    if cache_dir:
+        env.update(GRAFT_DISK_CACHE="1", XDG_CACHE_HOME=cache_dir)
     code = (f"import sys; sys.argv=['x']; import torch_bench as b; "
             f"print(b._first_steps_child({name!r}, {mode!r}, {steps}))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -427,8 +430,13 @@ def _first_steps_child(name, mode, steps):
 
 
 def bench_first_steps(name):
+    """Cold: a fresh disk cache; warm: a second process on the cache the first one left (what
+    its compiles stored, the bodies of its quick and full builds that landed)."""
+    import tempfile
     e = first_steps(name, "eager")
-    g = first_steps(name, "graft")
+    with tempfile.TemporaryDirectory(prefix="graft-bench-cache-") as d:
+        g = first_steps(name, "graft", cache_dir=d)
+        w = first_steps(name, "graft", cache_dir=d)
     try:
         i = first_steps(name, "inductor")
         ind = f"inductor_s={i:.3f} vs_inductor={i / g:.3f}"
@@ -436,7 +444,7 @@ def bench_first_steps(name):
         print(f"# inductor did not run: {str(ex).splitlines()[-1][:200]}", flush=True)
         ind = "inductor_s=nan vs_inductor=nan"
     print(f"BENCH torch_{name}_first_30_steps graft_s={g:.3f} eager_s={e:.3f} speedup={e / g:.3f} "
-          f"{ind}", flush=True)
+          f"warm_graft_s={w:.3f} warm_speedup={e / w:.3f} {ind}", flush=True)
 
 
 def bench_trace(quick):

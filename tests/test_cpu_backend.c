@@ -1239,7 +1239,7 @@ TEST(kernels_share_bodies) {
   r[6] = s;
   CHECK(compare(r, 7, 1e-5) == 0);
   const char *src = cpu_last_source();
-  int kernels = count_in(src, "(void **S, int64_t lo, int64_t hi) {");
+  int kernels = count_in(src, "  serial(k") + count_in(src, "  parallel(k"); /* launches */
   int bodies = count_bodies(src);
   CHECK(kernels >= 6);
   CHECK(bodies > 0 && bodies <= kernels - 3);
@@ -1303,12 +1303,45 @@ TEST(output_view_of_a_donated_input) {
   unsetenv("GRAFT_ASYNC");
 }
 
+static ir_node *cache_value(double c, int64_t n) {
+  ir_node *x = data(GRAFT_F32, 1, &n);
+  return u1(IR_TANH, b2(IR_MUL, x, cnst(GRAFT_F32, c, 1, &n)));
+}
+
 static exec_program *cache_prog(double c) {
-  int64_t sh[1] = {100};
-  ir_node *x = data(GRAFT_F32, 1, sh);
-  ir_node *y = u1(IR_TANH, b2(IR_MUL, x, cnst(GRAFT_F32, c, 1, sh)));
+  ir_node *y = cache_value(c, 100);
   capture_run(&cap, &y, 1);
   return capture_lower(&cap);
+}
+
+static int exe_right(exec_program *p, void *exe);
+
+/* The kernel library: a graph whose kernels earlier graphs had compiles nothing, one with a
+ * new kernel compiles one object (that kernel's), and each computes right. */
+TEST(kernels_shared_between_graphs) {
+  ir_node *y[2] = {cache_value(4.5, 100), cache_value(5.5, 50)};
+  capture_run(&cap, &y[0], 1);
+  exec_program *a = capture_lower(&cap);
+  capture_run(&cap, &y[1], 1);
+  exec_program *b = capture_lower(&cap);
+  capture_run(&cap, y, 2);
+  exec_program *both = capture_lower(&cap);
+  ir_node *z[2] = {cache_value(4.5, 100), cache_value(6.5, 50)};
+  capture_run(&cap, z, 2);
+  exec_program *one_new = capture_lower(&cap);
+  uint64_t c0 = cpu_stats.compiles;
+  void *ea = cpu_backend.compile(a), *eb = cpu_backend.compile(b);
+  CHECK(ea && eb && cpu_stats.compiles == c0 + 2);
+  void *e2 = cpu_backend.compile(both);
+  CHECK(e2 && cpu_stats.compiles == c0 + 2 && exe_right(both, e2));
+  void *e3 = cpu_backend.compile(one_new);
+  CHECK(e3 && cpu_stats.compiles == c0 + 3 && exe_right(one_new, e3));
+  CHECK(strstr(cpu_last_source(), "parallel(k") || strstr(cpu_last_source(), "serial(k"));
+  void *e[4] = {ea, eb, e2, e3};
+  for (int k = 0; k < 4; k++) cpu_backend.free_exe(e[k]);
+  exec_program *p[4] = {a, b, both, one_new};
+  for (int k = 0; k < 4; k++) program_free(p[k]);
+  release_all();
 }
 
 TEST(disk_cache) {
@@ -1316,13 +1349,19 @@ TEST(disk_cache) {
   uint64_t c0 = cpu_stats.compiles, h0 = cpu_stats.disk_hits;
   void *e1 = cpu_backend.compile(p);
   CHECK(e1 && cpu_stats.compiles == c0 + 1);
-  void *e2 = cpu_backend.compile(p);
-  CHECK(e2 && cpu_stats.compiles == c0 + 1 && cpu_stats.disk_hits == h0 + 1);
+  void *e2 = cpu_backend.compile(p); /* its body is in memory */
+  CHECK(e2 && cpu_stats.compiles == c0 + 1 && cpu_stats.disk_hits == h0);
+  cpu_klib_forget();
+  void *e3 = cpu_backend.compile(p); /* found through the disk's index */
+  CHECK(e3 && cpu_stats.compiles == c0 + 1 && cpu_stats.disk_hits == h0 + 1);
+  CHECK(exe_right(p, e3));
   cpu_backend.free_exe(e1);
   cpu_backend.free_exe(e2);
+  cpu_backend.free_exe(e3);
   /* a second process compiles nothing */
   pid_t pid = fork();
   if (pid == 0) {
+    cpu_klib_forget(); /* what a new process holds in memory */
     uint64_t cc = cpu_stats.compiles, hh = cpu_stats.disk_hits;
     void *e = cpu_backend.compile(p);
     _exit(e && cpu_stats.compiles == cc && cpu_stats.disk_hits == hh + 1 ? 0 : 1);
@@ -1336,6 +1375,7 @@ TEST(disk_cache) {
   snprintf(dir, sizeof dir, "%s/graft", cache_root);
   chmod(dir, 0777);
   uint64_t r0 = cpu_stats.disk_refused, hits = cpu_stats.disk_hits;
+  cpu_klib_forget();
   void *e4 = cpu_backend.compile(p);
   CHECK(e4 && cpu_stats.disk_refused == r0 + 1 && cpu_stats.disk_hits == hits);
   cpu_backend.free_exe(e4);
@@ -1349,6 +1389,7 @@ TEST(disk_cache) {
 /* Compiles p in a fresh cache root named root (created); 1 when it compiled and loaded. */
 static int compile_with_root(exec_program *p, const char *root) {
   setenv("XDG_CACHE_HOME", root, 1);
+  cpu_klib_forget(); /* this layer is the disk's: nothing from memory */
   void *e = cpu_backend.compile(p);
   if (e) cpu_backend.free_exe(e);
   setenv("XDG_CACHE_HOME", cache_root, 1);
@@ -1435,6 +1476,7 @@ static int exe_right(exec_program *p, void *exe) {
 
 /* Compiles, checks and frees p; 1 when it compiled and computes right. */
 static int compiles_right(exec_program *p) {
+  cpu_klib_forget(); /* this layer is the disk's: nothing from memory */
   void *e = cpu_backend.compile(p);
   int ok = exe_right(p, e);
   if (e) cpu_backend.free_exe(e);
@@ -1686,7 +1728,7 @@ static void full_filesystem_cases(exec_program *p) {
   snprintf(dir, sizeof dir, "%s/graft", root);
   CHECK(mkdir(dir, 0700) == 0); /* before it fills up */
   CHECK(compiles_right(p)); /* (in the usual cache) for the size of its source */
-  long page = 4096, src_pages = ((long)strlen(cpu_last_source()) + page - 1) / page;
+  long page = 4096, src_pages = ((long)cpu_klib_last_source_bytes() + page - 1) / page;
   const long leave[] = {0, src_pages * page}; /* nothing; the source but not the object */
   for (int i = 0; i < 2; i++) {
     CHECK(fill_up(root, leave[i]) == 0);
@@ -2569,6 +2611,7 @@ int main(void) {
   RUN(kernels_share_bodies);
   RUN(compiler_failure_is_an_error);
   RUN(disk_cache);
+  RUN(kernels_shared_between_graphs);
   RUN(cache_path_is_not_shell_code);
   RUN(read_only_cache_folder);
   RUN(disk_cache_entries_refused);

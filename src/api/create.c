@@ -314,8 +314,9 @@ graft_status api_step_locked(void) { return exec_step_locked(); }
 
 graft_status graft_step(void) {
   tensor_lock();
+  uint64_t before = async_last_seq();
   graft_status st = api_step_locked();
-  if (st == GRAFT_OK) st = async_take_failure("graft_step"); /* an earlier queued step's */
+  if (st == GRAFT_OK) st = async_take_failure("graft_step", before); /* an earlier step's */
   tensor_unlock();
   return st;
 }
@@ -337,8 +338,9 @@ static tensor_slot **decode_list(graft_tensor *const *ts, int n, const char *fn)
 graft_status graft_sync(graft_tensor *const *ts, int n) {
   tensor_lock();
   tensor_slot **s = decode_list(ts, n, "graft_sync");
+  uint64_t before = async_last_seq();
   graft_status st = s ? exec_sync_locked(s, n) : graft_last_status();
-  if (st == GRAFT_OK) st = async_take_failure("graft_sync"); /* an earlier queued step's */
+  if (st == GRAFT_OK) st = async_take_failure("graft_sync", before); /* an earlier step's */
   free(s);
   tensor_unlock();
   return st;

@@ -36,6 +36,7 @@ static int a_busy, a_stop, a_started;
 static pthread_t a_thread;
 static uint64_t a_seq;                 /* jobs queued (the step number in messages) */
 static buffer_failure *a_unreported;   /* the first failure no sync has reported yet */
+static uint64_t a_unreported_seq;      /* its step's number */
 
 bool async_enabled(void) {
   const char *e = getenv("GRAFT_ASYNC");
@@ -135,6 +136,7 @@ static void job_run(async_job *j) {
   pthread_mutex_lock(&a_mu);
   if (!a_unreported) {
     a_unreported = f;
+    a_unreported_seq = j->seq;
     f = NULL;
   }
   pthread_mutex_unlock(&a_mu);
@@ -279,10 +281,17 @@ graft_status async_wait_buffer(const exec_buffer *b, const char *fn) {
   return st;
 }
 
-graft_status async_take_failure(const char *fn) {
+uint64_t async_last_seq(void) {
   pthread_mutex_lock(&a_mu);
-  buffer_failure *f = a_unreported;
-  a_unreported = NULL;
+  uint64_t s = a_seq;
+  pthread_mutex_unlock(&a_mu);
+  return s;
+}
+
+graft_status async_take_failure(const char *fn, uint64_t upto) {
+  pthread_mutex_lock(&a_mu);
+  buffer_failure *f = a_unreported_seq <= upto ? a_unreported : NULL;
+  if (f) a_unreported = NULL;
   pthread_mutex_unlock(&a_mu);
   if (!f) return GRAFT_OK;
   graft_status st = (graft_status)f->status;
@@ -309,5 +318,5 @@ void async_shutdown(void) {
 
 graft_status graft_wait(void) {
   async_drain();
-  return async_take_failure("graft_wait");
+  return async_take_failure("graft_wait", UINT64_MAX);
 }

@@ -142,9 +142,13 @@ void async_job_discard(async_job *j);
 void async_drain(void);
 /* Waits until b is not pending; the error of the step that failed to compute it, as fn's. */
 graft_status async_wait_buffer(const exec_buffer *b, const char *fn);
-/* The first failure of a queued step that no sync has reported yet, as fn's error (reported
- * once), or GRAFT_OK. */
-graft_status async_take_failure(const char *fn);
+/* The first failure of a queued step numbered up to `upto` that no sync has reported yet, as
+ * fn's error (reported once), or GRAFT_OK. A sync passes the last step queued before its own:
+ * whether its own step already failed on the executor must not depend on timing (that one
+ * is reported by its tensors, or by the next sync). */
+graft_status async_take_failure(const char *fn, uint64_t upto);
+/* The number of the last step queued (0: none). */
+uint64_t async_last_seq(void);
 /* Runs what is queued and stops the executor thread (graft_shutdown). */
 void async_shutdown(void);
 

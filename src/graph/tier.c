@@ -14,6 +14,7 @@
 #include "../core/error.h"
 #include "../core/metrics.h"
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/resource.h>
@@ -112,10 +113,16 @@ static void tier_landed(cache_entry *e, void *exe) {
 
 static void *tier_worker(void *arg) {
   (void)arg;
-  /* The compiler (forked from this thread, so it inherits the niceness) must not slow down the
-   * steps running meanwhile on the first tier: on Linux this lowers this thread only. When
-   * steps wait for its code (tier_native_for) the cores are its own anyway. */
-  (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10); /* best effort */
+  /* The compilers (started from this thread and the kernel library's, which inherit its
+   * policy) must not slow down the steps running meanwhile: SCHED_IDLE runs them only on a core
+   * nothing else wants, and a step's thread waking up takes its core back at once (at nice 10
+   * alone, two compilers cost the pool's threads a wakeup latency per kernel: resnet18's steps
+   * ran ~40% slower beside them). Where SCHED_IDLE is refused, nice 10. On Linux both apply
+   * to this thread only. When steps wait for its code (tier_native_for) the cores are its own
+   * anyway. */
+  struct sched_param idle = {0};
+  if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle))
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10); /* best effort */
   pthread_mutex_lock(&q_mu);
   for (;;) {
     while ((!q_head || q_forking) && !q_stop) pthread_cond_wait(&q_cv, &q_mu);

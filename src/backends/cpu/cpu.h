@@ -40,6 +40,11 @@ void cpu_pool_fork_register(void);
 int cpu_pool_threads(void);
 /* Stops the pool's threads (optional at exit; the pool restarts on next use). */
 void cpu_pool_shutdown(void);
+/* Forgets the kernel bodies held in memory (cpu_klib.c; tests of the disk layer: what a new
+ * process holds). The objects stay loaded. */
+void cpu_klib_forget(void);
+/* The size of the last kernel object's source compiled (tests: what a folder must take). */
+size_t cpu_klib_last_source_bytes(void);
 /* The last generated source (for dumps/debugging); valid until the next compile. */
 const char *cpu_last_source(void);
 #endif

@@ -1,6 +1,7 @@
-/* The backend vtable: compile = plan + generate + compile/load; execute = bind buffers and call
- * the generated entry with the runtime callbacks (allocation through buffer_new for exact
- * accounting, release at last use, reference-kernel fallbacks, the thread pool, BLAS). */
+/* The backend vtable: compile = plan + generate + the kernel library's bodies (compiled only
+ * where no earlier graph had them); execute = bind buffers and walk the steps (allocation
+ * through buffer_new for exact accounting, release at last use, host and reference fallbacks,
+ * kernels on the thread pool, BLAS). */
 #include "cpu_internal.h"
 #include "../ref/ref.h"
 #include <inttypes.h>
@@ -15,8 +16,8 @@ static char *cpu_last_src;
 const char *cpu_last_source(void) { return cpu_last_src ? cpu_last_src : ""; }
 
 typedef struct {
-  cpu_object obj;
-  int nkernels;
+  cpu_code code;
+  cpu_kernel_fn *fn; /* per body */
   uint64_t hash;
   cpu_profile prof; /* GRAFT_PROFILE: time per kernel and GEMM call site */
   int *out_buf;     /* per output: the slot whose buffer it is (cpu_plan_buffer_of) */
@@ -29,6 +30,7 @@ typedef struct {
   const unsigned char *is_param;
   cpu_exe *e;
   int site; /* the call site's index within this execution (profiling) */
+  void **P; /* a kernel's buffers, gathered for its launch */
 } cpu_run;
 
 static bool cpu_supports(const exec_instr *ins) {
@@ -73,10 +75,24 @@ static void cpu_backend_stats(backend_stats *out) {
 
 static void cpu_backend_shutdown(void) {
   cpu_pool_shutdown();
+  cpu_klib_shutdown();
   pthread_mutex_lock(&cpu_compile_mu);
   free(cpu_last_src);
   cpu_last_src = NULL;
   pthread_mutex_unlock(&cpu_compile_mu);
+}
+
+/* The rendering to GRAFT_DUMP_DIR, beside the IR dumps. */
+static void cpu_dump_source(const exec_program *p, const char *src) {
+  const char *dir = getenv("GRAFT_DUMP_DIR");
+  if (!dir || !*dir) return;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/graph_%016" PRIx64 ".c", dir, p->hash);
+  FILE *f = fopen(path, "w");
+  if (f) {
+    fputs(src, f);
+    fclose(f);
+  }
 }
 
 static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt) {
@@ -84,51 +100,44 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt) {
   fuse_plan pl;
   if (cpu_plan_build(p, bl->sgemm && bl->dgemm, &pl)) return NULL;
   cpu_sb src = {0};
-  int nk = 0;
-  int rc = cpu_codegen(p, &pl, &src, &nk, NULL);
+  cpu_exe *e = calloc(1, sizeof *e);
+  int rc = e ? cpu_codegen(p, &pl, &e->code, &src, NULL) : -1;
   int *out_buf = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
   for (int k = 0; out_buf && k < p->noutputs; k++)
     out_buf[k] = cpu_plan_buffer_of(p, &pl, p->output_slot[k]);
   fuse_plan_free(&pl);
-  if (rc || !out_buf) {
-    cpu_sb_free(&src);
-    free(out_buf);
-    return rc ? NULL : err_set(GRAFT_ERR_OOM, "cpu: out of memory");
+  if (!rc && src.s) {
+    free(cpu_last_src);
+    cpu_last_src = strdup(src.s);
+    cpu_dump_source(p, src.s);
   }
-  free(cpu_last_src);
-  cpu_last_src = strdup(src.s);
-  const char *dir = getenv("GRAFT_DUMP_DIR"); /* the generated source beside the IR dumps */
-  if (dir && *dir) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/graph_%016" PRIx64 ".c", dir, p->hash);
-    FILE *f = fopen(path, "w");
-    if (f) {
-      fputs(src.s, f);
-      fclose(f);
-    }
-  }
-  cpu_exe *e = calloc(1, sizeof *e);
-  if (!e) {
-    cpu_sb_free(&src);
-    free(out_buf);
-    return err_set(GRAFT_ERR_OOM, "cpu: out of memory");
-  }
-  e->out_buf = out_buf;
-  rc = cpu_compile_source(src.s, opt, &e->obj);
   cpu_sb_free(&src);
-  if (rc) {
+  if (e) e->fn = calloc((size_t)e->code.nbody + 1, sizeof *e->fn);
+  if (rc || !out_buf || !e->fn) {
+    if (!rc) err_set(GRAFT_ERR_OOM, "cpu: out of memory");
     free(out_buf);
+    if (e) cpu_code_free(&e->code), free(e->fn);
     free(e);
     return NULL;
   }
-  e->nkernels = nk;
+  e->out_buf = out_buf;
+  if (cpu_klib_resolve(e->code.body, e->code.nbody, opt, e->fn)) {
+    free(out_buf);
+    cpu_code_free(&e->code);
+    free(e->fn);
+    free(e);
+    return NULL;
+  }
+  for (int k = 0; k < e->code.nbody; k++) { /* only the keys' hashing needed the texts */
+    free(e->code.body[k].text);
+    e->code.body[k].text = NULL;
+  }
   e->hash = p->hash;
-  cpu_stats.kernels += (uint64_t)nk;
+  cpu_stats.kernels += (uint64_t)e->code.nlaunch;
   return e;
 }
 
-static int cpu_rt_alloc(void *ctx, int s) {
-  cpu_run *r = ctx;
+static int cpu_run_alloc(cpu_run *r, int s) {
   const exec_instr *ins = &r->p->instr[s];
   if (r->B[s]) return 0;
   r->B[s] = program_instr_buffer(r->p, ins);
@@ -137,16 +146,14 @@ static int cpu_rt_alloc(void *ctx, int s) {
   return 0;
 }
 
-static void cpu_rt_release(void *ctx, int s) {
-  cpu_run *r = ctx;
+static void cpu_run_release(cpu_run *r, int s) {
   if (r->is_param[s] && !(r->B[s] && r->B[s]->donated)) return; /* borrowed from the caller */
   buffer_release(r->B[s]);
   r->B[s] = NULL;
   r->S[s] = NULL;
 }
 
-static int cpu_rt_fallback(void *ctx, int i) {
-  cpu_run *r = ctx;
+static int cpu_run_fallback(cpu_run *r, int i) {
   const exec_instr *ins = &r->p->instr[i];
   ref_arg args[16], *a = args;
   if (ins->nin > 16 && !(a = malloc(sizeof *a * (size_t)ins->nin))) {
@@ -157,7 +164,7 @@ static int cpu_rt_fallback(void *ctx, int i) {
     const exec_instr *src = &r->p->instr[ins->in[k]];
     a[k] = (ref_arg){r->S[ins->in[k]], src->dtype, src->ndim, src->shape, src->numel};
   }
-  int rc = cpu_rt_alloc(ctx, i);
+  int rc = cpu_run_alloc(r, i);
   cpu_host_fn host = cpu_host_kernel(ins, a);
   if (!rc && !program_instr_empty(ins)) rc = host ? host(ins, a, r->S[i]) : ref_kernels[ins->op](ins, a, r->S[i]);
   if (a != args) free(a);
@@ -165,52 +172,53 @@ static int cpu_rt_fallback(void *ctx, int i) {
   return rc;
 }
 
-static int cpu_rt_fallback_prof(void *ctx, int i) {
-  cpu_run *r = ctx;
-  double t0 = cpu_profile_now();
-  int rc = cpu_rt_fallback(ctx, i);
-  cpu_profile_host(&r->e->prof, r->site++, &r->p->instr[i], r->p, cpu_profile_now() - t0);
-  return rc;
+static void cpu_run_kernel(cpu_run *r, const cpu_launch *l) {
+  const cpu_code *c = &r->e->code;
+  for (int j = 0; j < l->nslot; j++) r->P[j] = r->S[c->slots[l->slot0 + j]];
+  cpu_kernel_fn fn = r->e->fn[l->body];
+  if (l->par) cpu_parallel_run(fn, r->P, l->units);
+  else fn(r->P, 0, l->units);
 }
 
-static void cpu_rt_parallel(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
-  (void)ctx;
-  cpu_parallel_run(fn, S, total);
+static void cpu_run_gemm(cpu_run *r, const cpu_gemm_call *g) {
+  if (g->k == 0) {
+    if (g->numel > 0) memset(r->S[g->c], 0, (size_t)g->numel * (g->dbl ? sizeof(double) : sizeof(float)));
+    return;
+  }
+  cpu_blas()->gemm(g->dbl, g->ta, g->tb, (int)g->m, (int)g->n, (int)g->k, r->S[g->a], (int)g->lda,
+                   g->sa, r->S[g->b], (int)g->ldb, g->sb, r->S[g->c], (int)g->ldc, g->sc, g->batch);
 }
 
-static void cpu_rt_serial(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
-  (void)ctx;
-  fn(S, 0, total);
-}
-
-/* Profiling: a kernel call, serial or over the pool, timed as call site r->site. */
-static void cpu_rt_kernel_prof(void *ctx, cpu_kernel_fn fn, void **S, int64_t total, bool par) {
-  cpu_run *r = ctx;
-  double t0 = cpu_profile_now();
-  if (par) cpu_parallel_run(fn, S, total);
-  else fn(S, 0, total);
-  cpu_profile_kernel(&r->e->prof, r->site++, fn, total, cpu_profile_now() - t0);
-}
-
-static void cpu_rt_serial_prof(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
-  cpu_rt_kernel_prof(ctx, fn, S, total, false);
-}
-
-static void cpu_rt_parallel_prof(void *ctx, cpu_kernel_fn fn, void **S, int64_t total) {
-  cpu_rt_kernel_prof(ctx, fn, S, total, true);
-}
-
-/* GEMMs do not pass ctx: the run being profiled is per thread (a program runs on one). */
-static _Thread_local cpu_run *cpu_prof_run;
-
-static void cpu_rt_gemm_prof(int dbl, int ta, int tb, int m, int n, int k, const void *a, int lda,
-                             int64_t sa, const void *b, int ldb, int64_t sb, void *c, int ldc,
-                             int64_t sc, int64_t batch) {
-  cpu_run *r = cpu_prof_run;
-  double t0 = cpu_profile_now();
-  cpu_blas()->gemm(dbl, ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
-  cpu_profile_gemm(&r->e->prof, r->site++, dbl, ta != 111, tb != 111, m, n, k, batch,
-                   cpu_profile_now() - t0);
+/* One step; under GRAFT_PROFILE, each kernel, GEMM and fallback is timed as a call site, in
+ * execution order, which a compiled graph keeps from run to run. */
+static int cpu_run_step(cpu_run *r, const cpu_step *st, bool prof) {
+  const cpu_code *c = &r->e->code;
+  double t0 = prof ? cpu_profile_now() : 0;
+  switch ((cpu_step_kind)st->kind) {
+  case CPU_STEP_ALLOC: return cpu_run_alloc(r, st->arg);
+  case CPU_STEP_RELEASE: cpu_run_release(r, st->arg); return 0;
+  case CPU_STEP_FALLBACK: {
+    int rc = cpu_run_fallback(r, st->arg);
+    if (prof)
+      cpu_profile_host(&r->e->prof, r->site++, &r->p->instr[st->arg], r->p, cpu_profile_now() - t0);
+    return rc;
+  }
+  case CPU_STEP_KERNEL: {
+    const cpu_launch *l = &c->launch[st->arg];
+    cpu_run_kernel(r, l);
+    if (prof) cpu_profile_kernel(&r->e->prof, r->site++, r->e->fn[l->body], l->units, cpu_profile_now() - t0);
+    return 0;
+  }
+  case CPU_STEP_GEMM: {
+    const cpu_gemm_call *g = &c->gemm[st->arg];
+    cpu_run_gemm(r, g);
+    if (prof && g->k)
+      cpu_profile_gemm(&r->e->prof, r->site++, g->dbl, g->ta != 111, g->tb != 111, (int)g->m,
+                       (int)g->n, (int)g->k, g->batch, cpu_profile_now() - t0);
+    return 0;
+  }
+  }
+  return -1;
 }
 
 static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *params,
@@ -218,17 +226,13 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
   cpu_exe *e = exe;
   int n = p->ninstr;
   cpu_run run = {p, calloc((size_t)n + 1, sizeof(exec_buffer *)), calloc((size_t)n + 1, sizeof(void *)),
-                 NULL, e, 0};
-  if (!run.B || !run.S) {
-    free(run.B);
-    free(run.S);
-    err_set(GRAFT_ERR_OOM, "cpu: out of memory running a graph");
-    return -1;
-  }
+                 NULL, e, 0, calloc((size_t)e->code.max_params + 1, sizeof(void *))};
   unsigned char *is_param = calloc((size_t)n + 1, 1);
-  if (!is_param) {
+  if (!run.B || !run.S || !run.P || !is_param) {
     free(run.B);
     free(run.S);
+    free(run.P);
+    free(is_param);
     err_set(GRAFT_ERR_OOM, "cpu: out of memory running a graph");
     return -1;
   }
@@ -239,22 +243,12 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
     run.S[s] = params[k]->ptr;
     is_param[s] = 1;
   }
-  const cpu_blas_fns *bl = cpu_blas();
-  cpu_rt rt = {&run, run.S, cpu_rt_alloc, cpu_rt_release, cpu_rt_fallback, cpu_rt_parallel,
-               cpu_rt_serial, bl->gemm};
   bool prof = cpu_profile_enabled();
-  double t0 = 0;
-  if (prof) {
-    rt.parallel = cpu_rt_parallel_prof;
-    rt.serial = cpu_rt_serial_prof;
-    rt.fallback = cpu_rt_fallback_prof;
-    rt.gemm = cpu_rt_gemm_prof;
-    cpu_prof_run = &run;
-    t0 = cpu_profile_now();
-  }
-  int rc = e->obj.entry(&rt);
+  double t0 = prof ? cpu_profile_now() : 0;
+  int rc = 0;
+  for (int k = 0; k < e->code.nstep && !rc; k++) rc = cpu_run_step(&run, &e->code.step[k], prof);
   if (prof) cpu_profile_run(&e->prof, e->hash, cpu_profile_now() - t0);
-  if (rc && !err_pending()) err_set(GRAFT_ERR_INTERNAL, "cpu: generated code failed");
+  if (rc && !err_pending()) err_set(GRAFT_ERR_INTERNAL, "cpu: a step of the compiled graph failed");
   for (int k = 0; k < p->noutputs && !rc; k++) {
     outs[k] = run.B[e->out_buf[k]];
     if (outs[k]) buffer_retain(outs[k]);
@@ -273,6 +267,7 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
   free(is_param);
   free(run.B);
   free(run.S);
+  free(run.P);
   return rc;
 }
 
@@ -292,12 +287,14 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
   unsigned char *seen = calloc((size_t)p->ninstr + 1, 1);
   fuse_plan pl = {0};
   cpu_sb src = {0};
-  int nk = 0;
+  cpu_code code;
   pthread_mutex_lock(&cpu_compile_mu);
   const cpu_blas_fns *bl = cpu_blas();
   bool planned = kof && stack && seen && !cpu_plan_build(p, bl->sgemm && bl->dgemm, &pl);
   if (planned) for (int s = 0; s < p->ninstr; s++) kof[s] = -1;
-  bool ok = planned && !cpu_codegen(p, &pl, &src, &nk, kof);
+  bool ok = planned && !cpu_codegen(p, &pl, &code, &src, kof);
+  int nk = ok ? code.nlaunch : 0;
+  if (ok) cpu_code_free(&code);
   pthread_mutex_unlock(&cpu_compile_mu);
   if (!ok) goto done; /* the report just says less (the caller restores the error state) */
   size_t k = 0;
@@ -307,7 +304,7 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
     PUT("the buffer of %s %%%d (this output is a reshape of it and shares it)",
         ir_ops[p->instr[under].op].name, under);
   } else if (role == FUSE_LIBRARY) {
-    PUT("a BLAS GEMM call in cpu_entry of graph_%016" PRIx64 ".c (dot %%%d x %%%d)", e->hash,
+    PUT("a BLAS GEMM step of graph_%016" PRIx64 ".c (dot %%%d x %%%d)", e->hash,
         ins->in[0], ins->in[1]);
   } else if (role == FUSE_FALLBACK) {
     ref_arg a[16];
@@ -316,12 +313,12 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
       a[q] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel};
     }
     bool host = ins->nin <= 16 && cpu_host_kernel(ins, a);
-    PUT("the %s for %s %%%d, called from cpu_entry of graph_%016" PRIx64 ".c (rt->fallback)",
+    PUT("the %s for %s %%%d, a fallback step of graph_%016" PRIx64 ".c",
         host ? "host kernel (cpu_kernels.c)" : "reference kernel", op, slot, e->hash);
   } else if (kof[slot] >= 0) {
     int kid = kof[slot], ni = 0, nm = 0, nr = 0, top = 0;
-    PUT("generated kernel k%d (static void k%d_ in graph_%016" PRIx64 ".c, kernel %d of %d)",
-        kid, kid, e->hash, kid + 1, nk);
+    PUT("generated kernel k%d (kernel %d of %d of graph_%016" PRIx64 ".c)", kid, kid + 1, nk,
+        e->hash);
     for (int s = 0; s < p->ninstr; s++)
       if (kof[s] == kid && s != slot) PUT("%s%%%d %s", nm++ ? ", " : "; it also writes ", s,
                                           ir_ops[p->instr[s].op].name);
@@ -363,7 +360,8 @@ static void cpu_free_exe(void *exe) {
   cpu_exe *e = exe;
   if (!e) return;
   cpu_profile_free(&e->prof);
-  cpu_object_close(&e->obj);
+  cpu_code_free(&e->code);
+  free(e->fn);
   free(e->out_buf);
   free(e);
 }

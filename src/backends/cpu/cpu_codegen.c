@@ -1,10 +1,13 @@
-/* Renders a program as one C translation unit: a prelude (runtime struct, math), one function
- * per kernel (a fused loop nest; a "row group" runs several kernels row by row so a reduction
+/* Generates a program's kernels and the steps that run them (cpu_code). A kernel is one C
+ * function (a fused loop nest; a "row group" runs several kernels row by row so a reduction
  * and the elementwise work that reads it back stay in cache: softmax, layer_norm; an expensive
- * value several members compute, softmax's exp, is kept in a row scratch by the first one), and
- * the entry `cpu_entry`, which allocates, runs kernels (on the pool when big), calls BLAS
- * (transposed operands by its transpose flags) and the reference fallbacks, and frees buffers
- * after their last use. Outputs past CPU_NT_MIN_BYTES leave through streaming stores. */
+ * value several members compute, softmax's exp, is kept in a row scratch by the first one);
+ * kernels of equal code share one body (cpu_dedup.c), compiled once by the kernel library
+ * (cpu_klib.c) for every graph that has it. The steps allocate, run kernels (on the pool when
+ * big), call BLAS (transposed operands by its transpose flags) and the host or reference
+ * fallbacks, and free buffers after their last use; the runner walks them (cpu_backend.c), so
+ * no code is compiled per graph. Outputs past CPU_NT_MIN_BYTES leave through streaming
+ * stores. */
 #include "cpu_codegen.h"
 #include "cpu_math.h"
 #include "../kexpr.h"
@@ -458,24 +461,31 @@ static void cpu_kernel_head(cpu_cg *g, cpu_sb *out, int kid, const unsigned char
                   cpu_ctype(g->p->instr[g->stream].dtype), g->stream, g->oshape ? len : CPU_NT_BLOCK);
 }
 
-/* Emits kernel kid: its definition def, unless an earlier kernel's is the same code (then
- * only the wrapper, calling that body with this kernel's buffers), and the wrapper k<kid>
- * the entry calls. */
+/* Records kernel kid: its body (a new one's definition def also goes to the rendering out
+ * under the name k<kid>_), and its buffers, in the body's parameter order, for the launch that
+ * follows (cpu_gen_launch). */
 static void cpu_kernel_emit(cpu_cg *g, cpu_sb *out, int kid, const unsigned char *writes,
                             const cpu_sb *def) {
-  int body = g->trial || !def->s ? -1 : cpu_dedup_find(&g->dedup, def->s, kid);
-  int callee = body >= 0 ? body : kid;
-  if (body < 0) { /* not inlined: a shared body would be compiled once per caller */
-    cpu_sb_printf(out, "__attribute__((noinline)) static void k%d_(int64_t lo, int64_t hi", kid);
-    cpu_kernel_params(g, out, writes);
-    cpu_sb_puts(out, ");\n");
+  if (g->trial) return;
+  bool fresh = false;
+  int body = def->s ? cpu_dedup_find(&g->dedup, def->s, &fresh) : -1;
+  if (body < 0) {
+    g->failed = 1;
+    return;
   }
-  cpu_sb_printf(out, "static void k%d(void **S, int64_t lo, int64_t hi) {\n  k%d_(lo, hi", kid,
-                callee);
+  g->cur_body = body;
+  g->cur_slot0 = g->code->nslots;
+  g->cur_nslot = 0;
   for (int s = 0; s < g->p->ninstr; s++)
-    if (g->reads[s] || writes[s]) cpu_sb_printf(out, ", S[%d]", s);
-  cpu_sb_puts(out, ");\n}\n");
-  if (body < 0) cpu_sb_puts(out, def->s ? def->s : "");
+    if (g->reads[s] || writes[s]) {
+      cpu_code_slot(g->code, s);
+      g->cur_nslot++;
+    }
+  if (!fresh) return;
+  g->body_kid[body] = kid;
+  cpu_body b = {NULL, g->cur_nslot};
+  cpu_code_body(g->code, &b); /* its text: the canonical one, moved over at the end */
+  cpu_sb_puts(out, def->s);
 }
 
 /* What generating a group's kernel found: done, a member read another member's output off its
@@ -671,31 +681,30 @@ void cpu_costs(const exec_program *p, const fuse_plan *pl, int *cost) {
   }
 }
 
-/* Records where step `step` ends in the entry text; releases are inserted there once every
- * step's reads are known (cpu_finish_entry). */
-static void cpu_emit_releases(cpu_cg *g, int step, const cpu_sb *entry) {
-  if (step < g->p->ninstr) g->step_end[step] = entry->n;
+/* Records where instruction step `step` ends among the code's steps; releases are inserted
+ * there once every step's reads are known (cpu_finish_steps). */
+static void cpu_emit_releases(cpu_cg *g, int step) {
+  if (step < g->p->ninstr) g->step_end[step] = (size_t)g->code->nstep;
 }
 
-static void cpu_finish_entry(const cpu_cg *g, const int *last_step, int nsteps,
-                             const cpu_sb *entry, cpu_sb *out) {
+/* The code's steps with each buffer's release after the step of its last use. */
+static void cpu_finish_steps(const cpu_cg *g, const int *last_step, int nsteps) {
   const exec_program *p = g->p;
-  size_t from = 0;
+  cpu_code *c = g->code;
+  cpu_step *raw = c->step;
+  int nraw = c->nstep, from = 0;
+  c->step = NULL;
+  c->nstep = c->cap[0] = 0;
   for (int st = 0; st < nsteps; st++) {
-    size_t to = g->step_end[st];
+    int to = (int)g->step_end[st];
     if (to < from) continue;
-    if (entry->s) {
-      char *chunk = strndup(entry->s + from, to - from);
-      if (chunk) cpu_sb_puts(out, chunk);
-      else out->oom = 1;
-      free(chunk);
-    }
-    from = to;
+    for (; from < to; from++) cpu_code_step(c, raw[from].kind, raw[from].arg);
     for (int s = 0; s < p->ninstr; s++)
       if (last_step[s] == st && !p->instr[s].is_output) /* params: only if donated */
-        cpu_sb_printf(out, "  rt->release(rt->ctx, %d);\n", s);
+        cpu_code_step(c, CPU_STEP_RELEASE, s);
   }
-  if (entry->s) cpu_sb_puts(out, entry->s + from);
+  for (; from < nraw; from++) cpu_code_step(c, raw[from].kind, raw[from].arg);
+  free(raw);
 }
 
 static int64_t cpu_work(const exec_program *p, int i) {
@@ -717,10 +726,10 @@ static bool cpu_can_join(const exec_program *p, const fuse_plan *pl, int i, int 
   return !memcmp(ins->shape, oshape, sizeof(int64_t) * (size_t)a);
 }
 
-/* CBLAS's transpose flags, as the generated entry passes them to rt->gemm. */
+/* CBLAS's transpose flags, as the steps pass them to cpu_blas_fns.gemm. */
 enum { CPU_CBLAS_NO_TRANS = 111, CPU_CBLAS_TRANS = 112 };
 
-static void cpu_gen_prelude(cpu_sb *out) {
+void cpu_gen_prelude(cpu_sb *out) {
   cpu_sb_puts(out, cpu_prelude);
   cpu_sb_puts(out, cpu_rt_src);
   cpu_sb_puts(out, "\n");
@@ -733,28 +742,19 @@ static void cpu_gen_prelude(cpu_sb *out) {
 }
 
 /* A BLAS call for the GEMM instruction i (a zero fill when K == 0); marks what it reads. */
-static void cpu_gen_gemm_call(const cpu_cg *g, int i, int step, int *last_step, cpu_sb *entry) {
+static void cpu_gen_gemm_call(const cpu_cg *g, int i, int step, int *last_step) {
   const exec_program *p = g->p;
   const exec_instr *ins = &p->instr[i], *A = &p->instr[ins->in[0]];
   int64_t M = A->shape[A->ndim - 2], K = A->shape[A->ndim - 1], N = ins->shape[ins->ndim - 1];
   int64_t batch = (M != 0 && N != 0) ? ins->numel / (M * N) : 0;
-  const char *T = cpu_ctype(ins->dtype);
   int ta, tb, sa = fuse_library_operand(p, g->pl, ins->in[0], &ta), sb = fuse_library_operand(p, g->pl, ins->in[1], &tb);
-  cpu_sb_printf(entry, "  if (rt->alloc(rt->ctx, %d)) return -1;\n  {\n", i);
-  cpu_sb_printf(entry, "    const %s *A = (const %s *)S[%d], *B = (const %s *)S[%d];\n", T, T, sa,
-                T, sb);
-  cpu_sb_printf(entry, "    %s *C = (%s *)S[%d];\n    (void)A; (void)B; (void)C;\n", T, T, i);
-  if (K == 0)
-    cpu_sb_printf(entry, "    for (int64_t q = 0; q < %" PRId64 "; q++) C[q] = 0;\n", ins->numel);
-  else if (batch)
-    cpu_sb_printf(entry,
-                  "    rt->gemm(%d, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", A, %" PRId64
-                  ", %" PRId64 ", B, %" PRId64 ", %" PRId64 ", C, %" PRId64 ", %" PRId64
-                  ", %" PRId64 ");\n",
-                  ins->dtype != GRAFT_F32, ta ? CPU_CBLAS_TRANS : CPU_CBLAS_NO_TRANS,
-                  tb ? CPU_CBLAS_TRANS : CPU_CBLAS_NO_TRANS, M, N, K, ta ? M : K, M * K,
-                  tb ? K : N, K * N, N, M * N, batch);
-  cpu_sb_puts(entry, "  }\n");
+  cpu_gemm_call c = {.dbl = ins->dtype != GRAFT_F32, .ta = ta ? CPU_CBLAS_TRANS : CPU_CBLAS_NO_TRANS,
+                     .tb = tb ? CPU_CBLAS_TRANS : CPU_CBLAS_NO_TRANS, .a = sa, .b = sb, .c = i,
+                     .m = M, .n = N, .k = batch ? K : 0, .lda = ta ? M : K, .sa = M * K,
+                     .ldb = tb ? K : N, .sb = K * N, .ldc = N, .sc = M * N, .batch = batch,
+                     .numel = ins->numel};
+  cpu_code_step(g->code, CPU_STEP_ALLOC, i);
+  cpu_code_step(g->code, CPU_STEP_GEMM, cpu_code_gemm(g->code, &c));
   last_step[sa] = last_step[sb] = step;
 }
 
@@ -856,11 +856,10 @@ static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *o
   return rc;
 }
 
-/* The entry's call of kernel kid: allocates the members' outputs, then runs it over its units
+/* The steps of kernel kid: allocates the members' outputs, then runs it over its units
  * on the pool when its work (elements times a rough per-element cost: a col2im sum of 9 padded
  * slices over a small tensor is worth both threads; a copy of the same size is not) is enough. */
-static void cpu_gen_launch(const cpu_cg *g, const cpu_group *G, int kid, int *kernel_of,
-                           cpu_sb *entry) {
+static void cpu_gen_launch(const cpu_cg *g, const cpu_group *G, int kid, int *kernel_of) {
   const exec_program *p = g->p;
   const exec_instr *ins = &p->instr[G->inst[0]];
   int64_t units, work = 0;
@@ -875,12 +874,12 @@ static void cpu_gen_launch(const cpu_cg *g, const cpu_group *G, int kid, int *ke
     const exec_instr *mi = &p->instr[G->inst[m]];
     for (int k = 0; k < mi->nin && g->cost; k++) c += g->cost[mi->in[k]];
     work += cpu_work(p, G->inst[m]) * c;
-    cpu_sb_printf(entry, "  if (rt->alloc(rt->ctx, %d)) return -1;\n", G->inst[m]);
+    cpu_code_step(g->code, CPU_STEP_ALLOC, G->inst[m]);
     if (kernel_of) kernel_of[G->inst[m]] = kid;
   }
-  if (work >= CPU_PAR_MIN_WORK && units >= 2)
-    cpu_sb_printf(entry, "  rt->parallel(rt->ctx, k%d, S, %" PRId64 ");\n", kid, units);
-  else cpu_sb_printf(entry, "  rt->serial(rt->ctx, k%d, S, %" PRId64 ");\n", kid, units);
+  cpu_launch l = {g->cur_body, work >= CPU_PAR_MIN_WORK && units >= 2, units, g->cur_slot0,
+                  g->cur_nslot};
+  cpu_code_step(g->code, CPU_STEP_KERNEL, cpu_code_launch(g->code, &l));
 }
 
 static cpu_cg *cpu_cg_new(const exec_program *p, const fuse_plan *pl) {
@@ -895,6 +894,7 @@ static cpu_cg *cpu_cg_new(const exec_program *p, const fuse_plan *pl) {
   g->rc_state = calloc(n, 1);
   g->rc_count = calloc(n, sizeof(int));
   g->cost = calloc(n, sizeof(int));
+  g->body_kid = calloc(n, sizeof(int));
   if (g->cost) cpu_costs(p, pl, g->cost);
   g->kmerge_from = -1;
   for (int i = 0; i < p->ninstr; i++)
@@ -913,14 +913,14 @@ static void cpu_cg_free(cpu_cg *g) {
   free(g->rc_state);
   free(g->rc_count);
   free(g->cost);
+  free(g->body_kid);
   free(g);
 }
 
-/* The entry's steps, one per instruction with work: reference fallbacks, GEMM calls and
- * kernels (each a group of instructions sharing rows), with buffers released at last use.
- * Returns the number of steps; generated kernels go to kern, *nk counts them. */
-static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, cpu_sb *kern,
-                         cpu_sb *entry, int *nk) {
+/* The steps, per instruction with work: fallbacks, GEMM calls and kernels (each a group of
+ * instructions sharing rows). Returns the number of instruction steps (releases come later);
+ * the new bodies' definitions go to kern. */
+static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, cpu_sb *kern) {
   const exec_program *p = g->p;
   int n = p->ninstr, kid = 0, step = 0;
   for (int i = 0; i < n; i++) last_step[i] = -1;
@@ -928,17 +928,19 @@ static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, c
     int role = g->pl->role[i];
     const exec_instr *ins = &p->instr[i];
     if (role == FUSE_FALLBACK) {
-      cpu_sb_printf(entry, "  if (rt->fallback(rt->ctx, %d)) return -1;\n", i);
+      cpu_code_step(g->code, CPU_STEP_FALLBACK, i);
       for (int k = 0; k < ins->nin; k++) last_step[ins->in[k]] = step;
     } else if (role == FUSE_LIBRARY) {
-      cpu_gen_gemm_call(g, i, step, last_step, entry);
+      cpu_gen_gemm_call(g, i, step, last_step);
     } else if (role == FUSE_KERNEL || role == FUSE_REDUCE) {
       cpu_group G;
       int a, ond;
       const int64_t *osh;
       cpu_form_group(g, i, inst, &G, &a, &osh, &ond);
-      if (cpu_gen_group_fitted(g, &G, a, osh, ond, kid, kern) != CPU_GEN_OK) g->failed = 1;
-      cpu_gen_launch(g, &G, kid, kernel_of, entry);
+      g->cur_body = -1;
+      if (cpu_gen_group_fitted(g, &G, a, osh, ond, kid, kern) != CPU_GEN_OK || g->cur_body < 0)
+        g->failed = 1;
+      cpu_gen_launch(g, &G, kid, kernel_of);
       for (int s = 0; s < n; s++)
         if (g->reads[s]) last_step[s] = step;
       kid++;
@@ -947,20 +949,20 @@ static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, c
       step--; /* inlined, dead or a parameter: no step */
       continue;
     }
-    cpu_emit_releases(g, step, entry);
+    cpu_emit_releases(g, step);
   }
-  *nk = kid;
   return step;
 }
 
-int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_sb *out, int *nkernels,
+int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, cpu_sb *out,
                 int *kernel_of) {
   int n = p->ninstr;
+  memset(code, 0, sizeof *code);
   cpu_cg *g = cpu_cg_new(p, pl);
   int *last_step = malloc(sizeof(int) * ((size_t)n + 1));
   int *inst = malloc(sizeof(int) * ((size_t)n + 1));
   bool ok = g && last_step && inst && g->step_end && g->reads && g->member && g->rc_state &&
-            g->rc_count && g->cost;
+            g->rc_count && g->cost && g->body_kid;
   if (!ok) {
     if (g) cpu_cg_free(g);
     free(last_step);
@@ -968,25 +970,28 @@ int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_sb *out, int *nk
     err_set(GRAFT_ERR_OOM, "cpu: out of memory generating code");
     return -1;
   }
-  cpu_sb kern = {0}, entry = {0};
+  g->code = code;
+  cpu_sb kern = {0};
   cpu_gen_prelude(out);
-  cpu_sb_puts(&entry, "int cpu_entry(const cpu_rt *rt) {\n  void **S = rt->S;\n  (void)S;\n");
-  int nk = 0, nsteps = cpu_gen_steps(g, inst, last_step, kernel_of, &kern, &entry, &nk);
+  int nsteps = cpu_gen_steps(g, inst, last_step, kernel_of, &kern);
   for (int k = 0; k < p->noutputs; k++) /* a buffer an output shares lives past the run */
     last_step[cpu_plan_buffer_of(p, pl, p->output_slot[k])] = -1;
-  cpu_sb_puts(&entry, "  return 0;\n}\n");
+  cpu_finish_steps(g, last_step, nsteps);
+  for (int k = 0; k < code->nbody && k < g->dedup.n; k++) { /* the canonical texts move over */
+    code->body[k].text = g->dedup.v[k].text;
+    g->dedup.v[k].text = NULL;
+  }
   cpu_sb_puts(out, kern.s ? kern.s : "");
-  cpu_finish_entry(g, last_step, nsteps, &entry, out);
-  int failed = g->failed || kern.oom || entry.oom || out->oom;
+  cpu_code_render(code, p, g->body_kid, out);
+  int failed = g->failed || kern.oom || out->oom || code->oom || code->nbody != g->dedup.n;
   char fail_what[sizeof g->fail_what];
   snprintf(fail_what, sizeof fail_what, "%s", g->failed ? g->fail_what : "");
   cpu_sb_free(&kern);
-  cpu_sb_free(&entry);
   cpu_cg_free(g);
   free(last_step);
   free(inst);
-  *nkernels = nk;
   if (failed) {
+    cpu_code_free(code);
     err_set(GRAFT_ERR_INTERNAL, "cpu: code generation failed%s", fail_what);
     return -1;
   }

@@ -36,7 +36,11 @@ typedef struct {
   cpu_arena ar;
   cpu_sb *body;         /* statements of the current loop body */
   int ntmp;
-  size_t *step_end;     /* per entry step: where its text ends (releases go there) */
+  size_t *step_end;     /* per instruction step: the code's step count at its end (releases
+                           go there) */
+  cpu_code *code;       /* what is generated */
+  int *body_kid;        /* per distinct body: the first kernel that had it (the rendering's name) */
+  int cur_body, cur_slot0, cur_nslot; /* the kernel just generated: body and buffers */
   /* The values of the current loop body by (instruction, position), without a cap (cpu_expr.c,
    * cpu_memo_*): memo[0..nmemo) in insertion order; rolling back is setting nmemo lower.
    * memo_slot indexes it by key hash (open addressing; a slot holds index + 1, 0 is empty). */

@@ -1,13 +1,16 @@
-/* From source text to a loaded object: the system compiler ($GRAFT_CC, default "cc"), a
- * per-user disk cache, dlopen.
+/* From a kernel object's source text to a loaded object: the system compiler ($GRAFT_CC,
+ * default "cc"), a per-user disk cache, dlopen. Several objects may compile at once (the
+ * kernel library's threads): the counters are atomic.
  *
  * Disk cache (src/backends/dcache.h: the folder, the entries and their checks, shared with the
  * OpenCL backend). An entry is <key>.so plus <key>.meta, key = hash of (source, compiler
  * identity = first line of `cc --version`, flags, target, graft version); it is compiled in a
  * work folder inside the cache and published by rename, and loaded from the very file
- * descriptor its checks read. A refused, read-only, full or over-quota folder is said once on
- * stderr, counted (disk_refused), and compiling goes on in a private temporary folder; when
- * that fails too, native code is off and that is said. */
+ * descriptor its checks read. Each body an object holds has an index entry b<body key>.idx
+ * naming the object, so that a later process finds a body whatever object it was compiled in.
+ * A refused, read-only, full or over-quota folder is said once on stderr, counted
+ * (disk_refused), and compiling goes on in a private temporary folder; when that fails too,
+ * native code is off and that is said. */
 #include "cpu_internal.h"
 #include "../dcache.h"
 #include <dlfcn.h>
@@ -41,10 +44,10 @@ extern char **environ;
 #define CPU_CFLAG_LIST "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno", \
                        "-fno-trapping-math", "-ffp-contract=off", "-mprefer-vector-width=512", "-w"
 static const char *const cpu_opt_flag[] = {[CPU_OPT_FULL] = "-O3", [CPU_OPT_QUICK] = "-O1"};
-/* The full build's flags as one string: part of the disk cache key (quick builds are not
- * cached). */
-#define CPU_CFLAGS "-std=c11 -O3 -fPIC -shared -fopenmp-simd -fno-math-errno -fno-trapping-math " \
+/* The flags as one string: part of the disk cache key, with the level's. */
+#define CPU_CFLAGS "-std=c11 -fPIC -shared -fopenmp-simd -fno-math-errno -fno-trapping-math " \
                    "-ffp-contract=off -mprefer-vector-width=512 -w"
+#define CPU_COUNT(field) __atomic_fetch_add(&cpu_stats.field, 1, __ATOMIC_RELAXED)
 
 /* The target: -march=native, or $GRAFT_MARCH (e.g. x86-64-v3 for code that must run under
  * valgrind, which has no AVX-512); anything but a plain name is taken as native. */
@@ -146,7 +149,7 @@ static const char *cpu_tmpdir(void) {
 static void cpu_cache_dir(char *out, size_t n) {
   const char *why;
   if (!dcache_dir(out, n, &why)) return;
-  cpu_stats.disk_refused++;
+  CPU_COUNT(disk_refused);
   if (cpu_first_warning(CPU_WARN_REFUSED))
     fprintf(stderr, "graft: warning: disk cache %s %s; compiling in a private temporary folder, "
             "nothing is cached\n", out, why);
@@ -156,7 +159,7 @@ static void cpu_cache_dir(char *out, size_t n) {
 /* The cache folder could not take a file (read-only, full, over quota): counted, said once;
  * the caller compiles in a private temporary folder. */
 static void cpu_cache_unwritable(const char *dir, int err) {
-  cpu_stats.disk_refused++;
+  CPU_COUNT(disk_refused);
   if (cpu_first_warning(CPU_WARN_NOT_WRITABLE))
     fprintf(stderr, "graft: warning: disk cache %s: %s; compiling in a private temporary folder, "
             "nothing is cached\n", dir, strerror(err));
@@ -180,14 +183,15 @@ static int cpu_dlopen(const char *load, const char *shown, cpu_object *obj) {
     err_set(GRAFT_ERR_COMPILE, "cpu: cannot load %s: %s", shown, e ? e : "?");
     return -1;
   }
-  void *sym = dlsym(h, "cpu_entry");
-  if (!sym) {
+  const int *n = dlsym(h, CPU_OBJ_N);
+  const uint64_t *key = dlsym(h, CPU_OBJ_KEY);
+  const cpu_kernel_fn *fn = dlsym(h, CPU_OBJ_FN);
+  if (!n || !key || !fn || *n < 0) {
     dlclose(h);
-    err_set(GRAFT_ERR_COMPILE, "cpu: %s has no cpu_entry", shown);
+    err_set(GRAFT_ERR_COMPILE, "cpu: %s is not a kernel object (no %s table)", shown, CPU_OBJ_N);
     return -1;
   }
-  obj->dl = h;
-  memcpy(&obj->entry, &sym, sizeof sym);
+  *obj = (cpu_object){h, *n, key, fn, false};
   return 0;
 }
 
@@ -265,10 +269,11 @@ static int cpu_run_compiler(const char *src, cpu_opt opt, const char *out, int f
   return cpu_spawn(argv, fd_err);
 }
 
-/* Compiles cfile into out (in folder work); 0, or -1 with the error set and *room the errno
- * when the failure was work's folder not taking the compiler's files. */
+/* Compiles cfile into out (in folder work), adding the compiler's wall time to *ms; 0, or -1
+ * with the error set and *room the errno when the failure was work's folder not taking the
+ * compiler's files. */
 static int cpu_compile_file(const char *cfile, cpu_opt opt, const char *out, const char *work,
-                            int *room) {
+                            int *room, double *ms) {
   int fd = cpu_diag_fd(work);
   if (fd < 0) {
     *room = errno;
@@ -277,16 +282,16 @@ static int cpu_compile_file(const char *cfile, cpu_opt opt, const char *out, con
   }
   double t0 = cpu_now_ms();
   int st = cpu_run_compiler(cfile, opt, out, fd);
-  cpu_stats.compile_ms += cpu_now_ms() - t0;
+  *ms += cpu_now_ms() - t0;
   if (st == 0) {
     close(fd);
-    cpu_stats.compiles++;
+    CPU_COUNT(compiles);
     return 0;
   }
   char tail[1200];
   cpu_tail(fd, tail, sizeof tail);
   close(fd);
-  cpu_stats.compile_fail++;
+  CPU_COUNT(compile_fail);
   *room = cpu_storage_errno(tail, work);
   err_set(GRAFT_ERR_COMPILE, "cpu: compiler '%s' failed (status %d): %s", cpu_cc(), st,
           tail[0] ? tail : "(no output)");
@@ -313,6 +318,7 @@ static int cpu_publish_load(const char *dir, const char *key, const char *out, c
   free(b);
   int rc = cpu_dlopen_fd(fd, published ? so : out, obj);
   close(fd);
+  obj->published = !rc && published;
   return rc;
 }
 
@@ -329,7 +335,7 @@ static int cpu_make_workdir(const char *dir, char *work, size_t n) {
  * with the error set, and *room the errno when the folder could not take the files (then
  * another may do), else 0. */
 static int cpu_compile_in(const char *dir, const char *key, const char *src, cpu_opt opt,
-                          cpu_object *obj, int *room) {
+                          cpu_object *obj, int *room, double *ms) {
   char work[1100], cfile[1200], out[1200], meta[1300];
   *room = 0;
   if (!cpu_make_workdir(dir, work, sizeof work)) {
@@ -344,7 +350,7 @@ static int cpu_compile_in(const char *dir, const char *key, const char *src, cpu
   if (dcache_write_file(cfile, src, strlen(src))) {
     *room = errno;
     err_set(GRAFT_ERR_COMPILE, "cpu: cannot write %s: %s", cfile, strerror(errno));
-  } else if (!cpu_compile_file(cfile, opt, out, work, room)) {
+  } else if (!cpu_compile_file(cfile, opt, out, work, room, ms)) {
     rc = dir[0] ? cpu_publish_load(dir, key, out, obj) : cpu_dlopen(out, out, obj);
   }
   unlink(cfile);
@@ -354,19 +360,36 @@ static int cpu_compile_in(const char *dir, const char *key, const char *src, cpu
   return rc;
 }
 
-/* The entry name of src: a hash of the source, the compiler's identity, the flags, the target
- * and graft's version. */
-static void cpu_cache_key(const char *src, char *key, size_t n) {
-  char id[600];
+/* The prelude every object starts with, hashed once: a body's key covers it. */
+static uint64_t cpu_prelude_hash(void) {
+  static _Atomic uint64_t h;
+  uint64_t v = atomic_load(&h);
+  if (v) return v;
+  cpu_sb b = {0};
+  cpu_gen_prelude(&b);
+  v = b.s ? cpu_hash_bytes(b.s, b.n, 7) | 1 : 1;
+  cpu_sb_free(&b);
+  atomic_store(&h, v);
+  return v;
+}
+
+void cpu_cache_key(const char *text, cpu_opt opt, uint64_t key[2]) {
+  char id[600], pre[24];
   cpu_compiler_id(id, sizeof id);
-  size_t sn = strlen(src);
-  uint64_t h1 = cpu_hash_bytes(src, sn, 1), h2 = cpu_hash_bytes(src, sn, 2);
-  const char *tags[] = {id, CPU_CFLAGS, cpu_march(), GRAFT_VERSION};
-  for (int t = 0; t < 4; t++) {
+  snprintf(pre, sizeof pre, "%016" PRIx64, cpu_prelude_hash());
+  size_t sn = strlen(text);
+  uint64_t h1 = cpu_hash_bytes(text, sn, 1), h2 = cpu_hash_bytes(text, sn, 2);
+  const char *tags[] = {id, CPU_CFLAGS, cpu_opt_flag[opt], cpu_march(), pre, GRAFT_VERSION};
+  for (size_t t = 0; t < sizeof tags / sizeof *tags; t++) {
     h1 = cpu_hash_bytes(tags[t], strlen(tags[t]), h1);
     h2 = cpu_hash_bytes(tags[t], strlen(tags[t]), h2 ^ 0x5bd1e995);
   }
-  snprintf(key, n, "%016" PRIx64 "%016" PRIx64, h1, h2);
+  key[0] = h1;
+  key[1] = h2;
+}
+
+static void cpu_key_hex(const uint64_t key[2], const char *prefix, char *out, size_t n) {
+  snprintf(out, n, "%s%016" PRIx64 "%016" PRIx64, prefix, key[0], key[1]);
 }
 
 /* Entry key of the cache folder dir into obj: 1 on a hit; 0 when there is none, or it was
@@ -374,17 +397,17 @@ static void cpu_cache_key(const char *src, char *key, size_t n) {
 static int cpu_cache_lookup(const char *dir, const char *key, cpu_object *obj) {
   dcache_entry e;
   int found = dcache_open(dir, key, "so", &e);
-  if (found < 0) cpu_stats.disk_corrupt++;
+  if (found < 0) CPU_COUNT(disk_corrupt);
   if (found <= 0) return 0;
   char so[1200];
   snprintf(so, sizeof so, "%s/%s.so", dir, key);
   int rc = cpu_dlopen_fd(e.fd, so, obj);
   dcache_entry_free(&e);
   if (rc == 0) {
-    cpu_stats.disk_hits++;
+    CPU_COUNT(disk_hits);
     return 1;
   }
-  cpu_stats.disk_corrupt++;
+  CPU_COUNT(disk_corrupt);
   dcache_reject(dir, key, "so", "cannot be loaded");
   return 0;
 }
@@ -393,27 +416,52 @@ static int cpu_cache_lookup(const char *dir, const char *key, cpu_object *obj) {
  * published there; a cache folder that cannot take the files (read-only, full, over quota) is
  * said and the compile done again in a private temporary folder; when that fails too, native
  * code is off, and said (README, Disk cache). */
-int cpu_compile_source(const char *src, cpu_opt *opt, cpu_object *obj) {
+int cpu_compile_source(const char *src, cpu_opt opt, cpu_object *obj, double *ms) {
   memset(obj, 0, sizeof *obj);
+  *ms = 0;
   char dir[1000], key[40];
-  cpu_cache_key(src, key, sizeof key);
+  uint64_t k[2];
+  cpu_cache_key(src, opt, k);
+  cpu_key_hex(k, "", key, sizeof key);
   cpu_cache_dir(dir, sizeof dir);
-  if (dir[0] && cpu_cache_lookup(dir, key, obj)) {
-    *opt = CPU_OPT_FULL;
-    return 0;
-  }
-  if (*opt == CPU_OPT_QUICK) dir[0] = 0; /* not cached: the full build replaces it */
-  int room, rc = cpu_compile_in(dir, key, src, *opt, obj, &room);
+  if (dir[0] && cpu_cache_lookup(dir, key, obj)) return 0;
+  int room, rc = cpu_compile_in(dir, key, src, opt, obj, &room, ms);
   if (rc && room && dir[0]) {
     cpu_cache_unwritable(dir, room);
-    rc = cpu_compile_in("", key, src, *opt, obj, &room);
+    rc = cpu_compile_in("", key, src, opt, obj, &room, ms);
   }
   if (rc && room) cpu_native_off(room);
   return rc;
 }
 
+int cpu_object_find(const uint64_t key[2], cpu_object *obj) {
+  char dir[1000], name[48];
+  const char *why;
+  memset(obj, 0, sizeof *obj);
+  if (dcache_dir(dir, sizeof dir, &why) || !dir[0]) return 0; /* a refusal is said by compiles */
+  cpu_key_hex(key, "b", name, sizeof name);
+  size_t n = 0;
+  char *idx = (char *)dcache_load(dir, name, "idx", &n);
+  char okey[40];
+  bool good = idx && n == 32;
+  for (size_t i = 0; good && i < n; i++) good = isxdigit((unsigned char)idx[i]);
+  if (good) snprintf(okey, sizeof okey, "%.32s", idx);
+  free(idx);
+  return good && cpu_cache_lookup(dir, okey, obj);
+}
+
+void cpu_object_index(const uint64_t key[2], const char *src, cpu_opt opt) {
+  char dir[1000], name[48], okey[40];
+  const char *why;
+  if (dcache_dir(dir, sizeof dir, &why) || !dir[0]) return;
+  uint64_t k[2];
+  cpu_cache_key(src, opt, k);
+  cpu_key_hex(k, "", okey, sizeof okey);
+  cpu_key_hex(key, "b", name, sizeof name);
+  (void)dcache_store(dir, name, "idx", okey, 32); /* best effort: without it, a recompile */
+}
+
 void cpu_object_close(cpu_object *obj) {
   if (obj->dl) dlclose(obj->dl);
-  obj->dl = NULL;
-  obj->entry = NULL;
+  memset(obj, 0, sizeof *obj);
 }

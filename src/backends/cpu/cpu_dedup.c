@@ -6,7 +6,8 @@
  * definition is compared after renaming the names that carry an instance number (buffer
  * parameters p<slot>, temporaries t<n>, accumulators, row scratches) in order of first
  * appearance; the parameter list comes first, so equal texts take the same buffers in the same
- * positions, and the later kernel's wrapper calls the earlier body with its own buffers. */
+ * positions, and the later kernel runs the earlier body with its own buffers. The canonical
+ * text is also the body's identity in the kernel library (cpu_klib.c), across graphs. */
 #include "cpu_internal.h"
 #include <ctype.h>
 #include <stdlib.h>
@@ -97,14 +98,15 @@ static char *dedup_canon(const char *def) {
   return out.s ? out.s : strdup("");
 }
 
-int cpu_dedup_find(cpu_dedup *d, const char *def, int kid) {
+int cpu_dedup_find(cpu_dedup *d, const char *def, bool *fresh) {
+  *fresh = false;
   char *c = dedup_canon(def);
-  if (!c) return -1; /* out of memory: the kernel keeps its own body */
+  if (!c) return -1;
   uint64_t h = cpu_hash_bytes(c, strlen(c), 0);
   for (int k = 0; k < d->n; k++)
     if (d->v[k].hash == h && !strcmp(d->v[k].text, c)) {
       free(c);
-      return d->v[k].kid;
+      return k;
     }
   if (d->n == d->cap) {
     int nc = d->cap ? d->cap * 2 : 64;
@@ -116,8 +118,9 @@ int cpu_dedup_find(cpu_dedup *d, const char *def, int kid) {
     d->v = v;
     d->cap = nc;
   }
-  d->v[d->n++] = (cpu_dedup_entry){h, kid, c};
-  return -1;
+  d->v[d->n] = (cpu_dedup_entry){h, c};
+  *fresh = true;
+  return d->n++;
 }
 
 void cpu_dedup_free(cpu_dedup *d) {

@@ -36,11 +36,64 @@ int cpu_plan_build(const exec_program *p, bool have_blas, fuse_plan *pl);
 int cpu_plan_buffer_of(const exec_program *p, const fuse_plan *pl, int s);
 bool cpu_op_generated(const exec_program *p, int i, bool have_blas);
 
-/* ---- cpu_codegen.c: the translation unit ---- */
-/* Renders the program; returns 0 or -1 (error set). Fills *nkernels and, when kernel_of is not
- * NULL, sets kernel_of[s] = N for each slot s that kernel k<N> writes (other entries untouched). */
-int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_sb *out, int *nkernels,
+/* ---- cpu_codegen.c: a program's kernels and the steps that run them ---- */
+/* What the runner (cpu_backend.c) does, step by step: no code is compiled per graph, only its
+ * kernels' bodies, which the kernel library (cpu_klib.c) shares between graphs and processes. */
+typedef enum {
+  CPU_STEP_ALLOC,    /* arg: the slot whose buffer is made */
+  CPU_STEP_RELEASE,  /* arg: the slot whose buffer goes (its last use was the step before) */
+  CPU_STEP_FALLBACK, /* arg: the instruction run by a host or reference kernel */
+  CPU_STEP_KERNEL,   /* arg: index into cpu_code.launch */
+  CPU_STEP_GEMM,     /* arg: index into cpu_code.gemm */
+} cpu_step_kind;
+typedef struct {
+  int kind, arg;
+} cpu_step;
+typedef struct {
+  int body;      /* index into cpu_code.body */
+  int par;       /* split over the pool */
+  int64_t units; /* rows (or elements) the kernel runs over */
+  int slot0, nslot; /* its buffers, in its body's parameter order: cpu_code.slots[slot0..) */
+} cpu_launch;
+/* A batch of products C[q] = op(A[q]) op(B[q]) (cpu_blas_fns.gemm's arguments); k == 0 fills
+ * C (numel elements) with zeros. */
+typedef struct {
+  int dbl, ta, tb, a, b, c; /* a, b, c: slots */
+  int64_t m, n, k, lda, sa, ldb, sb, ldc, sc, batch, numel;
+} cpu_gemm_call;
+/* A distinct kernel body: its canonical definition (cpu_dedup.c: the function named K_, its
+ * buffer parameters p_0..p_<nparam-1> after lo and hi). */
+typedef struct {
+  char *text;
+  int nparam;
+} cpu_body;
+typedef struct {
+  cpu_step *step;
+  cpu_launch *launch;
+  int *slots;
+  cpu_gemm_call *gemm;
+  cpu_body *body;
+  int nstep, nlaunch, nslots, ngemm, nbody;
+  int cap[5];     /* capacities of the arrays above, in that order */
+  int max_params; /* the most buffers one kernel takes */
+  int oom;
+} cpu_code;
+/* cpu_steps.c: appending (the index, or -1 with code->oom set), rendering, freeing. */
+int cpu_code_step(cpu_code *c, int kind, int arg);
+int cpu_code_launch(cpu_code *c, const cpu_launch *l);
+int cpu_code_slot(cpu_code *c, int slot);
+int cpu_code_gemm(cpu_code *c, const cpu_gemm_call *g);
+int cpu_code_body(cpu_code *c, const cpu_body *b);
+void cpu_code_render(const cpu_code *c, const exec_program *p, const int *body_kid, cpu_sb *out);
+void cpu_code_free(cpu_code *c);
+/* Generates the program's kernels and steps into code; *src gets a readable rendering (the
+ * prelude, each distinct body under its first kernel's name k<N>_, the steps): for dumps,
+ * GRAFT_CHECK's reports and tests. Returns 0 or -1 (error set). When kernel_of is not NULL,
+ * sets kernel_of[s] = N for each slot s that kernel k<N> writes (other entries untouched). */
+int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, cpu_sb *src,
                 int *kernel_of);
+/* The prelude every kernel object starts with (math helpers, streaming stores). */
+void cpu_gen_prelude(cpu_sb *out);
 /* Rough per-element cost of each inlined value (ops.def's cost column), its inlined inputs
  * included (saturating at 1000); 0 for the others. The GPU renderer's row scratch uses it too. */
 void cpu_costs(const exec_program *p, const fuse_plan *pl, int *cost);
@@ -48,30 +101,49 @@ void cpu_costs(const exec_program *p, const fuse_plan *pl, int *cost);
 /* ---- cpu_dedup.c: kernels with the same code share one body ---- */
 typedef struct {
   uint64_t hash;
-  int kid;
   char *text; /* canonical text */
 } cpu_dedup_entry;
 typedef struct {
   cpu_dedup_entry *v;
   int n, cap;
 } cpu_dedup;
-/* The kernel number of an earlier definition equal to def up to its numbered names, or -1
- * after recording def as kernel kid's. */
-int cpu_dedup_find(cpu_dedup *d, const char *def, int kid);
+/* The index of def's body among the distinct ones (equal up to their numbered names), *fresh
+ * set when def is the first of its kind (recorded now); -1 when out of memory. */
+int cpu_dedup_find(cpu_dedup *d, const char *def, bool *fresh);
 void cpu_dedup_free(cpu_dedup *d);
 
 /* ---- cpu_compile.c: compiler, disk cache, dlopen ---- */
+/* A loaded kernel object: n bodies' run functions and their library keys. */
 typedef struct {
   void *dl;
-  cpu_entry_fn entry;
+  int n;
+  const uint64_t *key;      /* 2 words per body */
+  const cpu_kernel_fn *fn;
+  bool published;           /* compiled now and published in the disk cache (index its bodies) */
 } cpu_object;
-/* How hard the C compiler optimizes: the full build (-O3, cached on disk) or a quick one
- * (-O1, not cached) that runs while the full one compiles. */
-typedef enum { CPU_OPT_FULL, CPU_OPT_QUICK } cpu_opt;
-/* Compiles (or loads from the disk cache) src into obj; 0, or -1 with the error set. A quick
- * build loads the full one when the disk cache has it, and says so in *opt. */
-int cpu_compile_source(const char *src, cpu_opt *opt, cpu_object *obj);
+/* How hard the C compiler optimizes: the full build (-O3) or a quick one (-O1) that runs while
+ * the full one compiles. Both are cached on disk. */
+typedef enum { CPU_OPT_FULL, CPU_OPT_QUICK, CPU_OPT_COUNT } cpu_opt;
+/* The 128-bit cache key of text built at opt: a hash of the text, the compiler's identity, the
+ * flags, the target, the prelude and graft's version. */
+void cpu_cache_key(const char *text, cpu_opt opt, uint64_t key[2]);
+/* Compiles (or loads from the disk cache) kernel object source src into obj; 0, or -1 with
+ * the error set. *ms gets the compiler's wall time (0 on a disk hit). */
+int cpu_compile_source(const char *src, cpu_opt opt, cpu_object *obj, double *ms);
+/* The object holding body key from the disk cache's index into obj: 1 when loaded, else 0. */
+int cpu_object_find(const uint64_t key[2], cpu_object *obj);
+/* Records in the disk cache that object src (compiled at opt) holds body key. */
+void cpu_object_index(const uint64_t key[2], const char *src, cpu_opt opt);
 void cpu_object_close(cpu_object *obj);
+
+/* ---- cpu_klib.c: the kernel library ---- */
+/* Each body's run function at level *opt, from memory, the disk cache, or compiled now (the
+ * missing ones only, in parallel objects); a quick build takes a full body when there is one.
+ * On return *opt is CPU_OPT_FULL when every body is fully optimized. 0, or -1 with the error
+ * set. */
+int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, cpu_kernel_fn *fn);
+/* Closes every object (graft_shutdown, after the last graph is freed). */
+void cpu_klib_shutdown(void);
 
 /* ---- cpu_pool.c ---- */
 void cpu_parallel_run(cpu_kernel_fn fn, void **S, int64_t total);

@@ -1,0 +1,270 @@
+/* The kernel library: every kernel body compiled in this process, by its key (a hash of its
+ * canonical text, the compiler, flags, level and target: cpu_cache_key). A graph compiles only
+ * the bodies no earlier graph had (a training loop's first step and its steady step share most
+ * of theirs; so do a model's training and evaluation graphs, and its graphs at two batch
+ * sizes where the kernels do not depend on it), and finds the others in memory or, through
+ * the disk cache's per-body index, in an object an earlier process compiled. The missing
+ * bodies compile as up to one object per core, in parallel (the calling thread's niceness is
+ * inherited: the tier's compile thread runs below the steps). Objects stay loaded until
+ * graft_shutdown, so a body's function outlives the graphs that run it. */
+#include "cpu_internal.h"
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+  uint64_t key[2];
+  cpu_kernel_fn fn; /* NULL: an empty slot */
+} klib_entry;
+
+static pthread_mutex_t klib_mu = PTHREAD_MUTEX_INITIALIZER;
+static klib_entry *klib_tab; /* open addressing by key[0]; a power of two of slots */
+static size_t klib_slots, klib_used;
+static _Atomic size_t klib_last_bytes;
+static cpu_object *klib_obj;
+static int klib_nobj, klib_capobj;
+
+/* Bytes of new bodies' source per object, at least, before a second object is started: an
+ * object's fixed cost (the compiler's start and the prelude) is ~0.1 s. */
+enum { KLIB_CHUNK_MIN_BYTES = 24 << 10, KLIB_MAX_CHUNKS = 8 };
+
+static klib_entry *klib_slot(const uint64_t key[2]) {
+  size_t m = klib_slots - 1;
+  for (size_t h = (size_t)key[0] & m;; h = (h + 1) & m)
+    if (!klib_tab[h].fn || (klib_tab[h].key[0] == key[0] && klib_tab[h].key[1] == key[1]))
+      return &klib_tab[h];
+}
+
+static cpu_kernel_fn klib_get(const uint64_t key[2]) {
+  if (!klib_slots) return NULL;
+  return klib_slot(key)->fn;
+}
+
+/* Adds (lock held) each body of obj; obj is kept (closed at cpu_klib_shutdown). */
+static int klib_add(const cpu_object *obj) {
+  if (klib_nobj == klib_capobj) {
+    int nc = klib_capobj ? klib_capobj * 2 : 16;
+    cpu_object *v = realloc(klib_obj, sizeof *v * (size_t)nc);
+    if (!v) return -1;
+    klib_obj = v;
+    klib_capobj = nc;
+  }
+  if ((klib_used + (size_t)obj->n) * 2 >= klib_slots) { /* grow: at most half full */
+    size_t ns = klib_slots ? klib_slots : 256;
+    while ((klib_used + (size_t)obj->n) * 2 >= ns) ns *= 2;
+    klib_entry *old = klib_tab;
+    size_t on = klib_slots;
+    klib_tab = calloc(ns, sizeof *klib_tab);
+    if (!klib_tab) {
+      klib_tab = old;
+      return -1;
+    }
+    klib_slots = ns;
+    for (size_t i = 0; i < on; i++)
+      if (old[i].fn) *klib_slot(old[i].key) = old[i];
+    free(old);
+  }
+  klib_obj[klib_nobj++] = *obj;
+  for (int i = 0; i < obj->n; i++) {
+    klib_entry *e = klib_slot(&obj->key[2 * i]);
+    if (e->fn) continue;
+    e->key[0] = obj->key[2 * i];
+    e->key[1] = obj->key[2 * i + 1];
+    e->fn = obj->fn[i];
+    klib_used++;
+  }
+  return 0;
+}
+
+static int klib_add_locked(cpu_object *obj) {
+  pthread_mutex_lock(&klib_mu);
+  int rc = klib_add(obj);
+  pthread_mutex_unlock(&klib_mu);
+  if (rc) {
+    cpu_object_close(obj);
+    err_set(GRAFT_ERR_OOM, "cpu: out of memory recording compiled kernels");
+  }
+  return rc;
+}
+
+/* An object's source: the prelude, then each body under its own name with a run function
+ * that passes P's buffers as its parameters, and the exported table. */
+static void klib_source(const cpu_body *b, const uint64_t (*key)[2], const int *pick, int n,
+                        cpu_sb *out) {
+  cpu_gen_prelude(out);
+  for (int j = 0; j < n; j++) {
+    const cpu_body *x = &b[pick[j]];
+    cpu_sb_printf(out, "#define K_ gkb_%d\n%s#undef K_\n", j, x->text);
+    cpu_sb_printf(out, "static void gkt_%d(void **P, int64_t lo, int64_t hi) { gkb_%d(lo, hi", j, j);
+    for (int q = 0; q < x->nparam; q++) cpu_sb_printf(out, ", P[%d]", q);
+    cpu_sb_puts(out, "); }\n");
+  }
+  cpu_sb_printf(out, "const int " CPU_OBJ_N " = %d;\nconst uint64_t " CPU_OBJ_KEY "[] = {", n);
+  for (int j = 0; j < n; j++)
+    cpu_sb_printf(out, "0x%" PRIx64 "ull, 0x%" PRIx64 "ull, ", key[pick[j]][0], key[pick[j]][1]);
+  cpu_sb_puts(out, "0};\nconst cpu_kernel_fn " CPU_OBJ_FN "[] = {");
+  for (int j = 0; j < n; j++) cpu_sb_printf(out, "gkt_%d, ", j);
+  cpu_sb_puts(out, "0};\n");
+}
+
+typedef struct {
+  cpu_sb src;
+  cpu_opt opt;
+  cpu_object obj;
+  double ms;
+  int rc;
+  char err[512];
+} klib_job;
+
+static void *klib_compile(void *arg) {
+  klib_job *j = arg;
+  klib_last_bytes = j->src.n;
+  j->rc = j->src.oom ? -1 : cpu_compile_source(j->src.s, j->opt, &j->obj, &j->ms);
+  snprintf(j->err, sizeof j->err, "%s", j->src.oom ? "cpu: out of memory" : graft_last_error());
+  return NULL;
+}
+
+/* Compiles bodies miss[0..nm) at opt as up to one object per core, in parallel; each object's
+ * bodies join the library and the disk index. 0, or -1 with the first failure's error set. */
+static int klib_build(const cpu_body *b, const uint64_t (*key)[2], const int *miss, int nm,
+                      cpu_opt opt) {
+  size_t bytes = 0;
+  for (int k = 0; k < nm; k++) bytes += strlen(b[miss[k]].text);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int nj = (int)(bytes / KLIB_CHUNK_MIN_BYTES) + 1;
+  if (nj > cores) nj = cores > 1 ? (int)cores : 1;
+  if (nj > KLIB_MAX_CHUNKS) nj = KLIB_MAX_CHUNKS;
+  if (nj > nm) nj = nm;
+  klib_job *job = calloc((size_t)nj, sizeof *job);
+  int *pick = malloc(sizeof(int) * (size_t)nm);
+  size_t *load = calloc((size_t)nj, sizeof(size_t));
+  pthread_t *th = calloc((size_t)nj, sizeof *th);
+  bool *started = calloc((size_t)nj, sizeof *started);
+  int rc = -1;
+  if (!job || !pick || !load || !th || !started) {
+    err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
+    goto out;
+  }
+  for (int k = 0; k < nm; k++) { /* each body to the lightest object so far, in order */
+    int best = 0;
+    for (int q = 1; q < nj; q++)
+      if (load[q] < load[best]) best = q;
+    load[best] += strlen(b[miss[k]].text) + 1;
+    pick[k] = best;
+  }
+  int *sel = malloc(sizeof(int) * (size_t)nm);
+  if (!sel) {
+    err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
+    goto out;
+  }
+  for (int q = 0; q < nj; q++) {
+    int ns = 0;
+    for (int k = 0; k < nm; k++)
+      if (pick[k] == q) sel[ns++] = miss[k];
+    job[q].opt = opt;
+    klib_source(b, key, sel, ns, &job[q].src);
+  }
+  free(sel);
+  for (int q = 1; q < nj; q++) started[q] = !pthread_create(&th[q], NULL, klib_compile, &job[q]);
+  for (int q = 0; q < nj; q++)
+    if (!started[q]) klib_compile(&job[q]); /* the first here, and any thread that did not start */
+  for (int q = 1; q < nj; q++)
+    if (started[q]) pthread_join(th[q], NULL);
+  rc = 0;
+  for (int q = 0; q < nj; q++) {
+    cpu_stats.compile_ms += job[q].ms;
+    if (job[q].rc) {
+      if (!rc) err_set(GRAFT_ERR_COMPILE, "%s", job[q].err);
+      rc = -1;
+      continue;
+    }
+    for (int k = 0; k < job[q].obj.n && job[q].obj.published; k++)
+      cpu_object_index(&job[q].obj.key[2 * k], job[q].src.s, opt);
+    if (klib_add_locked(&job[q].obj)) rc = -1;
+  }
+out:
+  for (int q = 0; job && q < nj; q++) cpu_sb_free(&job[q].src);
+  free(job);
+  free(pick);
+  free(load);
+  free(th);
+  free(started);
+  return rc;
+}
+
+/* The function of body key from memory, else from the disk cache's index (its object joins
+ * the library), else NULL. */
+static cpu_kernel_fn klib_find(const uint64_t key[2]) {
+  pthread_mutex_lock(&klib_mu);
+  cpu_kernel_fn f = klib_get(key);
+  pthread_mutex_unlock(&klib_mu);
+  if (f) return f;
+  cpu_object obj;
+  if (!cpu_object_find(key, &obj) || klib_add_locked(&obj)) return NULL;
+  pthread_mutex_lock(&klib_mu);
+  f = klib_get(key);
+  pthread_mutex_unlock(&klib_mu);
+  return f; /* NULL when the index named an object without it (then it compiles anew) */
+}
+
+int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, cpu_kernel_fn *fn) {
+  uint64_t (*key)[2] = malloc(sizeof *key * (size_t)(n + 1));
+  int *miss = malloc(sizeof(int) * (size_t)(n + 1));
+  if (!key || !miss) {
+    free(key);
+    free(miss);
+    err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
+    return -1;
+  }
+  bool all_full = true;
+  int nm = 0;
+  for (int i = 0; i < n; i++) {
+    uint64_t full[2];
+    cpu_cache_key(b[i].text, CPU_OPT_FULL, full);
+    fn[i] = klib_find(full);
+    if (*opt == CPU_OPT_QUICK) cpu_cache_key(b[i].text, CPU_OPT_QUICK, key[i]);
+    else memcpy(key[i], full, sizeof full);
+    if (fn[i]) continue;
+    all_full = all_full && *opt == CPU_OPT_FULL;
+    if (*opt == CPU_OPT_QUICK) fn[i] = klib_find(key[i]);
+    if (!fn[i]) miss[nm++] = i;
+  }
+  int rc = nm ? klib_build(b, (const uint64_t(*)[2])key, miss, nm, *opt) : 0;
+  for (int k = 0; k < nm && !rc; k++) {
+    pthread_mutex_lock(&klib_mu);
+    fn[miss[k]] = klib_get(key[miss[k]]);
+    pthread_mutex_unlock(&klib_mu);
+    if (!fn[miss[k]]) {
+      err_set(GRAFT_ERR_INTERNAL, "cpu: a compiled kernel object lacks one of its bodies");
+      rc = -1;
+    }
+  }
+  if (!rc && all_full) *opt = CPU_OPT_FULL;
+  free(key);
+  free(miss);
+  return rc;
+}
+
+size_t cpu_klib_last_source_bytes(void) { return klib_last_bytes; }
+
+void cpu_klib_forget(void) {
+  pthread_mutex_lock(&klib_mu);
+  if (klib_tab) memset(klib_tab, 0, sizeof *klib_tab * klib_slots);
+  klib_used = 0;
+  pthread_mutex_unlock(&klib_mu);
+}
+
+void cpu_klib_shutdown(void) {
+  pthread_mutex_lock(&klib_mu);
+  for (int k = 0; k < klib_nobj; k++) cpu_object_close(&klib_obj[k]);
+  free(klib_obj);
+  free(klib_tab);
+  klib_obj = NULL;
+  klib_tab = NULL;
+  klib_nobj = klib_capobj = 0;
+  klib_slots = klib_used = 0;
+  pthread_mutex_unlock(&klib_mu);
+}
