@@ -415,6 +415,7 @@ void graft_shutdown(void) {
   tensor_lock();
   tensor_free_all();
   cache_clear();
+  graph_backends_shutdown(); /* after the graphs: their code may live in a backend's objects */
   exec_shutdown();
   buffer_pool_trim();
   tensor_unlock();

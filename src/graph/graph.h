@@ -122,6 +122,8 @@ const backend *tier_first_backend(int device);
 void *tier_native_for(cache_entry *e, int queued);
 /* Stops the compile thread (lock NOT held: the thread takes it to publish results). */
 void tier_shutdown(void);
+/* Shuts each backend down once (graft_shutdown, after the cached graphs are freed). */
+void graph_backends_shutdown(void);
 /* Asynchronous execution (async.c): a job runs one graph on the executor thread. */
 typedef struct async_job async_job;
 /* GRAFT_ASYNC (read per sync): on unless "0". */

@@ -15,6 +15,9 @@
 #include "../core/metrics.h"
 #include <pthread.h>
 #include <sched.h>
+#include <errno.h>
+#include <math.h>
+#include <time.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/resource.h>
@@ -111,6 +114,15 @@ static void tier_landed(cache_entry *e, void *exe) {
   pthread_mutex_unlock(&q_mu);
 }
 
+/* How many times the backend's compiler has run (a build may compile nothing: its kernels
+ * were all in memory or on disk). */
+static uint64_t tier_compiler_runs(const backend *b) {
+  backend_stats st;
+  memset(&st, 0, sizeof st);
+  if (b->stats) b->stats(&st);
+  return st.compiles;
+}
+
 static void *tier_worker(void *arg) {
   (void)arg;
   /* The compilers (started from this thread and the kernel library's, which inherit its
@@ -139,9 +151,10 @@ static void *tier_worker(void *arg) {
     char err[512];
     double t0 = metrics_now_ms();
     if (first) atomic_store(&e->build_started_ms, t0);
+    uint64_t runs = tier_compiler_runs(e->fast);
     tier_level level = tier_build(e, quick, &exe, err, sizeof err);
     double ms = metrics_now_ms() - t0;
-    if (level == TIER_LEVEL_QUICK && exe) /* a real build, not a disk-cache load */
+    if (level == TIER_LEVEL_QUICK && exe && tier_compiler_runs(e->fast) > runs) /* it compiled */
       atomic_store(&q_build_ms_per_instr, ms / (e->prog->ninstr + 1));
     tier_landed(e, exe);
     tensor_lock();
@@ -279,6 +292,8 @@ static double tier_build_left_ms(const cache_entry *e) {
 /* The share of a first-tier step's time native code saves (its quick build runs resnet18's
  * step in 55 ms against the first tier's 110, mobilenet_v2's in 50 against 90). */
 #define TIER_NATIVE_SAVING 0.5
+/* The least a step waits for a build it decided to wait for (tier_native_for). */
+#define TIER_WAIT_MIN_MS 1000.0
 
 void *tier_native_for(cache_entry *e, int queued) {
   void *exe = atomic_load_explicit(&e->published, memory_order_acquire);
@@ -287,10 +302,17 @@ void *tier_native_for(cache_entry *e, int queued) {
   /* waiting pays when the queued steps would save more on native code than the wait costs */
   if ((queued + 1) * step_ms * TIER_NATIVE_SAVING <= tier_build_left_ms(e)) return NULL;
   /* Steps are queued ahead (the front-end traces faster than the first tier runs them): the
-   * build gets the cores and they run on its code. */
+   * build gets the cores and they run on its code. For a bounded time: the build runs under
+   * SCHED_IDLE, which other busy processes can starve; then the step runs on the first tier. */
+  double left = tier_build_left_ms(e), wait_ms = left > TIER_WAIT_MIN_MS / 2 ? 2 * left : TIER_WAIT_MIN_MS;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += (time_t)(wait_ms / 1000);
+  until.tv_nsec += (long)(fmod(wait_ms, 1000) * 1e6);
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
   pthread_mutex_lock(&q_mu);
   while (atomic_load(&e->building) && q_started && !q_stop && !q_forking)
-    pthread_cond_wait(&q_landed, &q_mu);
+    if (pthread_cond_timedwait(&q_landed, &q_mu, &until) == ETIMEDOUT) break;
   pthread_mutex_unlock(&q_mu);
   return atomic_load_explicit(&e->published, memory_order_acquire);
 }
@@ -378,8 +400,9 @@ void tier_fork_child(void) { /* this thread is the only one: the parent's waiter
   pthread_mutex_unlock(&q_mu);
 }
 
-void tier_shutdown(void) {
-  tier_stop_thread();
+void tier_shutdown(void) { tier_stop_thread(); }
+
+void graph_backends_shutdown(void) {
   graph_backends_init();
   for (int i = 0; i < backend_count(); i++) {
     const backend *be = backend_at(i, NULL, NULL);

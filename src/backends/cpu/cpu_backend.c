@@ -114,7 +114,7 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt) {
   cpu_sb_free(&src);
   if (e) e->fn = calloc((size_t)e->code.nbody + 1, sizeof *e->fn);
   if (rc || !out_buf || !e->fn) {
-    if (!rc) err_set(GRAFT_ERR_OOM, "cpu: out of memory");
+    if (!rc || !e) err_set(GRAFT_ERR_OOM, "cpu: out of memory");
     free(out_buf);
     if (e) cpu_code_free(&e->code), free(e->fn);
     free(e);

@@ -79,7 +79,9 @@ static double cpu_now_ms(void) {
 static int cpu_cc_words(char *buf, size_t n, char **w) {
   snprintf(buf, n, "%s", cpu_cc());
   int k = 0;
-  for (char *tok = strtok(buf, " \t"); tok && k < CPU_CC_MAXW; tok = strtok(NULL, " \t"))
+  char *save = NULL; /* kernel objects compile on several threads at once */
+  for (char *tok = strtok_r(buf, " \t", &save); tok && k < CPU_CC_MAXW;
+       tok = strtok_r(NULL, " \t", &save))
     w[k++] = tok;
   return k;
 }
@@ -191,7 +193,7 @@ static int cpu_dlopen(const char *load, const char *shown, cpu_object *obj) {
     err_set(GRAFT_ERR_COMPILE, "cpu: %s is not a kernel object (no %s table)", shown, CPU_OBJ_N);
     return -1;
   }
-  *obj = (cpu_object){h, *n, key, fn, false};
+  *obj = (cpu_object){h, *n, key, fn, false, {0, 0}};
   return 0;
 }
 
@@ -424,13 +426,18 @@ int cpu_compile_source(const char *src, cpu_opt opt, cpu_object *obj, double *ms
   cpu_cache_key(src, opt, k);
   cpu_key_hex(k, "", key, sizeof key);
   cpu_cache_dir(dir, sizeof dir);
-  if (dir[0] && cpu_cache_lookup(dir, key, obj)) return 0;
+  if (dir[0] && cpu_cache_lookup(dir, key, obj)) {
+    obj->published = true; /* an entry: its bodies are indexed (again, if a process died first) */
+    memcpy(obj->okey, k, sizeof k);
+    return 0;
+  }
   int room, rc = cpu_compile_in(dir, key, src, opt, obj, &room, ms);
   if (rc && room && dir[0]) {
     cpu_cache_unwritable(dir, room);
     rc = cpu_compile_in("", key, src, opt, obj, &room, ms);
   }
   if (rc && room) cpu_native_off(room);
+  if (!rc) memcpy(obj->okey, k, sizeof k);
   return rc;
 }
 
@@ -450,15 +457,19 @@ int cpu_object_find(const uint64_t key[2], cpu_object *obj) {
   return good && cpu_cache_lookup(dir, okey, obj);
 }
 
-void cpu_object_index(const uint64_t key[2], const char *src, cpu_opt opt) {
+void cpu_object_index(const cpu_object *obj) {
   char dir[1000], name[48], okey[40];
   const char *why;
-  if (dcache_dir(dir, sizeof dir, &why) || !dir[0]) return;
-  uint64_t k[2];
-  cpu_cache_key(src, opt, k);
-  cpu_key_hex(k, "", okey, sizeof okey);
-  cpu_key_hex(key, "b", name, sizeof name);
-  (void)dcache_store(dir, name, "idx", okey, 32); /* best effort: without it, a recompile */
+  if (!obj->published || dcache_dir(dir, sizeof dir, &why) || !dir[0]) return;
+  cpu_key_hex(obj->okey, "", okey, sizeof okey);
+  for (int k = 0; k < obj->n; k++) {
+    cpu_key_hex(&obj->key[2 * k], "b", name, sizeof name);
+    size_t n = 0;
+    char *had = (char *)dcache_load(dir, name, "idx", &n);
+    bool same = had && n == 32 && !memcmp(had, okey, 32);
+    free(had);
+    if (!same) (void)dcache_store(dir, name, "idx", okey, 32); /* best effort: else a recompile */
+  }
 }
 
 void cpu_object_close(cpu_object *obj) {

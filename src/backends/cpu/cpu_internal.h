@@ -119,7 +119,8 @@ typedef struct {
   int n;
   const uint64_t *key;      /* 2 words per body */
   const cpu_kernel_fn *fn;
-  bool published;           /* compiled now and published in the disk cache (index its bodies) */
+  bool published;           /* an entry of the disk cache (its bodies get index entries) */
+  uint64_t okey[2];         /* its cache key */
 } cpu_object;
 /* How hard the C compiler optimizes: the full build (-O3) or a quick one (-O1) that runs while
  * the full one compiles. Both are cached on disk. */
@@ -132,8 +133,8 @@ void cpu_cache_key(const char *text, cpu_opt opt, uint64_t key[2]);
 int cpu_compile_source(const char *src, cpu_opt opt, cpu_object *obj, double *ms);
 /* The object holding body key from the disk cache's index into obj: 1 when loaded, else 0. */
 int cpu_object_find(const uint64_t key[2], cpu_object *obj);
-/* Records in the disk cache that object src (compiled at opt) holds body key. */
-void cpu_object_index(const uint64_t key[2], const char *src, cpu_opt opt);
+/* Records in the disk cache's index that obj (an entry of it) holds each of its bodies. */
+void cpu_object_index(const cpu_object *obj);
 void cpu_object_close(cpu_object *obj);
 
 /* ---- cpu_klib.c: the kernel library ---- */

@@ -116,13 +116,15 @@ typedef struct {
   cpu_object obj;
   double ms;
   int rc;
-  char err[512];
+  graft_status status;
+  char err[1100];
 } klib_job;
 
 static void *klib_compile(void *arg) {
   klib_job *j = arg;
   klib_last_bytes = j->src.n;
   j->rc = j->src.oom ? -1 : cpu_compile_source(j->src.s, j->opt, &j->obj, &j->ms);
+  j->status = j->src.oom ? GRAFT_ERR_OOM : graft_last_status();
   snprintf(j->err, sizeof j->err, "%s", j->src.oom ? "cpu: out of memory" : graft_last_error());
   return NULL;
 }
@@ -134,8 +136,9 @@ static int klib_build(const cpu_body *b, const uint64_t (*key)[2], const int *mi
   size_t bytes = 0;
   for (int k = 0; k < nm; k++) bytes += strlen(b[miss[k]].text);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int nj = (int)(bytes / KLIB_CHUNK_MIN_BYTES) + 1;
-  if (nj > cores) nj = cores > 1 ? (int)cores : 1;
+  int nj = (int)(bytes / KLIB_CHUNK_MIN_BYTES);
+  if (nj > cores) nj = (int)cores;
+  if (nj < 1) nj = 1;
   if (nj > KLIB_MAX_CHUNKS) nj = KLIB_MAX_CHUNKS;
   if (nj > nm) nj = nm;
   klib_job *job = calloc((size_t)nj, sizeof *job);
@@ -174,16 +177,22 @@ static int klib_build(const cpu_body *b, const uint64_t (*key)[2], const int *mi
   for (int q = 1; q < nj; q++)
     if (started[q]) pthread_join(th[q], NULL);
   rc = 0;
-  for (int q = 0; q < nj; q++) {
+  for (int q = 0; q < nj; q++) { /* the first failure's error is the one said */
     cpu_stats.compile_ms += job[q].ms;
     if (job[q].rc) {
-      if (!rc) err_set(GRAFT_ERR_COMPILE, "%s", job[q].err);
+      if (!rc) err_set(job[q].status ? job[q].status : GRAFT_ERR_COMPILE, "%s", job[q].err);
       rc = -1;
       continue;
     }
-    for (int k = 0; k < job[q].obj.n && job[q].obj.published; k++)
-      cpu_object_index(&job[q].obj.key[2 * k], job[q].src.s, opt);
-    if (klib_add_locked(&job[q].obj)) rc = -1;
+    cpu_object_index(&job[q].obj);
+    pthread_mutex_lock(&klib_mu);
+    int full = klib_add(&job[q].obj);
+    pthread_mutex_unlock(&klib_mu);
+    if (full) {
+      cpu_object_close(&job[q].obj);
+      if (!rc) err_set(GRAFT_ERR_OOM, "cpu: out of memory recording compiled kernels");
+      rc = -1;
+    }
   }
 out:
   for (int q = 0; job && q < nj; q++) cpu_sb_free(&job[q].src);
