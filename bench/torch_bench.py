@@ -389,23 +389,28 @@ def bench_model(name, gflops, quick):
               5 if quick else 15)
 
 
+def _in_fresh_process(call, cache_dir=None):
+    """The last line `b.<call>` prints, run in a fresh process (b: this module): graft's disk
+    cache in cache_dir (None: no disk cache), Inductor's own cache off."""
+    import subprocess
+    env = dict(os.environ, GRAFT_DISK_CACHE="0", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
+    if cache_dir:
+        env.update(GRAFT_DISK_CACHE="1", XDG_CACHE_HOME=cache_dir)
+    code = f"import sys; sys.argv=['x']; import torch_bench as b; print(b.{call})"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.abspath(__file__)), timeout=900)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    return out.stdout.strip().splitlines()[-1]
+
+
 def first_steps(name, mode, steps=30, cache_dir=None):
     """One fresh process: build the model, move it, and run `steps` training steps; seconds from
     the first move to the last step's loss read. mode = graft (its disk cache in cache_dir: a
     fresh folder is a cold start, a second process on the same folder a warm one; None: no
     disk cache), eager, or inductor (torch.compile of the model, its compile time counted: a
-    user pays it; Inductor's own cache off)."""
-    import subprocess
-    env = dict(os.environ, GRAFT_DISK_CACHE="0", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
-    if cache_dir:
-        env.update(GRAFT_DISK_CACHE="1", XDG_CACHE_HOME=cache_dir)
-    code = (f"import sys; sys.argv=['x']; import torch_bench as b; "
-            f"print(b._first_steps_child({name!r}, {mode!r}, {steps}))")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.abspath(__file__)), timeout=600)
-    if out.returncode:
-        raise RuntimeError(out.stderr[-2000:])
-    return float(out.stdout.strip().splitlines()[-1])
+    user pays it)."""
+    return float(_in_fresh_process(f"_first_steps_child({name!r}, {mode!r}, {steps})", cache_dir))
 
 
 def _first_steps_child(name, mode, steps):
@@ -447,6 +452,53 @@ def bench_first_steps(name):
           f"warm_graft_s={w:.3f} warm_speedup={e / w:.3f} {ind}", flush=True)
 
 
+def _varlen_child(mode, batches):
+    """A GPT block LM trained on batches of 4 sequences whose length is drawn from 16..128 (text
+    batched by length): seconds for all of them, and graft's compile counts, as JSON."""
+    import json
+    import random
+    torch.manual_seed(0)
+    model = GPTBlock(seq=128)
+    rng = random.Random(0)
+    data = [torch.randint(0, 256, (4, rng.randint(16, 128) + 1)) for _ in range(batches)]
+    if mode == "eager":
+        torch.set_num_threads(2)
+    dev = DEV if mode == "graft" else torch.device("cpu")
+    t0 = time.perf_counter()
+    model = model.to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for tok in data:
+        tok = tok.to(dev)
+        opt.zero_grad()
+        l = _seq_ce(model(tok[:, :-1]), tok[:, 1:])
+        l.backward()
+        opt.step()
+        if mode == "graft":
+            graft.step()
+    l.item()
+    s = time.perf_counter() - t0
+    m = graft.metrics() if mode == "graft" else {}
+    return json.dumps({"s": s, "lengths": len({t.shape[1] for t in data}),
+                       "graphs": m.get("graphs_compiled", 0), "native": m.get("native_compiles", 0),
+                       "quick": m.get("quick_compiles", 0),
+                       "kernels": m.get("kernels_compiled", 0), "reused": m.get("kernels_reused", 0)})
+
+
+def bench_varlen(quick):
+    """BENCH torch_varlen_lm: the compile-less issue's varying-shape case, cold (no disk cache):
+    graphs = graft's graphs (one per distinct shape today), native/quick = its full and quick
+    builds (each compiles only the kernel bodies no earlier graph had: kernels_compiled, and
+    kernels_reused those it found)."""
+    import json
+    n = 60 if quick else 200
+    e = json.loads(_in_fresh_process(f"_varlen_child('eager', {n})"))
+    g = json.loads(_in_fresh_process(f"_varlen_child('graft', {n})"))
+    print(f"BENCH torch_varlen_lm graft_s={g['s']:.3f} eager_s={e['s']:.3f} "
+          f"speedup={e['s'] / g['s']:.3f} batches={n} lengths={g['lengths']} graphs={g['graphs']} "
+          f"native_builds={g['native']} quick_builds={g['quick']} kernels_compiled={g['kernels']} "
+          f"kernels_reused={g['reused']}", flush=True)
+
+
 def bench_trace(quick):
     x = torch.ones(16, device=DEV)
     graft.step()
@@ -471,10 +523,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--only", default="", help="comma-separated subset: mlp,encoder,cnn,trace, "
-                    "a model (resnet18,mobilenet_v2,lstm_lm,gpt_block) or first_<model>")
+                    "a model (resnet18,mobilenet_v2,lstm_lm,gpt_block), first_<model> or varlen")
     args = ap.parse_args()
     everything = {"mlp", "encoder", "cnn", "trace", *MODELS, "first_resnet18",
-                  "first_mobilenet_v2"}
+                  "first_mobilenet_v2", "varlen"}
     only = set(args.only.split(",")) if args.only else everything
     torch_gflops, graft_gflops = sgemm_gflops(), graft_gemm_gflops()
     gflops = max(torch_gflops, graft_gflops)
@@ -496,6 +548,8 @@ def main():
     for name in ("resnet18", "mobilenet_v2"):
         if "first_" + name in only:
             bench_first_steps(name)
+    if "varlen" in only:
+        bench_varlen(args.quick)
 
 
 if __name__ == "__main__":

@@ -371,7 +371,9 @@ void graft_empty_cache(void);
   X(uint64_t, native_compile_failures, "native compile failures", "compiles that failed: those graphs stay on the first tier") \
   X(double, native_compile_ms, "native compile ms", "time in the native compiler (mostly off the critical path)") \
   X(uint64_t, compiled_executions, "compiled executions", "executions that ran native code (the rest: first tier)") \
-  X(uint64_t, native_disk_hits, "disk cache hits", "native executables loaded from the disk cache, not compiled") \
+  X(uint64_t, native_disk_hits, "disk cache hits", "native code loaded from the disk cache, not compiled (the cpu backend: kernel objects)") \
+  X(uint64_t, kernels_compiled, "kernels compiled", "distinct kernel bodies compiled (each once for every graph, and for later processes through the disk cache)") \
+  X(uint64_t, kernels_reused, "kernels reused", "kernel bodies a build found compiled already, in memory or on disk") \
   X(uint64_t, native_disk_refused, "disk cache refused", "compiles that could not use the disk cache folder (warned once)") \
   X(uint64_t, fallback_ops, "reference fallbacks", "instructions of compiled graphs run on the reference kernels") \
   X(uint64_t, syncs, "syncs", "syncs that had pending work")                                      \

@@ -1329,13 +1329,15 @@ TEST(kernels_shared_between_graphs) {
   ir_node *z[2] = {cache_value(4.5, 100), cache_value(6.5, 50)};
   capture_run(&cap, z, 2);
   exec_program *one_new = capture_lower(&cap);
-  uint64_t c0 = cpu_stats.compiles;
+  uint64_t c0 = cpu_stats.compiles, k0 = cpu_stats.bodies_compiled, r0 = cpu_stats.bodies_reused;
   void *ea = cpu_backend.compile(a), *eb = cpu_backend.compile(b);
-  CHECK(ea && eb && cpu_stats.compiles == c0 + 2);
+  CHECK(ea && eb && cpu_stats.compiles == c0 + 2 && cpu_stats.bodies_compiled == k0 + 2);
   void *e2 = cpu_backend.compile(both);
   CHECK(e2 && cpu_stats.compiles == c0 + 2 && exe_right(both, e2));
+  CHECK(cpu_stats.bodies_compiled == k0 + 2 && cpu_stats.bodies_reused == r0 + 2);
   void *e3 = cpu_backend.compile(one_new);
   CHECK(e3 && cpu_stats.compiles == c0 + 3 && exe_right(one_new, e3));
+  CHECK(cpu_stats.bodies_compiled == k0 + 3 && cpu_stats.bodies_reused == r0 + 3);
   CHECK(strstr(cpu_last_source(), "parallel(k") || strstr(cpu_last_source(), "serial(k"));
   void *e[4] = {ea, eb, e2, e3};
   for (int k = 0; k < 4; k++) cpu_backend.free_exe(e[k]);

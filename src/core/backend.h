@@ -11,7 +11,9 @@
 /* Counters a backend keeps, read into graft's metrics. */
 typedef struct {
   uint64_t compiles;                 /* native compiler runs that succeeded */
-  uint64_t disk_hits;                /* executables loaded from the disk cache */
+  uint64_t disk_hits;                /* executables (or kernel objects) loaded from the disk cache */
+  uint64_t kernels_compiled;         /* kernel bodies compiled */
+  uint64_t kernels_reused;           /* kernel bodies a build found compiled already */
   uint64_t disk_refused;             /* compiles that could not use the disk cache folder */
   uint64_t fallbacks[IR_OP_COUNT];   /* per op: instructions run on the reference kernels */
   uint64_t kernel_choices;           /* kernel classes chosen by measurement */

@@ -23,6 +23,8 @@ static void report_backend_stats(backend_stats *bs) {
     be->stats(&one);
     bs->compiles += one.compiles;
     bs->disk_hits += one.disk_hits;
+    bs->kernels_compiled += one.kernels_compiled;
+    bs->kernels_reused += one.kernels_reused;
     bs->disk_refused += one.disk_refused;
     bs->kernel_choices += one.kernel_choices;
     bs->kernels_demoted += one.kernels_demoted;
@@ -43,6 +45,8 @@ void graft_metrics_get(graft_metrics *m) {
   backend_stats bs;
   report_backend_stats(&bs);
   m->native_disk_hits = bs.disk_hits;
+  m->kernels_compiled = bs.kernels_compiled;
+  m->kernels_reused = bs.kernels_reused;
   m->native_disk_refused = bs.disk_refused;
   m->kernel_choices = bs.kernel_choices;
   m->kernels_demoted = bs.kernels_demoted;

@@ -19,7 +19,9 @@ ops_interp_path cpu_interp_route(const exec_instr *ins, const ref_arg *in);
 typedef struct {
   uint64_t compiles;      /* compiler invocations that succeeded */
   uint64_t compile_fail;  /* compiler invocations that failed */
-  uint64_t disk_hits;     /* executables loaded from the disk cache (no compiler run) */
+  uint64_t disk_hits;     /* kernel objects loaded from the disk cache (no compiler run) */
+  uint64_t bodies_compiled; /* kernel bodies compiled (cpu_klib.c) */
+  uint64_t bodies_reused;   /* kernel bodies a build found compiled (memory or disk) */
   uint64_t disk_corrupt;  /* cache entries rejected (size/checksum mismatch) and rebuilt */
   uint64_t disk_refused;  /* compiles whose cache dir was unsafe, not creatable or read-only */
   double compile_ms;      /* wall time spent in the compiler */

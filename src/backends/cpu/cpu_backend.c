@@ -66,6 +66,8 @@ static void cpu_backend_stats(backend_stats *out) {
   pthread_mutex_lock(&cpu_compile_mu);
   out->compiles = cpu_stats.compiles;
   out->disk_hits = cpu_stats.disk_hits;
+  out->kernels_compiled = cpu_stats.bodies_compiled;
+  out->kernels_reused = cpu_stats.bodies_reused;
   out->disk_refused = cpu_stats.disk_refused;
   out->kernel_choices = __atomic_load_n(&cpu_stats.choices, __ATOMIC_RELAXED);
   out->kernels_demoted = __atomic_load_n(&cpu_stats.demoted, __ATOMIC_RELAXED);

@@ -242,6 +242,8 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, cpu_kernel_fn *fn) 
     if (!fn[i]) miss[nm++] = i;
   }
   int rc = nm ? klib_build(b, (const uint64_t(*)[2])key, miss, nm, *opt) : 0;
+  cpu_stats.bodies_reused += (uint64_t)(n - nm);
+  if (!rc) cpu_stats.bodies_compiled += (uint64_t)nm;
   for (int k = 0; k < nm && !rc; k++) {
     pthread_mutex_lock(&klib_mu);
     fn[miss[k]] = klib_get(key[miss[k]]);
