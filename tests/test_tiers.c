@@ -72,6 +72,46 @@ TEST(wait_compiles_builds_graphs_seen_once) {
   free(v);
 }
 
+/* A chain of KB kernels with distinct code (each reads the previous one's total, and its own
+ * constant is in its code): its bodies are more source than one object takes, so they compile
+ * as parallel objects in the background (threads: TSan runs this file). Returns the total. */
+enum { KB = 160 };
+static double many_kernels(graft_tensor *x, int64_t n) {
+  graft_scope_begin();
+  graft_tensor *s = graft_full(0.0, GRAFT_F32, 0, NULL);
+  for (int k = 0; k < KB; k++) {
+    graft_tensor *c = graft_full(0.001 * (k + 1), GRAFT_F32, 1, &n);
+    graft_tensor *y = graft_tanh(graft_add(graft_mul(x, c), graft_broadcast_to(s, 1, &n)));
+    s = graft_mean(y, NULL, 0, false);
+  }
+  float out = 0;
+  CHECK(graft_to_host(s, &out, sizeof out) == GRAFT_OK);
+  graft_scope_end();
+  return out;
+}
+
+TEST(many_kernels_compile_in_parallel_objects) {
+  float *v;
+  graft_tensor *x = async_input(1, &v);
+  int64_t n = 1000;
+  double want = 0;
+  for (int k = 0; k < KB; k++) {
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += tanh(v[i] * (float)(0.001 * (k + 1)) + want);
+    want = sum / (double)n;
+  }
+  graft_metrics_reset();
+  double first = many_kernels(x, n);
+  graft_wait_compiles();
+  CHECK(M().kernels_compiled >= KB / 2); /* kernels of equal code share a body */
+  double again = many_kernels(x, n);
+  CHECK(M().compiled_executions == 1);
+  CHECK_NEAR(first, want, 1e-4);
+  CHECK_NEAR(again, want, 1e-4);
+  graft_release(x);
+  free(v);
+}
+
 /* Syncs a and b; in mode 1 with one more output, so that the graph differs from mode 0's
  * (else the second run would be a cache hit of the first mode's entry, not a first run). */
 static void distinct_sync(graft_tensor *a, graft_tensor *b, int mode) {
@@ -632,6 +672,7 @@ int main(void) {
   setenv("GRAFT_DISK_CACHE", "0", 1); /* real compiles */
   RUN(compiled_when_run_again);
   RUN(wait_compiles_builds_graphs_seen_once);
+  RUN(many_kernels_compile_in_parallel_objects);
   RUN(off_means_no_compile);
   RUN(unknown_mode_is_said_once);
   RUN(first_tier_matches_reference);
