@@ -126,65 +126,63 @@ static void *klib_compile(void *arg) {
   j->rc = j->src.oom ? -1 : cpu_compile_source(j->src.s, j->opt, &j->obj, &j->ms);
   j->status = j->src.oom ? GRAFT_ERR_OOM : graft_last_status();
   snprintf(j->err, sizeof j->err, "%s", j->src.oom ? "cpu: out of memory" : graft_last_error());
+  if (!j->rc) cpu_object_index(&j->obj); /* at once: a process may exit before the others land */
   return NULL;
 }
 
-/* Compiles bodies miss[0..nm) at opt as up to one object per core, in parallel; each object's
- * bodies join the library and the disk index. 0, or -1 with the first failure's error set. */
-static int klib_build(const cpu_body *b, const uint64_t (*key)[2], const int *miss, int nm,
-                      cpu_opt opt) {
-  size_t bytes = 0;
-  for (int k = 0; k < nm; k++) bytes += strlen(b[miss[k]].text);
+/* How many objects nm bodies of `bytes` source compile as: one per KLIB_CHUNK_MIN_BYTES, at
+ * most one per core and KLIB_MAX_CHUNKS, at least one. */
+static int klib_objects(size_t bytes, int nm) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int nj = (int)(bytes / KLIB_CHUNK_MIN_BYTES);
   if (nj > cores) nj = (int)cores;
-  if (nj < 1) nj = 1;
   if (nj > KLIB_MAX_CHUNKS) nj = KLIB_MAX_CHUNKS;
   if (nj > nm) nj = nm;
-  klib_job *job = calloc((size_t)nj, sizeof *job);
-  int *pick = malloc(sizeof(int) * (size_t)nm);
+  return nj < 1 ? 1 : nj;
+}
+
+/* Each of bodies miss[0..nm) to the lightest of nj objects so far, in order; each job's source.
+ * 0, or -1 (error set). */
+static int klib_partition(const cpu_body *b, const uint64_t (*key)[2], const int *miss, int nm,
+                          klib_job *job, int nj) {
+  int *pick = malloc(sizeof(int) * (size_t)nm), *sel = malloc(sizeof(int) * (size_t)nm);
   size_t *load = calloc((size_t)nj, sizeof(size_t));
-  pthread_t *th = calloc((size_t)nj, sizeof *th);
-  bool *started = calloc((size_t)nj, sizeof *started);
-  int rc = -1;
-  if (!job || !pick || !load || !th || !started) {
+  if (!pick || !sel || !load) {
+    free(pick);
+    free(sel);
+    free(load);
     err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
-    goto out;
+    return -1;
   }
-  for (int k = 0; k < nm; k++) { /* each body to the lightest object so far, in order */
+  for (int k = 0; k < nm; k++) {
     int best = 0;
     for (int q = 1; q < nj; q++)
       if (load[q] < load[best]) best = q;
     load[best] += strlen(b[miss[k]].text) + 1;
     pick[k] = best;
   }
-  int *sel = malloc(sizeof(int) * (size_t)nm);
-  if (!sel) {
-    err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
-    goto out;
-  }
   for (int q = 0; q < nj; q++) {
     int ns = 0;
     for (int k = 0; k < nm; k++)
       if (pick[k] == q) sel[ns++] = miss[k];
-    job[q].opt = opt;
     klib_source(b, key, sel, ns, &job[q].src);
   }
+  free(pick);
   free(sel);
-  for (int q = 1; q < nj; q++) started[q] = !pthread_create(&th[q], NULL, klib_compile, &job[q]);
-  for (int q = 0; q < nj; q++)
-    if (!started[q]) klib_compile(&job[q]); /* the first here, and any thread that did not start */
-  for (int q = 1; q < nj; q++)
-    if (started[q]) pthread_join(th[q], NULL);
-  rc = 0;
-  for (int q = 0; q < nj; q++) { /* the first failure's error is the one said */
+  free(load);
+  return 0;
+}
+
+/* The jobs' objects join the library; 0, or -1 with the first failure's error set. */
+static int klib_collect(klib_job *job, int nj) {
+  int rc = 0;
+  for (int q = 0; q < nj; q++) {
     cpu_stats.compile_ms += job[q].ms;
     if (job[q].rc) {
       if (!rc) err_set(job[q].status ? job[q].status : GRAFT_ERR_COMPILE, "%s", job[q].err);
       rc = -1;
       continue;
     }
-    cpu_object_index(&job[q].obj);
     pthread_mutex_lock(&klib_mu);
     int full = klib_add(&job[q].obj);
     pthread_mutex_unlock(&klib_mu);
@@ -194,11 +192,31 @@ static int klib_build(const cpu_body *b, const uint64_t (*key)[2], const int *mi
       rc = -1;
     }
   }
-out:
+  return rc;
+}
+
+/* Compiles bodies miss[0..nm) at opt as up to one object per core, in parallel; each object's
+ * bodies join the library and the disk index. 0, or -1 with the first failure's error set. */
+static int klib_build(const cpu_body *b, const uint64_t (*key)[2], const int *miss, int nm,
+                      cpu_opt opt) {
+  size_t bytes = 0;
+  for (int k = 0; k < nm; k++) bytes += strlen(b[miss[k]].text);
+  int nj = klib_objects(bytes, nm), rc = -1;
+  klib_job *job = calloc((size_t)nj, sizeof *job);
+  pthread_t *th = calloc((size_t)nj, sizeof *th);
+  bool *started = calloc((size_t)nj, sizeof *started);
+  if (!job || !th || !started) err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
+  else if (!klib_partition(b, key, miss, nm, job, nj)) {
+    for (int q = 0; q < nj; q++) job[q].opt = opt;
+    for (int q = 1; q < nj; q++) started[q] = !pthread_create(&th[q], NULL, klib_compile, &job[q]);
+    for (int q = 0; q < nj; q++)
+      if (!started[q]) klib_compile(&job[q]); /* the first here, and any thread that did not start */
+    for (int q = 1; q < nj; q++)
+      if (started[q]) pthread_join(th[q], NULL);
+    rc = klib_collect(job, nj);
+  }
   for (int q = 0; job && q < nj; q++) cpu_sb_free(&job[q].src);
   free(job);
-  free(pick);
-  free(load);
   free(th);
   free(started);
   return rc;
