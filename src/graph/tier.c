@@ -209,9 +209,10 @@ static double tier_ref_cost_ms(const exec_program *p) {
   return elems / 1.5e6 + macs / 20e6;
 }
 
-/* densenet121's training step (28k instructions) builds in ~50 s at -O3 here (~64 s with the
- * quick build first) and then runs 2.5x faster than on the first tier; at the old 20000 it never
- * left the first tier. */
+/* densenet121's training step (28k instructions) reached native code in ~50 s when a graph was
+ * one translation unit, 8.2 s with the kernel library (its bodies repeat), and runs 2.5x faster
+ * than on the first tier; at the old 20000 it never left the first tier. What a bigger graph
+ * costs now is its code generation, not its compile. */
 #define TIER_MAX_COMPILE_NODES 40000
 
 /* Rough cost of a native compile here: the compiler's start plus a little per instruction. */
