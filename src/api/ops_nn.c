@@ -217,7 +217,7 @@ graft_tensor *graft_host_call(graft_host_fn fn, void *ctx, uint64_t key, int nin
     return err_named(err_set(GRAFT_ERR_ARG, "%s: needs a function and at least one operand "
                              "(got %d)", name, nin), mark, name);
   tensor_lock();
-  ir_node **nodes = malloc(sizeof *nodes * (size_t)nin);
+  ir_node *small[16], **nodes = nin <= 16 ? small : malloc(sizeof *nodes * (size_t)nin);
   graft_tensor *t = NULL;
   int k = 0;
   if (!nodes) err_set(GRAFT_ERR_OOM, "%s: out of memory", name);
@@ -232,7 +232,7 @@ graft_tensor *graft_host_call(graft_host_fn fn, void *ctx, uint64_t key, int nin
       t = api_node(ir_make(IR_HOST_CALL, nin, nodes, &at, dtype, ndim, shape));
     }
   }
-  free(nodes);
+  if (nodes != small) free(nodes);
   tensor_unlock();
   return err_named(t, mark, name);
 }

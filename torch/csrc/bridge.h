@@ -147,7 +147,7 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
 bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
 // PyTorch's two errors for writing out from the top n arguments of s: out partly overlapping
 // one of them, or an expanded out (lower.cpp).
-void check_out_overlap(const c10::OperatorHandle &op, const torch::jit::Stack &s, size_t n,
-                       const at::Tensor &out);
+void check_write_overlap(const c10::OperatorHandle &op, const torch::jit::Stack &s, size_t n,
+                         const at::Tensor &out);
 
 }  // namespace graftpt

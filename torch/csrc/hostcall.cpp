@@ -177,7 +177,7 @@ bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
     if (sc.arguments()[i].is_out()) {  // written with the result, as the functional form's
       if (!iv.isTensor() || !is_graft(iv.toTensor()) || gdevice(iv.toTensor()) >= GRAFT_CPU_DEVICES) return false;
       const at::Tensor &o = iv.toTensor();
-      check_out_overlap(op, *stack, n, o);  // raises as PyTorch's CPU does
+      check_write_overlap(op, *stack, n, o);  // raises as PyTorch's CPU does
       out_args.push_back(o);
       proto.args.emplace_back();
       proto.out_at.emplace_back(i, o.scalar_type());
@@ -209,6 +209,11 @@ bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
     }
   }
   if (operands.empty()) return false;
+  const std::string op_name = sc.operator_name().name + "." + sc.overload_name();
+  {  // an op past its variant limit cuts the step without paying for its meta kernel
+    std::lock_guard<std::mutex> lk(host_ops_mutex());
+    if (!host_ops().count(text.str() + "#0") && host_variants()[op_name] >= kMaxVariants) return false;
+  }
   try {  // the outputs' shapes and dtypes, from the meta kernel
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
   } catch (const std::exception &e) {
@@ -238,7 +243,7 @@ bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
       if (it == host_ops().end()) {
         auto k = host_keys().find(key);
         if (k != host_keys().end()) return false;  // a 64-bit key two texts share
-        if (r == 0 && ++host_variants()[sc.operator_name().name + "." + sc.overload_name()] > kMaxVariants)
+        if (r == 0 && ++host_variants()[op_name] > kMaxVariants)
           return false;
         h = new HostOp(proto);
         h->ret = r;

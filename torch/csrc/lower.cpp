@@ -237,8 +237,11 @@ bool internal_overlap(const at::Tensor &out) {
   return false;
 }
 
+}  // namespace
+
 // Both checks for an op writing out from its other tensor arguments, the top n of the stack
-// (pointer comparisons on the traced path; the op's name is read only when one fails).
+// (pointer comparisons on the traced path; the op's name is read only when one fails; also
+// the host calls' out= forms, hostcall.cpp).
 void check_write_overlap(const c10::OperatorHandle &op, const Stack &s, size_t n, const at::Tensor &out) {
   if (!is_graft(out)) return;
   bool has_input = false, partial = false;
@@ -254,6 +257,8 @@ void check_write_overlap(const c10::OperatorHandle &op, const Stack &s, size_t n
   TORCH_CHECK(!partial, kPartialOverlap);
   TORCH_CHECK(false, kInternalOverlap);
 }
+
+namespace {
 
 // Copies ------------------------------------------------------------------------
 // _copy_from(self=src, dst, non_blocking) / _copy_from_and_resize(self=src, dst)
@@ -406,10 +411,6 @@ std::optional<c10::OperatorHandle> functional_of_out(const c10::OperatorHandle &
 }
 
 }  // namespace
-
-void check_out_overlap(const c10::OperatorHandle &op, const Stack &s, size_t n, const at::Tensor &out) {
-  check_write_overlap(op, s, n, out);
-}
 
 std::vector<std::string> lowered_ops() {
   std::vector<std::string> out;

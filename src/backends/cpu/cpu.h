@@ -26,7 +26,6 @@ typedef struct {
   uint64_t disk_refused;  /* compiles whose cache dir was unsafe, not creatable or read-only */
   double compile_ms;      /* wall time spent in the compiler */
   uint64_t fallback[IR_OP_COUNT]; /* per op: instructions run on ref kernels (per execution) */
-  uint64_t kernels;       /* generated kernels (after fusion), summed over compiles */
   uint64_t narrow_gemms;  /* f32 products with a side of 8-16 run on cpu_narrow.c's kernels */
   uint64_t fewrows_gemms; /* f32 A B^T of 2-32 rows run on cpu_fewrows.c's kernels */
   uint64_t own_gemms;     /* f32 GEMMs (or parts of one) run on cpu_sgemm.c's AVX-512 kernel */

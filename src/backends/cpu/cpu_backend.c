@@ -97,16 +97,23 @@ static void cpu_dump_source(const exec_program *p, const char *src) {
   }
 }
 
+static void cpu_free_exe(void *exe);
+
 static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt) {
   const cpu_blas_fns *bl = cpu_blas();
   fuse_plan pl;
   if (cpu_plan_build(p, bl->sgemm && bl->dgemm, &pl)) return NULL;
-  cpu_sb src = {0};
   cpu_exe *e = calloc(1, sizeof *e);
-  int rc = e ? cpu_codegen(p, &pl, &e->code, &src, NULL) : -1;
-  int *out_buf = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
-  for (int k = 0; out_buf && k < p->noutputs; k++)
-    out_buf[k] = cpu_plan_buffer_of(p, &pl, p->output_slot[k]);
+  if (!e) {
+    fuse_plan_free(&pl);
+    return err_set(GRAFT_ERR_OOM, "cpu: out of memory");
+  }
+  cpu_sb src = {0};
+  int rc = cpu_codegen(p, &pl, &e->code, &src, NULL);
+  e->out_buf = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
+  e->fn = calloc((size_t)e->code.nbody + 1, sizeof *e->fn);
+  for (int k = 0; e->out_buf && k < p->noutputs; k++)
+    e->out_buf[k] = cpu_plan_buffer_of(p, &pl, p->output_slot[k]);
   fuse_plan_free(&pl);
   if (!rc && src.s) {
     free(cpu_last_src);
@@ -114,20 +121,9 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt) {
     cpu_dump_source(p, src.s);
   }
   cpu_sb_free(&src);
-  if (e) e->fn = calloc((size_t)e->code.nbody + 1, sizeof *e->fn);
-  if (rc || !out_buf || !e->fn) {
-    if (!rc || !e) err_set(GRAFT_ERR_OOM, "cpu: out of memory");
-    free(out_buf);
-    if (e) cpu_code_free(&e->code), free(e->fn);
-    free(e);
-    return NULL;
-  }
-  e->out_buf = out_buf;
-  if (cpu_klib_resolve(e->code.body, e->code.nbody, opt, e->fn)) {
-    free(out_buf);
-    cpu_code_free(&e->code);
-    free(e->fn);
-    free(e);
+  if (!rc && (!e->out_buf || !e->fn)) rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
+  if (rc || cpu_klib_resolve(e->code.body, e->code.nbody, opt, e->fn)) {
+    cpu_free_exe(e);
     return NULL;
   }
   for (int k = 0; k < e->code.nbody; k++) { /* only the keys' hashing needed the texts */
@@ -135,7 +131,6 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt) {
     e->code.body[k].text = NULL;
   }
   e->hash = p->hash;
-  cpu_stats.kernels += (uint64_t)e->code.nlaunch;
   return e;
 }
 
@@ -215,7 +210,8 @@ static int cpu_run_step(cpu_run *r, const cpu_step *st, bool prof) {
     const cpu_gemm_call *g = &c->gemm[st->arg];
     cpu_run_gemm(r, g);
     if (prof && g->k)
-      cpu_profile_gemm(&r->e->prof, r->site++, g->dbl, g->ta != 111, g->tb != 111, (int)g->m,
+      cpu_profile_gemm(&r->e->prof, r->site++, g->dbl, g->ta == CPU_CBLAS_TRANS,
+                       g->tb == CPU_CBLAS_TRANS, (int)g->m,
                        (int)g->n, (int)g->k, g->batch, cpu_profile_now() - t0);
     return 0;
   }

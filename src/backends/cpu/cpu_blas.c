@@ -34,7 +34,6 @@ typedef struct {
   int own_ran;  /* a part ran on graft's own kernel (atomic: parts run on the pool) */
 } cpu_gemm_job;
 
-enum { CPU_ROW_MAJOR = 101, CPU_NO_TRANS = 111 };
 
 /* One single-threaded f32 product: graft's AVX-512 kernel where it takes it (unless lib), else
  * OpenBLAS. True when graft's kernel ran. */
@@ -42,9 +41,9 @@ static bool cpu_sgemm_one(int ta, int tb, int m, int n, int k, float alpha, cons
                           int lda, const float *b, int ldb, float beta, float *c, int ldc,
                           bool lib) {
   if (!lib && alpha == 1.0f && beta == 0.0f &&
-      cpu_sgemm_avx512(ta != CPU_NO_TRANS, tb != CPU_NO_TRANS, m, n, k, a, lda, b, ldb, c, ldc))
+      cpu_sgemm_avx512(ta != CPU_CBLAS_NO_TRANS, tb != CPU_CBLAS_NO_TRANS, m, n, k, a, lda, b, ldb, c, ldc))
     return true;
-  raw_sgemm(CPU_ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  raw_sgemm(CPU_CBLAS_ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   return false;
 }
 
@@ -56,17 +55,17 @@ static void cpu_gemm_part(void **S, int64_t lo, int64_t hi) {
     if (j->cols) { /* columns c0..c1 of op(B) and C */
       int c0 = (int)(part * j->n / j->parts), c1 = (int)((part + 1) * j->n / j->parts);
       n = c1 - c0;
-      boff = j->tb == CPU_NO_TRANS ? (size_t)c0 : (size_t)c0 * (size_t)j->ldb;
+      boff = j->tb == CPU_CBLAS_NO_TRANS ? (size_t)c0 : (size_t)c0 * (size_t)j->ldb;
       coff = (size_t)c0;
     } else { /* rows r0..r1 of op(A) and C */
       int r0 = (int)(part * j->m / j->parts), r1 = (int)((part + 1) * j->m / j->parts);
       m = r1 - r0;
-      aoff = j->ta == CPU_NO_TRANS ? (size_t)r0 * (size_t)j->lda : (size_t)r0;
+      aoff = j->ta == CPU_CBLAS_NO_TRANS ? (size_t)r0 * (size_t)j->lda : (size_t)r0;
       coff = (size_t)r0 * (size_t)j->ldc;
     }
     if (m <= 0 || n <= 0) continue;
     if (j->dbl)
-      raw_dgemm(CPU_ROW_MAJOR, j->ta, j->tb, m, n, j->k, j->alpha, (const double *)j->A + aoff,
+      raw_dgemm(CPU_CBLAS_ROW_MAJOR, j->ta, j->tb, m, n, j->k, j->alpha, (const double *)j->A + aoff,
                 j->lda, (const double *)j->B + boff, j->ldb, j->beta, (double *)j->C + coff, j->ldc);
     else if (cpu_sgemm_one(j->ta, j->tb, m, n, j->k, (float)j->alpha, (const float *)j->A + aoff,
                            j->lda, (const float *)j->B + boff, j->ldb, (float)j->beta,
@@ -85,7 +84,7 @@ static void cpu_gemm_run(cpu_gemm_job *j) {
     cpu_gemm_split(j);
     return;
   }
-  int ta = j->ta != CPU_NO_TRANS, tb = j->tb != CPU_NO_TRANS;
+  int ta = j->ta != CPU_CBLAS_NO_TRANS, tb = j->tb != CPU_CBLAS_NO_TRANS;
   /* the kernel of graft's that would run is part of the class: sizes a half octave apart
    * may fall on either side of a kernel's bounds */
   int64_t own = cpu_narrow_takes(ta, tb, j->m, j->n, j->k) * 2 + cpu_fewrows_takes(ta, tb, j->m, j->n, j->k);
@@ -119,7 +118,7 @@ static bool cpu_gemm_split(cpu_gemm_job *j) {
 
 static void cpu_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
                       int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-  if (order != CPU_ROW_MAJOR) {
+  if (order != CPU_CBLAS_ROW_MAJOR) {
     raw_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
@@ -130,7 +129,7 @@ static void cpu_sgemm(int order, int ta, int tb, int m, int n, int k, float alph
 static void cpu_dgemm(int order, int ta, int tb, int m, int n, int k, double alpha,
                       const double *a, int lda, const double *b, int ldb, double beta, double *c,
                       int ldc) {
-  if (order != CPU_ROW_MAJOR) {
+  if (order != CPU_CBLAS_ROW_MAJOR) {
     raw_dgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
@@ -151,7 +150,7 @@ static void cpu_batch_part(void **S, int64_t lo, int64_t hi) {
   const cpu_batch_job *j = (const cpu_batch_job *)S;
   for (int64_t q = lo; q < hi; q++) {
     if (j->dbl)
-      raw_dgemm(CPU_ROW_MAJOR, j->ta, j->tb, j->m, j->n, j->k, 1.0, (const double *)j->A + q * j->sa,
+      raw_dgemm(CPU_CBLAS_ROW_MAJOR, j->ta, j->tb, j->m, j->n, j->k, 1.0, (const double *)j->A + q * j->sa,
                 j->lda, (const double *)j->B + q * j->sb, j->ldb, 0.0, (double *)j->C + q * j->sc,
                 j->ldc);
     else

@@ -726,8 +726,6 @@ static bool cpu_can_join(const exec_program *p, const fuse_plan *pl, int i, int 
   return !memcmp(ins->shape, oshape, sizeof(int64_t) * (size_t)a);
 }
 
-/* CBLAS's transpose flags, as the steps pass them to cpu_blas_fns.gemm. */
-enum { CPU_CBLAS_NO_TRANS = 111, CPU_CBLAS_TRANS = 112 };
 
 void cpu_gen_prelude(cpu_sb *out) {
   cpu_sb_puts(out, cpu_prelude);

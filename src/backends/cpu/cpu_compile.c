@@ -426,17 +426,17 @@ int cpu_compile_source(const char *src, cpu_opt opt, cpu_object *obj, double *ms
   cpu_cache_key(src, opt, k);
   cpu_key_hex(k, "", key, sizeof key);
   cpu_cache_dir(dir, sizeof dir);
+  int room = 0, rc = 0;
   if (dir[0] && cpu_cache_lookup(dir, key, obj)) {
     obj->published = true; /* an entry: its bodies are indexed (again, if a process died first) */
-    memcpy(obj->okey, k, sizeof k);
-    return 0;
+  } else {
+    rc = cpu_compile_in(dir, key, src, opt, obj, &room, ms);
+    if (rc && room && dir[0]) {
+      cpu_cache_unwritable(dir, room);
+      rc = cpu_compile_in("", key, src, opt, obj, &room, ms);
+    }
+    if (rc && room) cpu_native_off(room);
   }
-  int room, rc = cpu_compile_in(dir, key, src, opt, obj, &room, ms);
-  if (rc && room && dir[0]) {
-    cpu_cache_unwritable(dir, room);
-    rc = cpu_compile_in("", key, src, opt, obj, &room, ms);
-  }
-  if (rc && room) cpu_native_off(room);
   if (!rc) memcpy(obj->okey, k, sizeof k);
   return rc;
 }

@@ -55,6 +55,8 @@ typedef struct {
   int64_t units; /* rows (or elements) the kernel runs over */
   int slot0, nslot; /* its buffers, in its body's parameter order: cpu_code.slots[slot0..) */
 } cpu_launch;
+/* CBLAS's row-major order and transpose flags, as the steps and cpu_blas_fns.gemm take them. */
+enum { CPU_CBLAS_ROW_MAJOR = 101, CPU_CBLAS_NO_TRANS = 111, CPU_CBLAS_TRANS = 112 };
 /* A batch of products C[q] = op(A[q]) op(B[q]) (cpu_blas_fns.gemm's arguments); k == 0 fills
  * C (numel elements) with zeros. */
 typedef struct {
@@ -124,7 +126,7 @@ typedef struct {
 } cpu_object;
 /* How hard the C compiler optimizes: the full build (-O3) or a quick one (-O1) that runs while
  * the full one compiles. Both are cached on disk. */
-typedef enum { CPU_OPT_FULL, CPU_OPT_QUICK, CPU_OPT_COUNT } cpu_opt;
+typedef enum { CPU_OPT_FULL, CPU_OPT_QUICK } cpu_opt;
 /* The 128-bit cache key of text built at opt: a hash of the text, the compiler's identity, the
  * flags, the target, the prelude and graft's version. */
 void cpu_cache_key(const char *text, cpu_opt opt, uint64_t key[2]);

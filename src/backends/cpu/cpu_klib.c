@@ -79,14 +79,12 @@ static int klib_add(const cpu_object *obj) {
   return 0;
 }
 
+/* klib_add under the lock; an object that cannot be recorded (out of memory) is closed. */
 static int klib_add_locked(cpu_object *obj) {
   pthread_mutex_lock(&klib_mu);
   int rc = klib_add(obj);
   pthread_mutex_unlock(&klib_mu);
-  if (rc) {
-    cpu_object_close(obj);
-    err_set(GRAFT_ERR_OOM, "cpu: out of memory recording compiled kernels");
-  }
+  if (rc) cpu_object_close(obj);
   return rc;
 }
 
@@ -183,11 +181,7 @@ static int klib_collect(klib_job *job, int nj) {
       rc = -1;
       continue;
     }
-    pthread_mutex_lock(&klib_mu);
-    int full = klib_add(&job[q].obj);
-    pthread_mutex_unlock(&klib_mu);
-    if (full) {
-      cpu_object_close(&job[q].obj);
+    if (klib_add_locked(&job[q].obj)) {
       if (!rc) err_set(GRAFT_ERR_OOM, "cpu: out of memory recording compiled kernels");
       rc = -1;
     }
