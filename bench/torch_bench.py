@@ -452,10 +452,39 @@ def bench_first_steps(name):
           f"warm_graft_s={w:.3f} warm_speedup={e / w:.3f} {ind}", flush=True)
 
 
+def _compile_counts(s, mode, **extra):
+    """A child's result as JSON: seconds, and graft's compile counts (zeros for eager)."""
+    import json
+    m = graft.metrics() if mode == "graft" else {}
+    keys = {"graphs": "graphs_compiled", "native": "native_compiles", "quick": "quick_compiles",
+            "kernels": "kernels_compiled", "reused": "kernels_reused", "sized": "kernels_sized",
+            "compiler_runs": "compiler_runs", "library": "library_builds",
+            "native_steps": "compiled_executions"}
+    return json.dumps({"s": s, **extra, **{k: m.get(v, 0) for k, v in keys.items()}})
+
+
+def _train_steps(model, batches, loss_fn, opt, mode):
+    """Trains on each (input, target) of batches on mode's device; the seconds it took, the
+    last loss read."""
+    t0 = time.perf_counter()
+    dev = DEV if mode == "graft" else torch.device("cpu")
+    model = model.to(dev)
+    opt = opt(model.parameters())
+    for x, y in batches:
+        x, y = x.to(dev), y.to(dev)
+        opt.zero_grad()
+        l = loss_fn(model(x), y)
+        l.backward()
+        opt.step()
+        if mode == "graft":
+            graft.step()
+    l.item()
+    return time.perf_counter() - t0
+
+
 def _varlen_child(mode, batches):
     """A GPT block LM trained on batches of 4 sequences whose length is drawn from 16..128 (text
     batched by length): seconds for all of them, and graft's compile counts, as JSON."""
-    import json
     import random
     torch.manual_seed(0)
     model = GPTBlock(seq=128)
@@ -463,40 +492,57 @@ def _varlen_child(mode, batches):
     data = [torch.randint(0, 256, (4, rng.randint(16, 128) + 1)) for _ in range(batches)]
     if mode == "eager":
         torch.set_num_threads(2)
-    dev = DEV if mode == "graft" else torch.device("cpu")
-    t0 = time.perf_counter()
-    model = model.to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for tok in data:
-        tok = tok.to(dev)
-        opt.zero_grad()
-        l = _seq_ce(model(tok[:, :-1]), tok[:, 1:])
-        l.backward()
-        opt.step()
-        if mode == "graft":
-            graft.step()
-    l.item()
-    s = time.perf_counter() - t0
-    m = graft.metrics() if mode == "graft" else {}
-    return json.dumps({"s": s, "lengths": len({t.shape[1] for t in data}),
-                       "graphs": m.get("graphs_compiled", 0), "native": m.get("native_compiles", 0),
-                       "quick": m.get("quick_compiles", 0),
-                       "kernels": m.get("kernels_compiled", 0), "reused": m.get("kernels_reused", 0)})
+    s = _train_steps(model, ((t[:, :-1], t[:, 1:]) for t in data), _seq_ce,
+                     lambda p: torch.optim.AdamW(p, lr=1e-3), mode)
+    return _compile_counts(s, mode, lengths=len({t.shape[1] for t in data}))
 
 
 def bench_varlen(quick):
     """BENCH torch_varlen_lm: the compile-less issue's varying-shape case, cold (no disk cache):
-    graphs = graft's graphs (one per distinct shape today), native/quick = its full and quick
-    builds (each compiles only the kernel bodies no earlier graph had: kernels_compiled, and
-    kernels_reused those it found)."""
+    graphs = graft's graphs (one per distinct shape), native/quick = its full and quick builds
+    (a library build, whose kernels were all compiled before, among them: library_builds),
+    compiler_runs the compiler's invocations, kernels_sized the kernel bodies builds ran as
+    size-generic templates (the sizes that vary passed at run time)."""
     import json
     n = 60 if quick else 200
     e = json.loads(_in_fresh_process(f"_varlen_child('eager', {n})"))
     g = json.loads(_in_fresh_process(f"_varlen_child('graft', {n})"))
     print(f"BENCH torch_varlen_lm graft_s={g['s']:.3f} eager_s={e['s']:.3f} "
           f"speedup={e['s'] / g['s']:.3f} batches={n} lengths={g['lengths']} graphs={g['graphs']} "
-          f"native_builds={g['native']} quick_builds={g['quick']} kernels_compiled={g['kernels']} "
-          f"kernels_reused={g['reused']}", flush=True)
+          f"native_builds={g['native']} quick_builds={g['quick']} compiler_runs={g['compiler_runs']} "
+          f"library_builds={g['library']} kernels_compiled={g['kernels']} "
+          f"kernels_reused={g['reused']} kernels_sized={g['sized']} native_steps={g['native_steps']}",
+          flush=True)
+
+
+def _partial_child(mode, epochs):
+    """torchvision's resnet18 (10 classes) trained on 1000 3x32x32 samples in batches of 32 for
+    `epochs` epochs: each epoch ends with a partial batch of 8. Seconds, and graft's compile
+    counts, as JSON."""
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    X, Y = torch.randn(1000, 3, 32, 32), torch.randint(0, 10, (1000,))
+    if mode == "eager":
+        torch.set_num_threads(2)
+    batches = [(X[i:i + 32], Y[i:i + 32]) for _ in range(epochs) for i in range(0, 1000, 32)]
+    s = _train_steps(model, batches, F.cross_entropy,
+                     lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), mode)
+    return _compile_counts(s, mode)
+
+
+def bench_partial(quick):
+    """BENCH torch_partial_batch_cnn: the compile-less issue's partial last batch, cold (no disk
+    cache), counted as bench_varlen counts."""
+    import json
+    n = 2 if quick else 3
+    e = json.loads(_in_fresh_process(f"_partial_child('eager', {n})"))
+    g = json.loads(_in_fresh_process(f"_partial_child('graft', {n})"))
+    print(f"BENCH torch_partial_batch_cnn graft_s={g['s']:.3f} eager_s={e['s']:.3f} "
+          f"speedup={e['s'] / g['s']:.3f} epochs={n} steps={n * 32} graphs={g['graphs']} "
+          f"native_builds={g['native']} quick_builds={g['quick']} compiler_runs={g['compiler_runs']} "
+          f"library_builds={g['library']} kernels_sized={g['sized']} native_steps={g['native_steps']}",
+          flush=True)
 
 
 def bench_trace(quick):
@@ -523,10 +569,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--only", default="", help="comma-separated subset: mlp,encoder,cnn,trace, "
-                    "a model (resnet18,mobilenet_v2,lstm_lm,gpt_block), first_<model> or varlen")
+                    "a model (resnet18,mobilenet_v2,lstm_lm,gpt_block), first_<model>, varlen or "
+                    "partial")
     args = ap.parse_args()
     everything = {"mlp", "encoder", "cnn", "trace", *MODELS, "first_resnet18",
-                  "first_mobilenet_v2", "varlen"}
+                  "first_mobilenet_v2", "varlen", "partial"}
     only = set(args.only.split(",")) if args.only else everything
     torch_gflops, graft_gflops = sgemm_gflops(), graft_gemm_gflops()
     gflops = max(torch_gflops, graft_gflops)
@@ -550,6 +597,8 @@ def main():
             bench_first_steps(name)
     if "varlen" in only:
         bench_varlen(args.quick)
+    if "partial" in only:
+        bench_partial(args.quick)
 
 
 if __name__ == "__main__":

@@ -374,6 +374,9 @@ void graft_empty_cache(void);
   X(uint64_t, native_disk_hits, "disk cache hits", "native code loaded from the disk cache, not compiled (the cpu backend: kernel objects)") \
   X(uint64_t, kernels_compiled, "kernels compiled", "distinct kernel bodies compiled (each once for every graph, and for later processes through the disk cache)") \
   X(uint64_t, kernels_reused, "kernels reused", "kernel bodies a build found compiled already, in memory or on disk") \
+  X(uint64_t, kernels_sized, "kernels size-generic", "of the bodies builds used, those run as a template whose varying sizes are run-time values (a batch or sequence length seen to vary)") \
+  X(uint64_t, compiler_runs, "compiler runs", "native compiler invocations (a build compiles its missing kernels as up to one object per core)") \
+  X(uint64_t, library_builds, "library builds", "graphs given native code at their first run, every kernel compiled before (a new size of a graph seen at another)") \
   X(uint64_t, native_disk_refused, "disk cache refused", "compiles that could not use the disk cache folder (warned once)") \
   X(uint64_t, fallback_ops, "reference fallbacks", "instructions of compiled graphs run on the reference kernels") \
   X(uint64_t, syncs, "syncs", "syncs that had pending work")                                      \

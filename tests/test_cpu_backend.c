@@ -1346,6 +1346,54 @@ TEST(kernels_shared_between_graphs) {
   release_all();
 }
 
+/* A row softmax then a layer norm over [rows, n], times a constant c: sizes and constants are
+ * the literals of its kernels' bodies. */
+static exec_program *sized_prog(int64_t rows, int64_t n, double c) {
+  int64_t sh[2] = {rows, n};
+  ir_node *x = data(GRAFT_F32, 2, sh), *g = data(GRAFT_F32, 1, &n), *b = data(GRAFT_F32, 1, &n);
+  ir_node *y = layernorm_last(softmax_last(b2(IR_MUL, x, cnst(GRAFT_F32, c, 2, sh))), g, b);
+  capture_run(&cap, &y, 1);
+  exec_program *p = capture_lower(&cap);
+  atomic_store(&p->varying, true); /* as the tier marks a graph seen at another size */
+  return p;
+}
+
+/* Size-generic bodies (cpu_sized.c): the first size compiles its kernels as they are; a second
+ * size compiles templates taking what differs as run-time values; later sizes compile nothing,
+ * a constant that had not varied compiles one more general template, and every one computes
+ * what the reference kernels do. */
+TEST(sized_bodies_serve_other_sizes) {
+  cpu_klib_forget();
+  const int64_t rows[] = {6, 9, 13, 5, 40}, cols[] = {100, 37, 50, 129, 3000};
+  const double c[] = {0.5, 0.5, 0.5, 1.5, 0.25};
+  const int compiles[] = {1, 1, 0, 1, 0};
+  uint64_t c0 = cpu_stats.compiles;
+  for (int k = 0; k < 5; k++) {
+    exec_program *p = sized_prog(rows[k], cols[k], c[k]);
+    uint64_t before = cpu_stats.compiles, sized = cpu_stats.bodies_sized;
+    void *e = cpu_backend.compile(p);
+    CHECK(e && exe_right(p, e));
+    CHECK(cpu_stats.compiles == before + (uint64_t)compiles[k]);
+    CHECK(k == 0 ? cpu_stats.bodies_sized == sized : cpu_stats.bodies_sized > sized);
+    cpu_backend.free_exe(e);
+    program_free(p);
+  }
+  exec_program *p = sized_prog(8, 77, 0.75); /* a graph not seen to vary: its own bodies */
+  atomic_store(&p->varying, false);
+  void *e = cpu_backend.compile(p);
+  CHECK(e && exe_right(p, e) && cpu_stats.compiles == c0 + 4);
+  cpu_backend.free_exe(e);
+  program_free(p);
+  cpu_sized_enable(false); /* off (GRAFT_SIZED=0): a new size compiles its own bodies */
+  p = sized_prog(7, 61, 0.5);
+  e = cpu_backend.compile(p);
+  CHECK(e && exe_right(p, e) && cpu_stats.compiles == c0 + 5);
+  cpu_backend.free_exe(e);
+  program_free(p);
+  cpu_sized_enable(true);
+  release_all();
+}
+
 TEST(disk_cache) {
   exec_program *p = cache_prog(3.25);
   uint64_t c0 = cpu_stats.compiles, h0 = cpu_stats.disk_hits;
@@ -2614,6 +2662,7 @@ int main(void) {
   RUN(compiler_failure_is_an_error);
   RUN(disk_cache);
   RUN(kernels_shared_between_graphs);
+  RUN(sized_bodies_serve_other_sizes);
   RUN(cache_path_is_not_shell_code);
   RUN(read_only_cache_folder);
   RUN(disk_cache_entries_refused);

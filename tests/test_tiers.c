@@ -6,12 +6,23 @@
 #include "check.h"
 #include "graft.h"
 #include "backend.h" /* the registry: a test stands in a compiler */
+#include "../src/graph/graph.h" /* tier_wait_idle */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* setenv once no build runs: the compile thread reads the environment (the compiler's). */
+static void set_env(const char *k, const char *v) {
+  tier_wait_idle();
+  setenv(k, v, 1);
+}
+static void unset_env(const char *k) {
+  tier_wait_idle();
+  unsetenv(k);
+}
 
 /* exp(x) * 2 + k over 1000 elements, synced; returns element 7. */
 static float small_graph(graft_tensor *x, double k) {
@@ -25,7 +36,7 @@ static float small_graph(graft_tensor *x, double k) {
 
 /* Async mode and a 1000-element input (its values in *v). */
 static graft_tensor *async_input(float scale, float **v) {
-  setenv("GRAFT_COMPILE", "async", 1);
+  set_env("GRAFT_COMPILE", "async");
   int64_t n = 1000;
   *v = ramp(n, scale);
   return graft_from_host(*v, GRAFT_F32, 1, &n, 0);
@@ -126,7 +137,7 @@ TEST(first_tier_matches_reference) {
         *wv = ramp(4 * 27, 0.3f);
   static float r[2][6000], c[2][1000];
   for (int mode = 0; mode < 2; mode++) {
-    setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
+    set_env("GRAFT_COMPILE", mode ? "async" : "off");
     graft_scope_begin();
     graft_tensor *a = graft_from_host(av, GRAFT_F32, 3, as, 0), *b = graft_from_host(bv, GRAFT_F32, 3, bs, 0);
     graft_tensor *x = graft_from_host(xv, GRAFT_F32, 4, xs, 0), *w = graft_from_host(wv, GRAFT_F32, 4, ws, 0);
@@ -157,7 +168,7 @@ TEST(unknown_mode_is_said_once) {
     dup2(fd, 2);
     float *v;
     graft_tensor *x = async_input(0.5f, &v);
-    setenv("GRAFT_COMPILE", "bogus", 1);
+    set_env("GRAFT_COMPILE", "bogus");
     float out[1000];
     for (int i = 0; i < 3; i++) /* a graph no other test made: new, then run again */
       if (graft_to_host(graft_sin(graft_mul_scalar(x, i)), out, sizeof out)) _exit(1);
@@ -182,7 +193,7 @@ TEST(off_means_no_compile) {
   graft_scope_begin();
   float out[1000];
   CHECK(graft_to_host(graft_mul(graft_exp(x), c), out, sizeof out) == GRAFT_OK);
-  setenv("GRAFT_COMPILE", "off", 1);
+  set_env("GRAFT_COMPILE", "off");
   CHECK(graft_to_host(graft_mul(graft_exp(x), c), out, sizeof out) == GRAFT_OK);
   graft_wait_compiles();
   CHECK(M().native_compiles == 0 && M().executions == 2 && M().graphs_compiled == 1);
@@ -228,7 +239,7 @@ TEST(first_tier_elementwise_equals_reference) {
       int64_t m = 0;
       for (int mode = 0; mode < 2; mode++) {
         r[mode] = malloc(sizeof(double) * 40 * 60 * 31);
-        setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
+        set_env("GRAFT_COMPILE", mode ? "async" : "off");
         m = chain(f ? GRAFT_F64 : GRAFT_F32, mode, sizes[z], r[mode]);
       }
       int same = 1;
@@ -245,7 +256,7 @@ static int64_t both_modes(int64_t (*run)(int mode, double *res), size_t cap, dou
   int64_t m = 0;
   for (int mode = 0; mode < 2; mode++) {
     r[mode] = malloc(sizeof(double) * cap);
-    setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
+    set_env("GRAFT_COMPILE", mode ? "async" : "off");
     m = run(mode, r[mode]);
   }
   return m;
@@ -341,7 +352,7 @@ TEST(first_tier_reductions_equal_reference) {
   for (int f = 0; f < 2; f++) {
     double r[2][292];
     for (int mode = 0; mode < 2; mode++) {
-      setenv("GRAFT_COMPILE", mode ? "async" : "off", 1);
+      set_env("GRAFT_COMPILE", mode ? "async" : "off");
       reductions(f ? GRAFT_F64 : GRAFT_F32, mode, r[mode]);
     }
     int nan = 0;
@@ -395,7 +406,7 @@ TEST(first_tier_big_reductions_equal_reference) {
 
 /* 2*1024*2048*1024 FLOPs: slower on the first tier than compiling, so compiled first. */
 TEST(heavy_graph_compiles_before_first_run) {
-  setenv("GRAFT_COMPILE", "async", 1);
+  set_env("GRAFT_COMPILE", "async");
   int64_t as[2] = {1024, 2048}, bs[2] = {2048, 1024};
   graft_scope_begin();
   graft_tensor *a = graft_full(0.5, GRAFT_F32, 2, as), *b = graft_full(0.25, GRAFT_F32, 2, bs);
@@ -436,7 +447,7 @@ TEST(compiler_supports_decides_what_compiles) {
   standin.supports = standin_supports;
   standin.compile = standin_compile;
   CHECK(backend_register("cpu", BACKEND_COMPILER, &standin) == real_compiler);
-  setenv("GRAFT_COMPILE", "sync", 1);
+  set_env("GRAFT_COMPILE", "sync");
   int64_t n = 1000;
   float *v = ramp(n, 1), out[1000];
   graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
@@ -485,8 +496,8 @@ static void *gated_quick(const exec_program *p, bool *full) {
 static void gates_install(void) {
   graft_metrics reset;
   graft_metrics_get(&reset); /* registers the built-in backends */
-  setenv("GRAFT_COMPILE", "async", 1);
-  unsetenv("GRAFT_COMPILE_QUICK");
+  set_env("GRAFT_COMPILE", "async");
+  unset_env("GRAFT_COMPILE_QUICK");
   real_first = backend_find("cpu", BACKEND_FIRST_TIER);
   real_compiler = backend_find("cpu", BACKEND_COMPILER);
   CHECK(real_first && real_compiler && real_compiler->compile_quick);
@@ -645,7 +656,7 @@ TEST(fork_during_build_and_queued_steps) {
   for (int k = 0; k < 3; k++) {
     float *v;
     graft_tensor *x = async_input(0.5f + (float)k, &v);
-    setenv("GRAFT_COMPILE", modes[k], 1);
+    set_env("GRAFT_COMPILE", modes[k]);
     graft_scope_begin();
     small_graph(x, 11 + k);
     small_graph(x, 11 + k); /* async: its build is queued now, and starts */

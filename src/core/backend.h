@@ -14,6 +14,7 @@ typedef struct {
   uint64_t disk_hits;                /* executables (or kernel objects) loaded from the disk cache */
   uint64_t kernels_compiled;         /* kernel bodies compiled */
   uint64_t kernels_reused;           /* kernel bodies a build found compiled already */
+  uint64_t kernels_sized;            /* of the bodies built, those that run as size-generic templates */
   uint64_t disk_refused;             /* compiles that could not use the disk cache folder */
   uint64_t fallbacks[IR_OP_COUNT];   /* per op: instructions run on the reference kernels */
   uint64_t kernel_choices;           /* kernel classes chosen by measurement */
@@ -29,6 +30,10 @@ typedef struct backend {
   /* Optional: the same code built sooner (less optimized), to run while compile() builds the
    * full one; sets *full when what it returns already is the full build (a disk-cache hit). */
   void *(*compile_quick)(const exec_program *p, bool *full);
+  /* Optional: a build from pieces compiled before, quick or full ones (*full set when all are
+   * full): no compiler runs, and none in progress is waited for; NULL otherwise. What it saw
+   * of p is remembered (the CPU backend's size-generic kernels learn from it). */
+  void *(*compile_cached)(const exec_program *p, bool *full);
   /* params[i] binds p->param_slot[i]; outs[i] receives a new reference for output i. */
   int (*execute)(void *exe, const exec_program *p, exec_buffer *const *params, exec_buffer **outs);
   void (*free_exe)(void *exe);

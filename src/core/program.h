@@ -5,6 +5,7 @@
 #define GRAFT_PROGRAM_H
 #include "ir.h"
 #include "buffer.h"
+#include <stdatomic.h>
 
 typedef struct {
   ir_op op;
@@ -30,6 +31,10 @@ typedef struct {
   int *output_slot;
   int device;
   bool has_collective;  /* an instruction runs across processes (MPI): run in the syncing thread */
+  /* Its structure was seen at other sizes (a batch or sequence length that varies): a backend
+   * may build code that takes what varies as run-time values. Set once, before a build of it
+   * reads it (the tier, under graft's lock). */
+  atomic_bool varying;
 } exec_program;
 
 /* Frees a program and its arrays (program.c); NULL is a no-op. */

@@ -138,6 +138,16 @@ void cache_foreach(void (*fn)(cache_entry *e)) {
     for (cache_entry *e = buckets[b]; e; e = e->next) fn(e);
 }
 
+cache_entry *cache_sibling(const cache_entry *e) {
+  cache_entry *best = NULL;
+  for (int b = 0; b < NBUCKETS; b++)
+    for (cache_entry *o = buckets[b]; o; o = o->next)
+      if (o != e && o->prog->shape_free == e->prog->shape_free && o->prog->device == e->prog->device &&
+          (!best || o->level > best->level))
+        best = o;
+  return best;
+}
+
 void cache_clear(void) {
   for (int b = 0; b < NBUCKETS; b++) {
     while (buckets[b]) {

@@ -49,6 +49,7 @@ typedef struct cache_entry {
   tier_state tier;
   tier_level level;
   bool full_only;           /* the caller waits for native code (wait_compiles): no quick build */
+  bool varying;             /* another size of it was cached before (cache_sibling) */
   bool inherited;           /* made before a fork and not run since in this (child) process:
                                graft_wait_compiles leaves it alone */
   unsigned char check_reported; /* GRAFT_CHECK: bit 0 first tier, bit 1 compiled code reported */
@@ -66,6 +67,9 @@ void cache_reason(const graph_capture *g, char *buf, size_t n);
 /* Caches prog (lowered from capture g, whose structure the entry keeps) with its executable. */
 cache_entry *cache_insert(exec_program *prog, const graph_capture *g, const backend *be,
                           void *exe);
+/* Another cached graph of e's structure up to shapes and dtypes (a loop's step at another
+ * batch or sequence length), the one with the most optimized native code; NULL if none. */
+cache_entry *cache_sibling(const cache_entry *e);
 /* Calls fn on every cached entry (lock held). */
 void cache_foreach(void (*fn)(cache_entry *e));
 void cache_clear(void);
@@ -122,6 +126,9 @@ const backend *tier_first_backend(int device);
 void *tier_native_for(cache_entry *e, int queued);
 /* Stops the compile thread (lock NOT held: the thread takes it to publish results). */
 void tier_shutdown(void);
+/* Tests: returns when no build is queued or running (queues nothing), so that the caller may
+ * change the environment the compile thread reads. */
+void tier_wait_idle(void);
 /* Shuts each backend down once (graft_shutdown, after the cached graphs are freed). */
 void graph_backends_shutdown(void);
 /* Asynchronous execution (async.c): a job runs one graph on the executor thread. */

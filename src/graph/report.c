@@ -25,6 +25,7 @@ static void report_backend_stats(backend_stats *bs) {
     bs->disk_hits += one.disk_hits;
     bs->kernels_compiled += one.kernels_compiled;
     bs->kernels_reused += one.kernels_reused;
+    bs->kernels_sized += one.kernels_sized;
     bs->disk_refused += one.disk_refused;
     bs->kernel_choices += one.kernel_choices;
     bs->kernels_demoted += one.kernels_demoted;
@@ -47,6 +48,8 @@ void graft_metrics_get(graft_metrics *m) {
   m->native_disk_hits = bs.disk_hits;
   m->kernels_compiled = bs.kernels_compiled;
   m->kernels_reused = bs.kernels_reused;
+  m->kernels_sized = bs.kernels_sized;
+  m->compiler_runs = bs.compiles;
   m->native_disk_refused = bs.disk_refused;
   m->kernel_choices = bs.kernel_choices;
   m->kernels_demoted = bs.kernels_demoted;

@@ -34,6 +34,7 @@ static pthread_cond_t q_idle = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t q_landed = PTHREAD_COND_INITIALIZER; /* a first build finished */
 static _Atomic double q_build_ms_per_instr; /* the last first build's time per instruction */
 static cache_entry *q_head, *q_tail;
+static cache_entry *q_current; /* the entry whose build is running (q_mu) */
 static pthread_cond_t q_between = PTHREAD_COND_INITIALIZER; /* a build ended (q_busy = 0) */
 static int q_busy, q_stop, q_started;
 static int q_forking; /* a fork waits for the build in progress: start no other */
@@ -53,6 +54,7 @@ static tier_mode tier_get_mode(void) {
 }
 
 static void tier_enqueue(cache_entry *e);
+static void tier_queue(cache_entry *e);
 
 /* The native code a queued or running step picks up when it starts (lock held). */
 static void tier_publish(cache_entry *e, void *exe, tier_level level) {
@@ -110,6 +112,7 @@ static void tier_landed(cache_entry *e, void *exe) {
   if (exe) atomic_store_explicit(&e->published, exe, memory_order_release);
   pthread_mutex_lock(&q_mu);
   atomic_store(&e->building, false);
+  q_current = NULL;
   pthread_cond_broadcast(&q_landed);
   pthread_mutex_unlock(&q_mu);
 }
@@ -143,6 +146,7 @@ static void *tier_worker(void *arg) {
     q_head = e->qnext;
     if (!q_head) q_tail = NULL;
     q_busy = 1;
+    q_current = e;
     pthread_mutex_unlock(&q_mu);
     /* e->level and e->full_only change only under the lock, and not while e is queued */
     bool first = e->level == TIER_LEVEL_NONE;
@@ -218,6 +222,41 @@ static double tier_ref_cost_ms(const exec_program *p) {
 /* Rough cost of a native compile here: the compiler's start plus a little per instruction. */
 static double tier_compile_cost_ms(const exec_program *p) { return 50 + 1.5 * p->ninstr; }
 
+/* e is a new size of a cached graph (a batch or sequence length that varies): its kernels may
+ * all be compiled already (the backend's size-generic ones), and then it is native from its
+ * first run. Else it is queued at once rather than at its second run: its build serves every
+ * later size of the family, and the steps wait for it (tier_native_for). The backend first
+ * sees the sibling (if that has no native code yet) so that what varies between the two is
+ * known to this build. False when e has no sibling. */
+/* e's native code built from kernels compiled before, if they all were (lock held). */
+static bool tier_from_library(cache_entry *e) {
+  bool full = false;
+  double t0 = metrics_now_ms();
+  void *exe = e->fast->compile_cached(e->prog, &full);
+  graft_clear_error();
+  if (!exe) return false;
+  metrics.m.library_builds++;
+  tier_finish(e, exe, full ? TIER_LEVEL_FULL : TIER_LEVEL_QUICK, "", metrics_now_ms() - t0);
+  return true;
+}
+
+static bool tier_submit_varying(cache_entry *e) {
+  cache_entry *sib = cache_sibling(e);
+  if (!sib) return false;
+  e->varying = true;
+  atomic_store(&e->prog->varying, true);
+  atomic_store(&sib->prog->varying, true);
+  if (sib->level == TIER_LEVEL_NONE && sib->fast == e->fast) {
+    bool full;
+    void *x = e->fast->compile_cached(sib->prog, &full);
+    if (x) e->fast->free_exe(x);
+  }
+  if (tier_from_library(e)) return true;
+  if (!atomic_load(&sib->building)) tier_queue(e); /* else it tries again at its next run */
+  else e->tier = TIER_ONCE;
+  return true;
+}
+
 void tier_submit(cache_entry *e) {
   tier_mode mode = tier_get_mode();
   e->fast = graph_backend(e->prog->device, BACKEND_COMPILER);
@@ -231,6 +270,7 @@ void tier_submit(cache_entry *e) {
     e->tier = TIER_OFF;
     return;
   }
+  if (mode == TIER_MODE_ASYNC && e->fast->compile_cached && tier_submit_varying(e)) return;
   /* Running first on the first tier only pays when it beats the compiler: a graph with big
    * contractions (the estimate puts a 1024x2048x1024 matmul at ~100 ms there) or
    * a huge elementwise volume is compiled before its first run. */
@@ -293,6 +333,9 @@ static double tier_build_left_ms(const cache_entry *e) {
 /* The share of a first-tier step's time native code saves (its quick build runs resnet18's
  * step in 55 ms against the first tier's 110, mobilenet_v2's in 50 against 90). */
 #define TIER_NATIVE_SAVING 0.5
+/* A build for a new size of a graph (e->varying) serves the sizes to come: waited for as if
+ * this many steps would run it. */
+#define TIER_FAMILY_RUNS 64
 /* The least a step waits for a build it decided to wait for (tier_native_for). */
 #define TIER_WAIT_MIN_MS 1000.0
 
@@ -300,6 +343,7 @@ void *tier_native_for(cache_entry *e, int queued) {
   void *exe = atomic_load_explicit(&e->published, memory_order_acquire);
   if (exe || !atomic_load(&e->building)) return exe;
   double step_ms = e->first_tier_ms > 0 ? e->first_tier_ms : tier_ref_cost_ms(e->prog);
+  if (e->varying && queued < TIER_FAMILY_RUNS) queued = TIER_FAMILY_RUNS;
   /* waiting pays when the queued steps would save more on native code than the wait costs */
   if ((queued + 1) * step_ms * TIER_NATIVE_SAVING <= tier_build_left_ms(e)) return NULL;
   /* Steps are queued ahead (the front-end traces faster than the first tier runs them): the
@@ -311,8 +355,11 @@ void *tier_native_for(cache_entry *e, int queued) {
   until.tv_sec += (time_t)(wait_ms / 1000);
   until.tv_nsec += (long)(fmod(wait_ms, 1000) * 1e6);
   if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  /* Only for a build that is running: one queued behind others waits for them, and the compile
+   * thread takes graft's lock between builds, which a traced step reading a value (holding it)
+   * may keep until this step ran. */
   pthread_mutex_lock(&q_mu);
-  while (atomic_load(&e->building) && q_started && !q_stop && !q_forking)
+  while (atomic_load(&e->building) && q_current == e && q_started && !q_stop && !q_forking)
     if (pthread_cond_timedwait(&q_landed, &q_mu, &until) == ETIMEDOUT) break;
   pthread_mutex_unlock(&q_mu);
   return atomic_load_explicit(&e->published, memory_order_acquire);
@@ -320,7 +367,9 @@ void *tier_native_for(cache_entry *e, int queued) {
 
 void tier_hit(cache_entry *e) {
   e->inherited = false;
-  if (e->tier == TIER_ONCE && tier_get_mode() != TIER_MODE_OFF) tier_queue(e);
+  if (e->tier != TIER_ONCE || tier_get_mode() == TIER_MODE_OFF) return;
+  if (e->varying && tier_from_library(e)) return;
+  tier_queue(e);
 }
 
 /* The caller wants the full native code now: no quick build first. A forked child wants it for
@@ -402,6 +451,12 @@ void tier_fork_child(void) { /* this thread is the only one: the parent's waiter
 }
 
 void tier_shutdown(void) { tier_stop_thread(); }
+
+void tier_wait_idle(void) {
+  pthread_mutex_lock(&q_mu);
+  while (q_started && (q_head || q_busy)) pthread_cond_wait(&q_idle, &q_mu);
+  pthread_mutex_unlock(&q_mu);
+}
 
 void graph_backends_shutdown(void) {
   graph_backends_init();

@@ -22,6 +22,7 @@ typedef struct {
   uint64_t disk_hits;     /* kernel objects loaded from the disk cache (no compiler run) */
   uint64_t bodies_compiled; /* kernel bodies compiled (cpu_klib.c) */
   uint64_t bodies_reused;   /* kernel bodies a build found compiled (memory or disk) */
+  uint64_t bodies_sized;    /* of a build's bodies, those run as size-generic templates */
   uint64_t disk_corrupt;  /* cache entries rejected (size/checksum mismatch) and rebuilt */
   uint64_t disk_refused;  /* compiles whose cache dir was unsafe, not creatable or read-only */
   double compile_ms;      /* wall time spent in the compiler */
@@ -44,6 +45,8 @@ void cpu_pool_shutdown(void);
 /* Forgets the kernel bodies held in memory (cpu_klib.c; tests of the disk layer: what a new
  * process holds). The objects stay loaded. */
 void cpu_klib_forget(void);
+/* Tests: GRAFT_SIZED's switch (size-generic kernel bodies, cpu_sized.c). */
+void cpu_sized_enable(bool on);
 /* The size of the last kernel object's source compiled (tests: what a folder must take). */
 size_t cpu_klib_last_source_bytes(void);
 /* The last generated source (for dumps/debugging); valid until the next compile. */

@@ -18,6 +18,7 @@ const char *cpu_last_source(void) { return cpu_last_src ? cpu_last_src : ""; }
 typedef struct {
   cpu_code code;
   cpu_kernel_fn *fn; /* per body */
+  int64_t **lits;    /* per body: a size-generic template's literals (cpu_sized.c), or NULL */
   uint64_t hash;
   cpu_profile prof; /* GRAFT_PROFILE: time per kernel and GEMM call site */
   int *out_buf;     /* per output: the slot whose buffer it is (cpu_plan_buffer_of) */
@@ -40,12 +41,13 @@ static bool cpu_supports(const exec_instr *ins) {
 /* Compiles may come from the background compile thread and from a caller at once (sync mode):
  * one at a time, and the counters they write are read under the same lock. */
 static pthread_mutex_t cpu_compile_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t cpu_src_mu = PTHREAD_MUTEX_INITIALIZER; /* cpu_last_src */
 
-static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt);
+static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_only);
 
 static void *cpu_compile_opt(const exec_program *p, cpu_opt *opt) {
   pthread_mutex_lock(&cpu_compile_mu);
-  void *e = cpu_compile_locked(p, opt);
+  void *e = cpu_compile_locked(p, opt, false);
   pthread_mutex_unlock(&cpu_compile_mu);
   return e;
 }
@@ -62,12 +64,23 @@ static void *cpu_compile_quick(const exec_program *p, bool *full) {
   return e;
 }
 
+/* On the tracing thread, beside a compile in progress (which may take seconds): it compiles
+ * nothing, so it needs no turn (code generation keeps no shared state; the library, the
+ * skeletons and the counters have their own locks). */
+static void *cpu_compile_cached(const exec_program *p, bool *full) {
+  cpu_opt opt = CPU_OPT_QUICK;
+  void *e = cpu_compile_locked(p, &opt, true);
+  *full = opt == CPU_OPT_FULL;
+  return e;
+}
+
 static void cpu_backend_stats(backend_stats *out) {
   pthread_mutex_lock(&cpu_compile_mu);
   out->compiles = cpu_stats.compiles;
   out->disk_hits = cpu_stats.disk_hits;
-  out->kernels_compiled = cpu_stats.bodies_compiled;
-  out->kernels_reused = cpu_stats.bodies_reused;
+  out->kernels_compiled = __atomic_load_n(&cpu_stats.bodies_compiled, __ATOMIC_RELAXED);
+  out->kernels_reused = __atomic_load_n(&cpu_stats.bodies_reused, __ATOMIC_RELAXED);
+  out->kernels_sized = __atomic_load_n(&cpu_stats.bodies_sized, __ATOMIC_RELAXED);
   out->disk_refused = cpu_stats.disk_refused;
   out->kernel_choices = __atomic_load_n(&cpu_stats.choices, __ATOMIC_RELAXED);
   out->kernels_demoted = __atomic_load_n(&cpu_stats.demoted, __ATOMIC_RELAXED);
@@ -78,10 +91,11 @@ static void cpu_backend_stats(backend_stats *out) {
 static void cpu_backend_shutdown(void) {
   cpu_pool_shutdown();
   cpu_klib_shutdown();
-  pthread_mutex_lock(&cpu_compile_mu);
+  cpu_sized_forget();
+  pthread_mutex_lock(&cpu_src_mu);
   free(cpu_last_src);
   cpu_last_src = NULL;
-  pthread_mutex_unlock(&cpu_compile_mu);
+  pthread_mutex_unlock(&cpu_src_mu);
 }
 
 /* The rendering to GRAFT_DUMP_DIR, beside the IR dumps. */
@@ -99,7 +113,7 @@ static void cpu_dump_source(const exec_program *p, const char *src) {
 
 static void cpu_free_exe(void *exe);
 
-static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt) {
+static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_only) {
   const cpu_blas_fns *bl = cpu_blas();
   fuse_plan pl;
   if (cpu_plan_build(p, bl->sgemm && bl->dgemm, &pl)) return NULL;
@@ -112,17 +126,21 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt) {
   int rc = cpu_codegen(p, &pl, &e->code, &src, NULL);
   e->out_buf = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
   e->fn = calloc((size_t)e->code.nbody + 1, sizeof *e->fn);
+  e->lits = calloc((size_t)e->code.nbody + 1, sizeof *e->lits);
   for (int k = 0; e->out_buf && k < p->noutputs; k++)
     e->out_buf[k] = cpu_plan_buffer_of(p, &pl, p->output_slot[k]);
   fuse_plan_free(&pl);
   if (!rc && src.s) {
+    pthread_mutex_lock(&cpu_src_mu);
     free(cpu_last_src);
     cpu_last_src = strdup(src.s);
+    pthread_mutex_unlock(&cpu_src_mu);
     cpu_dump_source(p, src.s);
   }
   cpu_sb_free(&src);
-  if (!rc && (!e->out_buf || !e->fn)) rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
-  if (rc || cpu_klib_resolve(e->code.body, e->code.nbody, opt, e->fn)) {
+  if (!rc && (!e->out_buf || !e->fn || !e->lits)) rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
+  if (rc || cpu_klib_resolve(e->code.body, e->code.nbody, opt, lib_only,
+                             atomic_load(&p->varying), e->fn, e->lits)) {
     cpu_free_exe(e);
     return NULL;
   }
@@ -172,6 +190,7 @@ static int cpu_run_fallback(cpu_run *r, int i) {
 static void cpu_run_kernel(cpu_run *r, const cpu_launch *l) {
   const cpu_code *c = &r->e->code;
   for (int j = 0; j < l->nslot; j++) r->P[j] = r->S[c->slots[l->slot0 + j]];
+  r->P[l->nslot] = r->e->lits[l->body]; /* a template's literals, after its buffers */
   cpu_kernel_fn fn = r->e->fn[l->body];
   if (l->par) cpu_parallel_run(fn, r->P, l->units);
   else fn(r->P, 0, l->units);
@@ -358,6 +377,8 @@ static void cpu_free_exe(void *exe) {
   cpu_exe *e = exe;
   if (!e) return;
   cpu_profile_free(&e->prof);
+  for (int k = 0; e->lits && k < e->code.nbody; k++) free(e->lits[k]);
+  free(e->lits);
   cpu_code_free(&e->code);
   free(e->fn);
   free(e->out_buf);
@@ -369,6 +390,7 @@ const backend cpu_backend = {
     .supports = cpu_supports,
     .compile = cpu_compile,
     .compile_quick = cpu_compile_quick,
+    .compile_cached = cpu_compile_cached,
     .execute = cpu_execute,
     .free_exe = cpu_free_exe,
     .stats = cpu_backend_stats,

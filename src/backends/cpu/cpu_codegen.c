@@ -49,6 +49,10 @@ static const char cpu_prelude[] =
     "static inline float gc_f32(double x) { float f = (float)x; __asm__(\"\" : \"+x\"(f)); return f; }\n"
     "static inline float gc_f32i(int64_t x) { float f = (float)x; __asm__(\"\" : \"+x\"(f)); return f; }\n"
     "static inline int64_t gc_clamp(int64_t q, int64_t n) { return q < 0 ? 0 : q >= n ? n - 1 : q; }\n"
+    /* a size-generic template's floating literals, passed by their bits (cpu_sized.c) */
+    "static inline float gc_lf(int64_t b) { uint32_t u = (uint32_t)b; float f; "
+    "__builtin_memcpy(&f, &u, 4); return f; }\n"
+    "static inline double gc_ld(int64_t b) { double d; __builtin_memcpy(&d, &b, 8); return d; }\n"
     /* Streaming (non-temporal) stores for large outputs nobody reads soon: a kernel computes a
      * block into a local buffer, then gc_stream copies it out bypassing the cache (no read for
      * ownership of the destination lines). gcc emits no NT stores from plain C: inline asm. */

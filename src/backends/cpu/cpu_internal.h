@@ -142,11 +142,26 @@ void cpu_object_close(cpu_object *obj);
 /* ---- cpu_klib.c: the kernel library ---- */
 /* Each body's run function at level *opt, from memory, the disk cache, or compiled now (the
  * missing ones only, in parallel objects); a quick build takes a full body when there is one.
- * On return *opt is CPU_OPT_FULL when every body is fully optimized. 0, or -1 with the error
- * set. */
-int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, cpu_kernel_fn *fn);
+ * On return *opt is CPU_OPT_FULL when every body is fully optimized. sized (a program whose
+ * sizes vary, exec_program.varying): a body may run as a size-generic template (cpu_sized.c) gets its literals in lits[i] (the caller frees them; NULL
+ * for the others), passed to its run function after its buffers. lib_only: nothing is compiled;
+ * 1 (no error set) when something would be. 0, or -1 with the error set. */
+int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool sized,
+                     cpu_kernel_fn *fn, int64_t **lits);
 /* Closes every object (graft_shutdown, after the last graph is freed). */
 void cpu_klib_shutdown(void);
+
+/* ---- cpu_sized.c: size-generic bodies ---- */
+/* When body b's skeleton (its text with the numeric literals masked) was seen before with
+ * other literals: the template that serves it into tpl (the text with the varying literals
+ * read from its last parameter; nparam one more than b's) and its literal values into *vals
+ * (malloc'd). Otherwise tpl->text is NULL (b is recorded as its skeleton's first). 0, or -1
+ * when out of memory. GRAFT_SIZED=0 turns templates off. */
+int cpu_sized_template(const cpu_body *b, cpu_body *tpl, int64_t **vals);
+/* A template of that text failed to compile: its skeleton's bodies stay specialised. */
+void cpu_sized_broken(const char *tpl_text);
+/* Forgets every skeleton (tests; graft_shutdown). */
+void cpu_sized_forget(void);
 
 /* ---- cpu_pool.c ---- */
 void cpu_parallel_run(cpu_kernel_fn fn, void **S, int64_t total);

@@ -231,49 +231,141 @@ static cpu_kernel_fn klib_find(const uint64_t key[2]) {
   return f; /* NULL when the index named an object without it (then it compiles anew) */
 }
 
-int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, cpu_kernel_fn *fn) {
-  uint64_t (*key)[2] = malloc(sizeof *key * (size_t)(n + 1));
-  int *miss = malloc(sizeof(int) * (size_t)(n + 1));
-  if (!key || !miss) {
-    free(key);
-    free(miss);
-    err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
-    return -1;
+/* The key of text at opt, and its function from the library: the full level's if there is
+ * one (*full set), else at opt's. */
+static cpu_kernel_fn klib_lookup(const char *text, cpu_opt opt, uint64_t key[2], bool *full) {
+  uint64_t fk[2];
+  cpu_cache_key(text, CPU_OPT_FULL, fk);
+  cpu_kernel_fn f = klib_find(fk);
+  *full = f != NULL;
+  if (opt == CPU_OPT_QUICK) cpu_cache_key(text, CPU_OPT_QUICK, key);
+  else memcpy(key, fk, sizeof fk);
+  return f || opt == CPU_OPT_FULL ? f : klib_find(key);
+}
+
+/* What one resolve compiles: all[] holds the graph's n bodies, then the nt templates some of
+ * them run as (cpu_sized.c); via[i] is the entry whose function graph body i runs. */
+typedef struct {
+  cpu_body *all;
+  uint64_t (*key)[2];
+  int *miss, *via, nm, n, nt;
+} klib_need;
+
+/* Graph body i missed the library: it runs as a size-generic template when its skeleton was
+ * seen with other literals (found compiled, or queued once per resolve), else it compiles as it
+ * is. 0, or -1 when out of memory. */
+static int klib_miss(klib_need *w, int i, cpu_opt opt, cpu_kernel_fn *fn, int64_t **lits,
+                     bool *all_full) {
+  cpu_body t;
+  if (cpu_sized_template(&w->all[i], &t, &lits[i])) return -1;
+  if (!t.text) {
+    w->miss[w->nm++] = i;
+    *all_full = *all_full && opt == CPU_OPT_FULL;
+    return 0;
   }
-  bool all_full = true;
+  uint64_t k[2];
+  bool full;
+  fn[i] = klib_lookup(t.text, opt, k, &full);
+  *all_full = *all_full && (full || opt == CPU_OPT_FULL);
+  int q = w->n;
+  while (q < w->n + w->nt && (w->key[q][0] != k[0] || w->key[q][1] != k[1])) q++;
+  if (fn[i] || q < w->n + w->nt) { /* compiled, or queued by another body of this graph */
+    free(t.text);
+    w->via[i] = q;
+    return 0;
+  }
+  w->all[q] = t;
+  memcpy(w->key[q], k, sizeof k);
+  w->via[i] = q;
+  w->miss[w->nm++] = q;
+  w->nt++;
+  return 0;
+}
+
+/* The templates failed to compile: their skeletons are marked, and the bodies that were to run
+ * them compile as they are. */
+static void klib_drop_templates(klib_need *w, int64_t **lits) {
   int nm = 0;
-  for (int i = 0; i < n; i++) {
-    uint64_t full[2];
-    cpu_cache_key(b[i].text, CPU_OPT_FULL, full);
-    fn[i] = klib_find(full);
-    if (*opt == CPU_OPT_QUICK) cpu_cache_key(b[i].text, CPU_OPT_QUICK, key[i]);
-    else memcpy(key[i], full, sizeof full);
-    if (fn[i]) continue;
-    all_full = all_full && *opt == CPU_OPT_FULL;
-    if (*opt == CPU_OPT_QUICK) fn[i] = klib_find(key[i]);
-    if (!fn[i]) miss[nm++] = i;
+  for (int k = 0; k < w->nm; k++)
+    if (w->miss[k] < w->n) w->miss[nm++] = w->miss[k];
+  for (int i = 0; i < w->n; i++)
+    if (w->via[i] >= w->n) {
+      w->via[i] = i;
+      w->miss[nm++] = i;
+      free(lits[i]);
+      lits[i] = NULL;
+    }
+  for (int q = w->n; q < w->n + w->nt; q++) {
+    cpu_sized_broken(w->all[q].text);
+    free(w->all[q].text);
   }
-  int rc = nm ? klib_build(b, (const uint64_t(*)[2])key, miss, nm, *opt) : 0;
-  cpu_stats.bodies_reused += (uint64_t)(n - nm);
-  if (!rc) cpu_stats.bodies_compiled += (uint64_t)nm;
-  for (int k = 0; k < nm && !rc; k++) {
+  w->nm = nm;
+  w->nt = 0;
+}
+
+int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool sized,
+                     cpu_kernel_fn *fn, int64_t **lits) {
+  klib_need w = {calloc((size_t)(2 * n + 1), sizeof *w.all), malloc(sizeof *w.key * (size_t)(2 * n + 1)),
+                 malloc(sizeof(int) * (size_t)(2 * n + 1)), malloc(sizeof(int) * (size_t)(n + 1)),
+                 0, n, 0};
+  int rc = 0;
+  if (!w.all || !w.key || !w.miss || !w.via) rc = -1;
+  bool all_full = true;
+  for (int i = 0; i < n && !rc; i++) {
+    w.all[i] = b[i];
+    w.via[i] = i;
+    lits[i] = NULL;
+    bool full;
+    fn[i] = klib_lookup(b[i].text, *opt, w.key[i], &full);
+    if (!fn[i] && sized) rc = klib_miss(&w, i, *opt, fn, lits, &all_full);
+    else if (!fn[i]) {
+      w.miss[w.nm++] = i;
+      all_full = all_full && *opt == CPU_OPT_FULL;
+    }
+  }
+  if (rc) err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
+  int built = 0;
+  if (!rc && w.nm && lib_only) rc = 1;
+  else if (!rc && w.nm) {
+    built = w.nm;
+    rc = klib_build(w.all, (const uint64_t(*)[2])w.key, w.miss, w.nm, *opt);
+    if (rc && w.nt) { /* a template the compiler refused: its bodies compile specialised */
+      graft_clear_error();
+      klib_drop_templates(&w, lits);
+      built = w.nm;
+      rc = klib_build(w.all, (const uint64_t(*)[2])w.key, w.miss, w.nm, *opt);
+    }
+  }
+  if (!rc) { /* atomics: a library-only build runs beside a compile (cpu_compile_cached) */
+    int sized = 0;
+    for (int i = 0; i < n; i++) sized += lits[i] != NULL;
+    __atomic_fetch_add(&cpu_stats.bodies_reused, (uint64_t)(n - built), __ATOMIC_RELAXED);
+    __atomic_fetch_add(&cpu_stats.bodies_compiled, (uint64_t)built, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&cpu_stats.bodies_sized, (uint64_t)sized, __ATOMIC_RELAXED);
+  }
+  for (int i = 0; i < n && !rc; i++) {
+    if (fn[i]) continue;
     pthread_mutex_lock(&klib_mu);
-    fn[miss[k]] = klib_get(key[miss[k]]);
+    fn[i] = klib_get(w.key[w.via[i]]);
     pthread_mutex_unlock(&klib_mu);
-    if (!fn[miss[k]]) {
+    if (!fn[i]) {
       err_set(GRAFT_ERR_INTERNAL, "cpu: a compiled kernel object lacks one of its bodies");
       rc = -1;
     }
   }
   if (!rc && all_full) *opt = CPU_OPT_FULL;
-  free(key);
-  free(miss);
+  for (int q = n; w.all && q < n + w.nt; q++) free(w.all[q].text);
+  free(w.all);
+  free(w.key);
+  free(w.miss);
+  free(w.via);
   return rc;
 }
 
 size_t cpu_klib_last_source_bytes(void) { return klib_last_bytes; }
 
 void cpu_klib_forget(void) {
+  cpu_sized_forget();
   pthread_mutex_lock(&klib_mu);
   if (klib_tab) memset(klib_tab, 0, sizeof *klib_tab * klib_slots);
   klib_used = 0;
