@@ -5,6 +5,7 @@
 #include "../core/error.h"
 #include "../core/metrics.h"
 #include "../passes/passes.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -245,6 +246,11 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
       return graft_last_status();
     }
     tier_submit(e);
+    if (e->varying) { /* the reason's shapes say which dims differ from the nearest graph */
+      size_t k = strlen(reason);
+      snprintf(reason + k, sizeof reason - k, "; a new size of a cached graph: its kernels take "
+               "the sizes that vary at run time (size-generic), compiled once for every size");
+    }
     metrics_add_reason(reason);
     dump_graph(&cap, p, reason, &ps);
     metrics.m.graphs_compiled++;

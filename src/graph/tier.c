@@ -240,12 +240,19 @@ static bool tier_from_library(cache_entry *e) {
   return true;
 }
 
-static bool tier_submit_varying(cache_entry *e) {
+/* e's sibling (cache_sibling), both marked as sizes of a varying family; NULL if none. */
+static cache_entry *tier_mark_varying(cache_entry *e) {
   cache_entry *sib = cache_sibling(e);
-  if (!sib) return false;
+  if (!sib) return NULL;
   e->varying = true;
   atomic_store(&e->prog->varying, true);
   atomic_store(&sib->prog->varying, true);
+  return sib;
+}
+
+static bool tier_submit_varying(cache_entry *e) {
+  cache_entry *sib = tier_mark_varying(e);
+  if (!sib) return false;
   if (sib->level == TIER_LEVEL_NONE && sib->fast == e->fast) {
     bool full;
     void *x = e->fast->compile_cached(sib->prog, &full);
@@ -274,6 +281,7 @@ void tier_submit(cache_entry *e) {
   /* Running first on the first tier only pays when it beats the compiler: a graph with big
    * contractions (the estimate puts a 1024x2048x1024 matmul at ~100 ms there) or
    * a huge elementwise volume is compiled before its first run. */
+  if (mode == TIER_MODE_SYNC) tier_mark_varying(e); /* its compile may take size-generic code */
   if (mode == TIER_MODE_SYNC || tier_ref_cost_ms(e->prog) > tier_compile_cost_ms(e->prog)) {
     double t0 = metrics_now_ms();
     void *exe = e->fast->compile(e->prog);
