@@ -222,12 +222,6 @@ static double tier_ref_cost_ms(const exec_program *p) {
 /* Rough cost of a native compile here: the compiler's start plus a little per instruction. */
 static double tier_compile_cost_ms(const exec_program *p) { return 50 + 1.5 * p->ninstr; }
 
-/* e is a new size of a cached graph (a batch or sequence length that varies): its kernels may
- * all be compiled already (the backend's size-generic ones), and then it is native from its
- * first run. Else it is queued at once rather than at its second run: its build serves every
- * later size of the family, and the steps wait for it (tier_native_for). The backend first
- * sees the sibling (if that has no native code yet) so that what varies between the two is
- * known to this build. False when e has no sibling. */
 /* e's native code built from kernels compiled before, if they all were (lock held). */
 static bool tier_from_library(cache_entry *e) {
   bool full = false;
@@ -250,6 +244,12 @@ static cache_entry *tier_mark_varying(cache_entry *e) {
   return sib;
 }
 
+/* e is a new size of a cached graph (a batch or sequence length that varies): its kernels may
+ * all be compiled already (the backend's size-generic ones), and then it is native from its
+ * first run. Else it is queued at once rather than at its second run: its build serves every
+ * later size of the family, and the steps wait for it (tier_native_for). The backend first
+ * sees the sibling (if that has no native code yet) so that what varies between the two is
+ * known to this build. False when e has no sibling. */
 static bool tier_submit_varying(cache_entry *e) {
   cache_entry *sib = tier_mark_varying(e);
   if (!sib) return false;
@@ -449,6 +449,7 @@ void tier_fork_child(void) { /* this thread is the only one: the parent's waiter
     if (e->level == TIER_LEVEL_NONE) e->tier = TIER_ONCE; /* else it keeps its quick build */
   }
   q_head = q_tail = NULL;
+  q_current = NULL;
   cache_foreach(tier_mark_inherited);
   q_forking = q_started = q_busy = q_stop = 0;
   pthread_cond_init(&q_cv, NULL);

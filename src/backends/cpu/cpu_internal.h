@@ -143,9 +143,10 @@ void cpu_object_close(cpu_object *obj);
 /* Each body's run function at level *opt, from memory, the disk cache, or compiled now (the
  * missing ones only, in parallel objects); a quick build takes a full body when there is one.
  * On return *opt is CPU_OPT_FULL when every body is fully optimized. sized (a program whose
- * sizes vary, exec_program.varying): a body may run as a size-generic template (cpu_sized.c) gets its literals in lits[i] (the caller frees them; NULL
- * for the others), passed to its run function after its buffers. lib_only: nothing is compiled;
- * 1 (no error set) when something would be. 0, or -1 with the error set. */
+ * sizes vary, exec_program.varying): a body may run as a size-generic template (cpu_sized.c),
+ * its literals in lits[i] (the caller frees them; NULL for the others), passed to its run
+ * function after its buffers. lib_only: nothing is compiled; 1 (no error set) when something
+ * would be. 0, or -1 with the error set. */
 int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool sized,
                      cpu_kernel_fn *fn, int64_t **lits);
 /* Closes every object (graft_shutdown, after the last graph is freed). */

@@ -271,7 +271,7 @@ static int klib_miss(klib_need *w, int i, cpu_opt opt, cpu_kernel_fn *fn, int64_
   while (q < w->n + w->nt && (w->key[q][0] != k[0] || w->key[q][1] != k[1])) q++;
   if (fn[i] || q < w->n + w->nt) { /* compiled, or queued by another body of this graph */
     free(t.text);
-    w->via[i] = q;
+    if (!fn[i]) w->via[i] = q; /* only bodies waiting for a queued template point past n */
     return 0;
   }
   w->all[q] = t;
@@ -337,11 +337,11 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool
     }
   }
   if (!rc) { /* atomics: a library-only build runs beside a compile (cpu_compile_cached) */
-    int sized = 0;
-    for (int i = 0; i < n; i++) sized += lits[i] != NULL;
+    int nsized = 0;
+    for (int i = 0; i < n; i++) nsized += lits[i] != NULL;
     __atomic_fetch_add(&cpu_stats.bodies_reused, (uint64_t)(n - built), __ATOMIC_RELAXED);
     __atomic_fetch_add(&cpu_stats.bodies_compiled, (uint64_t)built, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&cpu_stats.bodies_sized, (uint64_t)sized, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&cpu_stats.bodies_sized, (uint64_t)nsized, __ATOMIC_RELAXED);
   }
   for (int i = 0; i < n && !rc; i++) {
     if (fn[i]) continue;
