@@ -1394,6 +1394,25 @@ TEST(sized_bodies_serve_other_sizes) {
   release_all();
 }
 
+/* A template the compiler refuses: the bodies that were to run it compile as they are, right,
+ * and their skeleton stays specialised (no template is tried again). */
+TEST(sized_template_failure_falls_back) {
+  cpu_klib_forget();
+  cpu_sized_test_poison(true);
+  const int64_t rows[] = {6, 9, 13}, cols[] = {100, 37, 50};
+  for (int k = 0; k < 3; k++) {
+    exec_program *p = sized_prog(rows[k], cols[k], 0.5);
+    uint64_t fail = cpu_stats.compile_fail, sized = cpu_stats.bodies_sized;
+    void *e = cpu_backend.compile(p);
+    CHECK(e && exe_right(p, e) && cpu_stats.bodies_sized == sized);
+    CHECK(k == 1 ? cpu_stats.compile_fail > fail : cpu_stats.compile_fail == fail); /* once */
+    cpu_backend.free_exe(e);
+    program_free(p);
+  }
+  cpu_sized_test_poison(false);
+  release_all();
+}
+
 TEST(disk_cache) {
   exec_program *p = cache_prog(3.25);
   uint64_t c0 = cpu_stats.compiles, h0 = cpu_stats.disk_hits;
@@ -2663,6 +2682,7 @@ int main(void) {
   RUN(disk_cache);
   RUN(kernels_shared_between_graphs);
   RUN(sized_bodies_serve_other_sizes);
+  RUN(sized_template_failure_falls_back);
   RUN(cache_path_is_not_shell_code);
   RUN(read_only_cache_folder);
   RUN(disk_cache_entries_refused);

@@ -249,7 +249,7 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
     if (e->varying) { /* the reason's shapes say which dims differ from the nearest graph */
       size_t k = strlen(reason);
       snprintf(reason + k, sizeof reason - k, "; a new size of a cached graph: its kernels take "
-               "the sizes that vary at run time (size-generic), compiled once for every size");
+               "the sizes that vary as run-time values (size-generic), compiled once for every size");
     }
     metrics_add_reason(reason);
     dump_graph(&cap, p, reason, &ps);

@@ -47,6 +47,8 @@ void cpu_pool_shutdown(void);
 void cpu_klib_forget(void);
 /* Tests: GRAFT_SIZED's switch (size-generic kernel bodies, cpu_sized.c). */
 void cpu_sized_enable(bool on);
+/* Tests: templates made from now on do not compile (the fallback to specialised bodies). */
+void cpu_sized_test_poison(bool on);
 /* The size of the last kernel object's source compiled (tests: what a folder must take). */
 size_t cpu_klib_last_source_bytes(void);
 /* The last generated source (for dumps/debugging); valid until the next compile. */

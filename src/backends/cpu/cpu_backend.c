@@ -76,12 +76,12 @@ static void *cpu_compile_cached(const exec_program *p, bool *full) {
 
 static void cpu_backend_stats(backend_stats *out) {
   pthread_mutex_lock(&cpu_compile_mu);
-  out->compiles = cpu_stats.compiles;
-  out->disk_hits = cpu_stats.disk_hits;
+  out->compiles = __atomic_load_n(&cpu_stats.compiles, __ATOMIC_RELAXED);
+  out->disk_hits = __atomic_load_n(&cpu_stats.disk_hits, __ATOMIC_RELAXED);
   out->kernels_compiled = __atomic_load_n(&cpu_stats.bodies_compiled, __ATOMIC_RELAXED);
   out->kernels_reused = __atomic_load_n(&cpu_stats.bodies_reused, __ATOMIC_RELAXED);
   out->kernels_sized = __atomic_load_n(&cpu_stats.bodies_sized, __ATOMIC_RELAXED);
-  out->disk_refused = cpu_stats.disk_refused;
+  out->disk_refused = __atomic_load_n(&cpu_stats.disk_refused, __ATOMIC_RELAXED);
   out->kernel_choices = __atomic_load_n(&cpu_stats.choices, __ATOMIC_RELAXED);
   out->kernels_demoted = __atomic_load_n(&cpu_stats.demoted, __ATOMIC_RELAXED);
   memcpy(out->fallbacks, cpu_stats.fallback, sizeof out->fallbacks);

@@ -159,6 +159,9 @@ void cpu_klib_shutdown(void);
  * (malloc'd). Otherwise tpl->text is NULL (b is recorded as its skeleton's first). 0, or -1
  * when out of memory. GRAFT_SIZED=0 turns templates off. */
 int cpu_sized_template(const cpu_body *b, cpu_body *tpl, int64_t **vals);
+/* Records b as its skeleton's first body if the skeleton is new (b was found compiled: a later
+ * size can make a template from it). 0, or -1 when out of memory. */
+int cpu_sized_note(const cpu_body *b);
 /* A template of that text failed to compile: its skeleton's bodies stay specialised. */
 void cpu_sized_broken(const char *tpl_text);
 /* Forgets every skeleton (tests; graft_shutdown). */

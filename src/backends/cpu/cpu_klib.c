@@ -115,6 +115,7 @@ typedef struct {
   double ms;
   int rc;
   graft_status status;
+  bool has_tpl; /* it holds a size-generic template (a body at index >= the build's first_tpl) */
   char err[1100];
 } klib_job;
 
@@ -142,7 +143,7 @@ static int klib_objects(size_t bytes, int nm) {
 /* Each of bodies miss[0..nm) to the lightest of nj objects so far, in order; each job's source.
  * 0, or -1 (error set). */
 static int klib_partition(const cpu_body *b, const uint64_t (*key)[2], const int *miss, int nm,
-                          klib_job *job, int nj) {
+                          int first_tpl, klib_job *job, int nj) {
   int *pick = malloc(sizeof(int) * (size_t)nm), *sel = malloc(sizeof(int) * (size_t)nm);
   size_t *load = calloc((size_t)nj, sizeof(size_t));
   if (!pick || !sel || !load) {
@@ -162,7 +163,10 @@ static int klib_partition(const cpu_body *b, const uint64_t (*key)[2], const int
   for (int q = 0; q < nj; q++) {
     int ns = 0;
     for (int k = 0; k < nm; k++)
-      if (pick[k] == q) sel[ns++] = miss[k];
+      if (pick[k] == q) {
+        sel[ns++] = miss[k];
+        job[q].has_tpl = job[q].has_tpl || miss[k] >= first_tpl;
+      }
     klib_source(b, key, sel, ns, &job[q].src);
   }
   free(pick);
@@ -171,12 +175,14 @@ static int klib_partition(const cpu_body *b, const uint64_t (*key)[2], const int
   return 0;
 }
 
-/* The jobs' objects join the library; 0, or -1 with the first failure's error set. */
-static int klib_collect(klib_job *job, int nj) {
+/* The jobs' objects join the library; 0, or -1 with the first failure's error set (*tpl_failed
+ * when a failed object held a template). */
+static int klib_collect(klib_job *job, int nj, bool *tpl_failed) {
   int rc = 0;
   for (int q = 0; q < nj; q++) {
     cpu_stats.compile_ms += job[q].ms;
     if (job[q].rc) {
+      *tpl_failed = *tpl_failed || job[q].has_tpl;
       if (!rc) err_set(job[q].status ? job[q].status : GRAFT_ERR_COMPILE, "%s", job[q].err);
       rc = -1;
       continue;
@@ -192,7 +198,7 @@ static int klib_collect(klib_job *job, int nj) {
 /* Compiles bodies miss[0..nm) at opt as up to one object per core, in parallel; each object's
  * bodies join the library and the disk index. 0, or -1 with the first failure's error set. */
 static int klib_build(const cpu_body *b, const uint64_t (*key)[2], const int *miss, int nm,
-                      cpu_opt opt) {
+                      cpu_opt opt, int first_tpl, bool *tpl_failed) {
   size_t bytes = 0;
   for (int k = 0; k < nm; k++) bytes += strlen(b[miss[k]].text);
   int nj = klib_objects(bytes, nm), rc = -1;
@@ -200,14 +206,14 @@ static int klib_build(const cpu_body *b, const uint64_t (*key)[2], const int *mi
   pthread_t *th = calloc((size_t)nj, sizeof *th);
   bool *started = calloc((size_t)nj, sizeof *started);
   if (!job || !th || !started) err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
-  else if (!klib_partition(b, key, miss, nm, job, nj)) {
+  else if (!klib_partition(b, key, miss, nm, first_tpl, job, nj)) {
     for (int q = 0; q < nj; q++) job[q].opt = opt;
     for (int q = 1; q < nj; q++) started[q] = !pthread_create(&th[q], NULL, klib_compile, &job[q]);
     for (int q = 0; q < nj; q++)
       if (!started[q]) klib_compile(&job[q]); /* the first here, and any thread that did not start */
     for (int q = 1; q < nj; q++)
       if (started[q]) pthread_join(th[q], NULL);
-    rc = klib_collect(job, nj);
+    rc = klib_collect(job, nj, tpl_failed);
   }
   for (int q = 0; job && q < nj; q++) cpu_sb_free(&job[q].src);
   free(job);
@@ -286,8 +292,12 @@ static int klib_miss(klib_need *w, int i, cpu_opt opt, cpu_kernel_fn *fn, int64_
  * them compile as they are. */
 static void klib_drop_templates(klib_need *w, int64_t **lits) {
   int nm = 0;
-  for (int k = 0; k < w->nm; k++)
-    if (w->miss[k] < w->n) w->miss[nm++] = w->miss[k];
+  for (int k = 0; k < w->nm; k++) { /* not those an object that did compile holds */
+    pthread_mutex_lock(&klib_mu);
+    bool landed = klib_get(w->key[w->miss[k]]) != NULL;
+    pthread_mutex_unlock(&klib_mu);
+    if (w->miss[k] < w->n && !landed) w->miss[nm++] = w->miss[k];
+  }
   for (int i = 0; i < w->n; i++)
     if (w->via[i] >= w->n) {
       w->via[i] = i;
@@ -317,6 +327,8 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool
     lits[i] = NULL;
     bool full;
     fn[i] = klib_lookup(b[i].text, *opt, w.key[i], &full);
+    if (fn[i] && !full) all_full = false; /* found at the quick level only */
+    if (fn[i] && sized && cpu_sized_note(&b[i])) rc = -1;
     if (!fn[i] && sized) rc = klib_miss(&w, i, *opt, fn, lits, &all_full);
     else if (!fn[i]) {
       w.miss[w.nm++] = i;
@@ -328,12 +340,13 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool
   if (!rc && w.nm && lib_only) rc = 1;
   else if (!rc && w.nm) {
     built = w.nm;
-    rc = klib_build(w.all, (const uint64_t(*)[2])w.key, w.miss, w.nm, *opt);
-    if (rc && w.nt) { /* a template the compiler refused: its bodies compile specialised */
+    bool tpl_failed = false;
+    rc = klib_build(w.all, (const uint64_t(*)[2])w.key, w.miss, w.nm, *opt, n, &tpl_failed);
+    if (rc && tpl_failed) { /* an object with a template failed: its bodies compile specialised */
       graft_clear_error();
       klib_drop_templates(&w, lits);
       built = w.nm;
-      rc = klib_build(w.all, (const uint64_t(*)[2])w.key, w.miss, w.nm, *opt);
+      rc = klib_build(w.all, (const uint64_t(*)[2])w.key, w.miss, w.nm, *opt, n, &tpl_failed);
     }
   }
   if (!rc) { /* atomics: a library-only build runs beside a compile (cpu_compile_cached) */

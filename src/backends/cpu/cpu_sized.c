@@ -63,6 +63,9 @@ static bool sz_enabled(void) {
 }
 
 void cpu_sized_enable(bool on) { atomic_store(&sz_on, on ? 1 : 0); }
+
+static atomic_bool sz_poison; /* tests: templates the compiler refuses */
+void cpu_sized_test_poison(bool on) { atomic_store(&sz_poison, on); }
 static pthread_mutex_t sz_mu = PTHREAD_MUTEX_INITIALIZER;
 static sz_family *sz_tab[SZ_BUCKETS];
 
@@ -165,7 +168,7 @@ static int sz_scan(const char *text, sz_lit **lits, int *nlit, uint64_t *skel) {
 }
 
 static bool sz_lit_eq(const char *a, const sz_lit *la, const char *b, const sz_lit *lb) {
-  return la->len == lb->len && !memcmp(a + la->off, b + lb->off, (size_t)la->len);
+  return la->kind == lb->kind && la->len == lb->len && !memcmp(a + la->off, b + lb->off, (size_t)la->len);
 }
 
 /* Whether a and b have the same skeleton (not only the same hash). */
@@ -176,6 +179,7 @@ static bool sz_same(const char *a, const sz_lit *la, int na, const char *b, cons
   for (int k = 0; k <= na; k++) {
     int32_t ea = k < na ? la[k].off : (int32_t)strlen(a), eb = k < nb ? lb[k].off : (int32_t)strlen(b);
     if (ea - pa != eb - pb || memcmp(a + pa, b + pb, (size_t)(ea - pa))) return false;
+    if (k < na && la[k].kind != lb[k].kind) return false; /* gK holds what the template reads */
     if (k < na) pa = ea + la[k].len, pb = eb + lb[k].len;
   }
   return true;
@@ -232,6 +236,7 @@ static char *sz_template_text(const char *ref, const sz_lit *lit, int nlit, cons
     pos = lit[k].off + lit[k].len;
   }
   cpu_sb_puts(&out, ref + pos);
+  if (atomic_load(&sz_poison)) cpu_sb_puts(&out, "\n#error a template the compiler refuses (test)\n");
   if (out.oom) {
     cpu_sb_free(&out);
     return NULL;
@@ -290,6 +295,40 @@ static int64_t *sz_values(const sz_family *f, const sz_tpl *t, const char *text,
   return v;
 }
 
+/* The family of text (literals lit, skeleton skel), recorded with text as its first body when
+ * there is none (sz_mu held); NULL when out of memory. *fresh: it was recorded now. */
+static sz_family *sz_family_get(uint64_t skel, const char *text, sz_lit **lit, int nlit, bool *fresh) {
+  sz_family *f = sz_family_of(skel, text, *lit, nlit);
+  *fresh = f == NULL;
+  if (f) return f;
+  f = calloc(1, sizeof *f);
+  if (!f || !(f->ref = strdup(text))) {
+    free(f);
+    return NULL;
+  }
+  f->skel = skel;
+  f->lit = *lit;
+  f->nlit = nlit;
+  *lit = NULL;
+  f->next = sz_tab[skel % SZ_BUCKETS];
+  sz_tab[skel % SZ_BUCKETS] = f;
+  return f;
+}
+
+int cpu_sized_note(const cpu_body *b) {
+  sz_lit *lit;
+  int nlit;
+  uint64_t skel;
+  if (!sz_enabled()) return 0;
+  if (sz_scan(b->text, &lit, &nlit, &skel)) return -1;
+  bool fresh;
+  pthread_mutex_lock(&sz_mu);
+  sz_family *f = sz_family_get(skel, b->text, &lit, nlit, &fresh);
+  pthread_mutex_unlock(&sz_mu);
+  free(lit);
+  return f ? 0 : -1;
+}
+
 int cpu_sized_template(const cpu_body *b, cpu_body *tpl, int64_t **vals) {
   sz_lit *lit;
   int nlit;
@@ -299,22 +338,11 @@ int cpu_sized_template(const cpu_body *b, cpu_body *tpl, int64_t **vals) {
   if (!sz_enabled()) return 0;
   if (sz_scan(b->text, &lit, &nlit, &skel)) return -1;
   int rc = 0;
+  bool fresh; /* the first of its skeleton: it is the reference, compiled as it is */
   pthread_mutex_lock(&sz_mu);
-  sz_family *f = sz_family_of(skel, b->text, lit, nlit);
-  if (!f) { /* the first of its skeleton: it is the reference, compiled as it is */
-    f = calloc(1, sizeof *f);
-    if (f && (f->ref = strdup(b->text))) {
-      f->skel = skel;
-      f->lit = lit;
-      f->nlit = nlit;
-      lit = NULL;
-      f->next = sz_tab[skel % SZ_BUCKETS];
-      sz_tab[skel % SZ_BUCKETS] = f;
-    } else {
-      free(f);
-      rc = -1;
-    }
-  } else if (!f->broken && nlit > 0) {
+  sz_family *f = sz_family_get(skel, b->text, &lit, nlit, &fresh);
+  if (!f) rc = -1;
+  else if (!fresh && !f->broken && strcmp(f->ref, b->text)) { /* the first body needs none */
     sz_tpl *t = sz_fit(f, b->text, lit);
     if (!t) t = sz_new_template(f, b->text, lit);
     if (t && (tpl->text = strdup(t->text)) && (*vals = sz_values(f, t, b->text, lit)))
