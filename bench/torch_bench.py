@@ -417,21 +417,7 @@ def _first_steps_child(name, mode, steps):
     model, X, Y, loss_fn, opt_fn, _ = _model_case(name)
     if mode in ("eager", "inductor"):
         torch.set_num_threads(2)
-    t0 = time.perf_counter()
-    dev = DEV if mode == "graft" else torch.device("cpu")
-    model, X, Y = model.to(dev), X.to(dev), Y.to(dev)
-    if mode == "inductor":
-        model = torch.compile(model)
-    opt = opt_fn(model.parameters())
-    for _ in range(steps):
-        opt.zero_grad()
-        l = loss_fn(model(X), Y)
-        l.backward()
-        opt.step()
-        if mode == "graft":
-            graft.step()
-    l.item()
-    return time.perf_counter() - t0
+    return _train_steps(model, lambda dev: [(X.to(dev), Y.to(dev))] * steps, loss_fn, opt_fn, mode)
 
 
 def bench_first_steps(name):
@@ -464,14 +450,16 @@ def _compile_counts(s, mode, **extra):
 
 
 def _train_steps(model, batches, loss_fn, opt, mode):
-    """Trains on each (input, target) of batches on mode's device; the seconds it took, the
-    last loss read."""
+    """Trains on each (input, target) that batches(device) yields, on mode's device (graft,
+    eager, or inductor: a torch.compile of the model, its compile time counted: a user pays
+    it); the seconds from the model's move to the last loss read."""
     t0 = time.perf_counter()
     dev = DEV if mode == "graft" else torch.device("cpu")
     model = model.to(dev)
+    if mode == "inductor":
+        model = torch.compile(model)
     opt = opt(model.parameters())
-    for x, y in batches:
-        x, y = x.to(dev), y.to(dev)
+    for x, y in batches(dev):
         opt.zero_grad()
         l = loss_fn(model(x), y)
         l.backward()
@@ -492,8 +480,8 @@ def _varlen_child(mode, batches):
     data = [torch.randint(0, 256, (4, rng.randint(16, 128) + 1)) for _ in range(batches)]
     if mode == "eager":
         torch.set_num_threads(2)
-    s = _train_steps(model, ((t[:, :-1], t[:, 1:]) for t in data), _seq_ce,
-                     lambda p: torch.optim.AdamW(p, lr=1e-3), mode)
+    s = _train_steps(model, lambda dev: ((t[:, :-1].to(dev), t[:, 1:].to(dev)) for t in data),
+                     _seq_ce, lambda p: torch.optim.AdamW(p, lr=1e-3), mode)
     return _compile_counts(s, mode, lengths=len({t.shape[1] for t in data}))
 
 
@@ -526,8 +514,8 @@ def _partial_child(mode, epochs):
     if mode == "eager":
         torch.set_num_threads(2)
     batches = [(X[i:i + 32], Y[i:i + 32]) for _ in range(epochs) for i in range(0, 1000, 32)]
-    s = _train_steps(model, batches, F.cross_entropy,
-                     lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), mode)
+    s = _train_steps(model, lambda dev: ((x.to(dev), y.to(dev)) for x, y in batches),
+                     F.cross_entropy, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), mode)
     return _compile_counts(s, mode)
 
 

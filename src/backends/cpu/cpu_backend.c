@@ -113,6 +113,15 @@ static void cpu_dump_source(const exec_program *p, const char *src) {
 
 static void cpu_free_exe(void *exe);
 
+/* The source as the last compile's (cpu_last_source) and into GRAFT_DUMP_DIR. */
+static void cpu_keep_source(const exec_program *p, const char *src) {
+  pthread_mutex_lock(&cpu_src_mu);
+  free(cpu_last_src);
+  cpu_last_src = strdup(src);
+  pthread_mutex_unlock(&cpu_src_mu);
+  cpu_dump_source(p, src);
+}
+
 static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_only) {
   const cpu_blas_fns *bl = cpu_blas();
   fuse_plan pl;
@@ -130,20 +139,18 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
   for (int k = 0; e->out_buf && k < p->noutputs; k++)
     e->out_buf[k] = cpu_plan_buffer_of(p, &pl, p->output_slot[k]);
   fuse_plan_free(&pl);
-  if (!rc && src.s) {
-    pthread_mutex_lock(&cpu_src_mu);
-    free(cpu_last_src);
-    cpu_last_src = strdup(src.s);
-    pthread_mutex_unlock(&cpu_src_mu);
-    cpu_dump_source(p, src.s);
-  }
-  cpu_sb_free(&src);
+  /* a compile's source is kept even when the compiler fails (to see why); a library-only
+   * attempt's only when it builds (most of them find a kernel missing) */
+  if (!rc && src.s && !lib_only) cpu_keep_source(p, src.s);
   if (!rc && (!e->out_buf || !e->fn || !e->lits)) rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   if (rc || cpu_klib_resolve(e->code.body, e->code.nbody, opt, lib_only,
                              atomic_load(&p->varying), e->fn, e->lits)) {
+    cpu_sb_free(&src);
     cpu_free_exe(e);
     return NULL;
   }
+  if (src.s && lib_only) cpu_keep_source(p, src.s);
+  cpu_sb_free(&src);
   for (int k = 0; k < e->code.nbody; k++) { /* only the keys' hashing needed the texts */
     free(e->code.body[k].text);
     e->code.body[k].text = NULL;
