@@ -5,8 +5,11 @@
 #define _DEFAULT_SOURCE
 #include "check.h"
 #include "graft.h"
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static graft_tensor *mat(const float *v, int64_t r, int64_t c) {
   int64_t s[2] = {r, c};
@@ -162,12 +165,70 @@ TEST(shutdown_runs_what_is_queued) {
   graft_release(z);
 }
 
+/* A host function that holds its step until the test opens the gate (at most 10 s), then
+ * records whether the gate was open: whether the test got in while the step was running. */
+static atomic_int gate_open, gate_fails;
+static int gate_held(void *ctx, int nin, const graft_host_tensor *in, graft_host_tensor *out,
+                     char *err, size_t errlen) {
+  (void)nin;
+  for (int i = 0; i < 10000 && !atomic_load(&gate_open); i++) usleep(1000);
+  *(atomic_int *)ctx = atomic_load(&gate_open);
+  if (atomic_load(&gate_fails)) {
+    snprintf(err, errlen, "the gate's step fails after its loss");
+    return 1;
+  }
+  memcpy(out->data, in[0].data, (size_t)in[0].numel * sizeof(float));
+  return 0;
+}
+
+/* A small output (a loss) is readable as soon as its value is final, while the rest of its
+ * step still runs (the compiled CPU backend reports it; the reference backend does not). The
+ * loss is traced first, so it is computed before the held host call; the read must return
+ * while the host function is still waiting, else the host function sees the gate closed.
+ * A step that fails after its loss was read still reports the failure at the next wait. */
+TEST(a_small_output_is_readable_while_its_step_runs) {
+  const char *c = getenv("GRAFT_COMPILE");
+  if (c && !strcmp(c, "off")) return;
+  int64_t n = 4096;
+  float v[4096];
+  for (int i = 0; i < n; i++) v[i] = (float)(i % 7) * 0.25f;
+  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  atomic_int seen_open = 0;
+  for (int run = 0; run < 4; run++) { /* two runs to reach native code, then held ones */
+    atomic_store(&gate_open, run < 2);
+    atomic_store(&gate_fails, run == 3);
+    graft_tensor *loss = graft_sum(graft_mul(x, x), NULL, 0, false);
+    graft_tensor *e = graft_exp(x);
+    graft_tensor *held = graft_host_call(gate_held, &seen_open, 0x67617465ull, 1, &e, GRAFT_F32, 1, &n);
+    CHECK(held && graft_step() == GRAFT_OK);
+    double l = 0, want = 0;
+    CHECK(graft_item(loss, &l) == GRAFT_OK);
+    atomic_store(&gate_open, 1);
+    for (int i = 0; i < n; i++) want += (double)v[i] * v[i];
+    CHECK_NEAR(l, want, 1e-6 * want);
+    float h[4096];
+    if (run < 3) {
+      CHECK(graft_to_host(held, h, sizeof h) == GRAFT_OK && h[5] == expf(v[5]));
+    } else { /* the loss was good; the step's failure still surfaces, once */
+      CHECK(graft_wait() != GRAFT_OK && strstr(graft_last_error(), "after its loss"));
+      CHECK(graft_to_host(held, h, sizeof h) != GRAFT_OK);
+      graft_clear_error();
+      CHECK(graft_wait() == GRAFT_OK);
+    }
+    CHECK(atomic_load(&seen_open) == 1); /* the loss came back before the step ended */
+    graft_release(loss), graft_release(e), graft_release(held);
+    if (run == 0) graft_wait_compiles();
+  }
+  graft_release(x);
+}
+
 int main(void) {
   RUN(results_equal_the_synchronous_modes);
   RUN(an_error_surfaces_at_the_next_sync_and_training_continues);
   RUN(a_failure_a_read_reported_is_not_raised_again);
   RUN(a_read_waits_for_its_step);
   RUN(shutdown_runs_what_is_queued);
+  RUN(a_small_output_is_readable_while_its_step_runs);
   graft_shutdown();
   return CHECK_DONE();
 }

@@ -49,3 +49,17 @@ bool backend_supports_program(const backend *be, const exec_program *p, int *bad
     }
   return true;
 }
+
+static _Thread_local backend_final_fn final_fn;
+static _Thread_local void *final_ctx;
+
+void backend_set_final_hook(backend_final_fn fn, void *ctx) {
+  final_fn = fn;
+  final_ctx = ctx;
+}
+
+bool backend_final_wanted(void) { return final_fn != NULL; }
+
+void backend_output_final(int output, exec_buffer *b) {
+  if (final_fn) final_fn(final_ctx, output, b);
+}

@@ -46,6 +46,18 @@ typedef struct backend {
   void (*explain)(void *exe, const exec_program *p, int slot, char *buf, size_t n, char **source);
 } backend;
 
+/* Early outputs. A backend that runs a program step by step reports each output as soon as no
+ * later step writes it (backend_output_final), so a caller waiting on one value (a training
+ * loop's loss.item()) goes on while the rest of the step runs. The hook belongs to the thread
+ * that calls execute (set around the call, NULL after); backends that report nothing need not
+ * call it, and every output still comes back through outs at the end. */
+typedef void (*backend_final_fn)(void *ctx, int output, exec_buffer *b);
+void backend_set_final_hook(backend_final_fn fn, void *ctx);
+/* True when the executing thread has a hook (a backend skips the bookkeeping otherwise). */
+bool backend_final_wanted(void);
+/* Output `output`'s value in b is final: b stays the backend's (the hook copies what it keeps). */
+void backend_output_final(int output, exec_buffer *b);
+
 /* What a registered backend is for, on its device kind. */
 typedef enum {
   BACKEND_REFERENCE,  /* the oracle: plain kernels for every op (GRAFT_COMPILE=off, GRAFT_CHECK) */

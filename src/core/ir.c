@@ -7,6 +7,7 @@
 #include "loc.h"
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +60,8 @@ static uint64_t ir_local_hash(ir_node *n) {
   return h;
 }
 
+static _Atomic uint64_t ir_next_seq;
+
 static ir_node *ir_alloc(int nin) {
   ir_node *n = calloc(1, sizeof *n + (size_t)nin * sizeof(ir_node *));
   if (!n) return err_set(GRAFT_ERR_OOM, "out of memory allocating an IR node");
@@ -66,6 +69,7 @@ static ir_node *ir_alloc(int nin) {
   n->nin = nin;
   n->slot = -1;
   n->loc = loc_current();
+  n->seq = atomic_fetch_add_explicit(&ir_next_seq, 1, memory_order_relaxed);
   return n;
 }
 

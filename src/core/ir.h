@@ -95,6 +95,7 @@ struct ir_node {
   struct exec_buffer *data; /* IR_DATA only: the device data */
   int device;
   uint32_t loc;    /* where it was traced (loc.h; 0 unknown): not hashed */
+  uint64_t seq;    /* creation order (not hashed): a sync walks its roots in this order */
   /* scratch for graph capture; valid only under the global lock during one capture */
   uint64_t mark;
   int32_t slot;

@@ -5,7 +5,9 @@
  * A step that fails makes its outputs failed buffers: reading one gives the step's error, a
  * later step that takes one as input fails without running, and the first failure not yet
  * reported is returned by the next sync or graft_wait. Nothing is half-written: an output
- * buffer becomes ready only after its step succeeded.
+ * buffer becomes ready only when its value is final: after its step succeeded, or for a small
+ * output, as soon as the backend says no later part of the step writes it (job_output_final:
+ * a loop that reads its loss every step traces the next step while this one finishes).
  * The executor thread never takes the global lock: it touches only the queued jobs, their
  * buffers (reference-counted, with atomic states), the backends' executables (immutable once
  * published) and the execution counters (read by the tracing thread only after a drain).
@@ -26,6 +28,7 @@ struct async_job {
   exec_buffer **bufs;     /* nparams inputs (the job's references), then the backend's outputs */
   unsigned char *donated; /* per input: its reference goes to the backend */
   exec_buffer **ph;       /* noutputs placeholders (the job's references) */
+  unsigned char *early;   /* per output: its placeholder was filled while the step ran */
 };
 
 static pthread_mutex_t a_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -44,6 +47,7 @@ bool async_enabled(void) {
 }
 
 static void job_free(async_job *j) {
+  free(j->early);
   free(j->bufs);
   free(j->donated);
   free(j->ph);
@@ -75,6 +79,36 @@ static int async_queued_for(const cache_entry *e) {
   return n;
 }
 
+/* An output the backend says is final (backend_output_final) while the step goes on: a small
+ * one (a loss, a metric: what a loop reads every step) is copied into its placeholder and its
+ * waiters wake, so the tracing thread goes on with the next step while this one finishes.
+ * Larger ones (parameters, gradients) wait for the end, where their memory moves instead of
+ * being copied. A step that fails later still reports its error at the next sync. */
+enum { ASYNC_EARLY_BYTES = 4096 };
+
+static bool async_early_enabled(void) { /* GRAFT_EARLY_OUTPUTS=0: every output at the end */
+  static int on = -1;
+  if (on < 0) {
+    const char *v = getenv("GRAFT_EARLY_OUTPUTS");
+    on = !(v && !strcmp(v, "0"));
+  }
+  return on;
+}
+
+static void job_output_final(void *ctx, int k, exec_buffer *b) {
+  async_job *j = ctx;
+  if (j->early[k] || b->bytes > ASYNC_EARLY_BYTES || j->ph[k]->bytes != b->bytes) return;
+  buffer_retain(b); /* the run keeps its own reference: buffer_fill copies */
+  if (buffer_fill(j->ph[k], b)) {
+    graft_clear_error(); /* the end of the step fills it instead */
+    return;
+  }
+  j->early[k] = 1;
+  pthread_mutex_lock(&a_mu);
+  pthread_cond_broadcast(&a_done);
+  pthread_mutex_unlock(&a_mu);
+}
+
 /* Runs the job's graph (executor thread); returns the failure, or NULL on success with the
  * backend's outputs in bufs[nparams..]. */
 static buffer_failure *job_execute(async_job *j) {
@@ -83,8 +117,10 @@ static buffer_failure *job_execute(async_job *j) {
   graft_clear_error();
   void *native = tier_native_for(j->e, async_queued_for(j->e));
   double x0 = metrics_now_ms();
+  if (async_early_enabled()) backend_set_final_hook(job_output_final, j);
   int rc = native ? j->e->fast->execute(native, p, j->bufs, outs)
                   : j->e->be->execute(j->e->exe, p, j->bufs, outs);
+  backend_set_final_hook(NULL, NULL);
   double ms = metrics_now_ms() - x0;
   metrics.m.execute_ms += ms;
   if (!native && !rc) j->e->first_tier_ms = ms;
@@ -117,6 +153,7 @@ static void job_run(async_job *j) {
     f = job_execute(j);
   }
   for (int k = 0; k < p->noutputs && !f; k++) {
+    if (j->early[k]) continue; /* filled already; the run's buffer is released below */
     if (buffer_fill(j->ph[k], outs[k]) == 0) {
       outs[k] = NULL;
       continue;
@@ -207,8 +244,9 @@ async_job *async_job_new(cache_entry *e) {
     j->bufs = calloc((size_t)p->nparams + (size_t)p->noutputs + 1, sizeof *j->bufs);
     j->donated = calloc((size_t)p->nparams + 1, 1);
     j->ph = calloc((size_t)p->noutputs + 1, sizeof *j->ph);
+    j->early = calloc((size_t)p->noutputs + 1, 1);
   }
-  if (!j || !j->bufs || !j->donated || !j->ph) {
+  if (!j || !j->bufs || !j->donated || !j->ph || !j->early) {
     if (j) job_free(j);
     return err_set(GRAFT_ERR_OOM, "graft_sync: out of memory queuing a graph");
   }

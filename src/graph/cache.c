@@ -219,7 +219,7 @@ static const cache_entry *reason_nearest(const graph_capture *g, int *node, size
     return NULL;
   }
   const cache_entry *best = NULL;
-  size_t best_k = 0;
+  size_t best_k = 0, best_agree = 0;
   for (int b = 0; b < NBUCKETS && !s.oom; b++)
     for (const cache_entry *e = buckets[b]; e; e = e->next) {
       /* node words only: the root words come last in both */
@@ -227,7 +227,12 @@ static const cache_entry *reason_nearest(const graph_capture *g, int *node, size
       size_t m = mine < theirs ? mine : theirs, k = 1;
       while (k < m && e->sig[k] == s.w[k]) k++;
       if (k == m && mine == theirs) k = s.n; /* every node agrees: rank by the roots too */
-      if (!best || k > best_k) best = e, best_k = k;
+      /* a tie (both differ at the first input: a new batch size) goes to the graph that agrees
+       * in more words in all: the same program at another size, not another program */
+      size_t agree = k;
+      for (size_t q = k; q < m; q++) agree += e->sig[q] == s.w[q];
+      if (!best || k > best_k || (k == best_k && agree > best_agree))
+        best = e, best_k = k, best_agree = agree;
     }
   size_t nodes_end = sig_nodes_end(s.w, s.n);
   int i = g->n;

@@ -386,6 +386,36 @@ graft_status exec_step_locked(void) {
   return st;
 }
 
+typedef struct {
+  uint64_t seq;
+  int i;
+} exec_root_order;
+
+static int exec_cmp_root(const void *a, const void *b) {
+  const exec_root_order *x = a, *y = b;
+  return x->seq != y->seq ? (x->seq > y->seq) - (x->seq < y->seq) : (x->i > y->i) - (x->i < y->i);
+}
+
+/* The roots in the order the program made them: the capture walks them so, and the steps run
+ * in the program's order, the loss (made in the forward pass) before the gradients and the
+ * optimizer's updates, where a walk from the parameters put it last. A backend that reports
+ * outputs as they become final (async.c) then gives a loop its loss while the step goes on. */
+static void exec_order_roots(tensor_slot **sel, ir_node **roots, int m) {
+  exec_root_order *o = malloc(sizeof *o * ((size_t)m + 1));
+  tensor_slot **s2 = malloc(sizeof *s2 * ((size_t)m + 1));
+  if (!o || !s2) { /* any order is correct; this one is only sooner */
+    free(o);
+    free(s2);
+    return;
+  }
+  for (int i = 0; i < m; i++) o[i] = (exec_root_order){roots[i]->seq, i};
+  qsort(o, (size_t)m, sizeof *o, exec_cmp_root);
+  for (int i = 0; i < m; i++) s2[i] = sel[o[i].i];
+  for (int i = 0; i < m; i++) sel[i] = s2[i], roots[i] = s2[i]->node;
+  free(o);
+  free(s2);
+}
+
 static graft_status exec_sync_some(tensor_slot *const *ts, int n) {
   tensor_slot **sel = malloc(sizeof *sel * ((size_t)n + 1));
   ir_node **roots = malloc(sizeof *roots * ((size_t)n + 1));
@@ -405,6 +435,7 @@ static graft_status exec_sync_some(tensor_slot *const *ts, int n) {
       sel[m] = ts[i];
       roots[m++] = node;
     }
+    exec_order_roots(sel, roots, m);
     if (m) st = exec_device(sel, roots, m);
   }
   free(sel);

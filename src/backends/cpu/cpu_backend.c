@@ -22,6 +22,9 @@ typedef struct {
   uint64_t hash;
   cpu_profile prof; /* GRAFT_PROFILE: time per kernel and GEMM call site */
   int *out_buf;     /* per output: the slot whose buffer it is (cpu_plan_buffer_of) */
+  /* Early outputs (backend_output_final): the outputs in the order their values become final,
+   * and the step after which each does (-1: before the first, an input passed through). */
+  int *final_order, *final_step;
 } cpu_exe;
 
 typedef struct {
@@ -122,6 +125,47 @@ static void cpu_keep_source(const exec_program *p, const char *src) {
   cpu_dump_source(p, src);
 }
 
+static int cpu_cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Each output's final step (e->final_step, e->final_order): the last step that may write its
+ * buffer: a kernel naming it (its slots do not say which
+ * it reads), a GEMM into it, or the slot's own host or reference kernel; -1 when none does. Slots are
+ * written by their own instruction's code only, so after that step the value is final. */
+static int cpu_final_steps(cpu_exe *e, const exec_program *p) {
+  const cpu_code *c = &e->code;
+  int *last = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
+  if (!last) return -1;
+  for (int s = 0; s < p->ninstr; s++) last[s] = -1;
+  for (int st = 0; st < c->nstep; st++) {
+    int a = c->step[st].arg;
+    switch ((cpu_step_kind)c->step[st].kind) {
+    case CPU_STEP_FALLBACK: last[a] = st; break;
+    case CPU_STEP_GEMM: last[c->gemm[a].c] = st; break;
+    case CPU_STEP_KERNEL:
+      for (int j = 0; j < c->launch[a].nslot; j++) last[c->slots[c->launch[a].slot0 + j]] = st;
+      break;
+    default: break;
+    }
+  }
+  int64_t *key = malloc(sizeof(int64_t) * ((size_t)p->noutputs + 1));
+  if (!key) {
+    free(last);
+    return -1;
+  }
+  for (int k = 0; k < p->noutputs; k++) { /* (step + 1, output): sorted, the outputs in order */
+    e->final_step[k] = last[e->out_buf[k]];
+    key[k] = (int64_t)(e->final_step[k] + 1) << 32 | k;
+  }
+  qsort(key, (size_t)p->noutputs, sizeof *key, cpu_cmp_i64);
+  for (int k = 0; k < p->noutputs; k++) e->final_order[k] = (int)(key[k] & 0xffffffff);
+  free(key);
+  free(last);
+  return 0;
+}
+
 static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_only) {
   const cpu_blas_fns *bl = cpu_blas();
   fuse_plan pl;
@@ -134,6 +178,8 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
   cpu_sb src = {0};
   int rc = cpu_codegen(p, &pl, &e->code, &src, NULL);
   e->out_buf = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
+  e->final_order = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
+  e->final_step = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
   e->fn = calloc((size_t)e->code.nbody + 1, sizeof *e->fn);
   e->lits = calloc((size_t)e->code.nbody + 1, sizeof *e->lits);
   for (int k = 0; e->out_buf && k < p->noutputs; k++)
@@ -142,7 +188,9 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
   /* a compile's source is kept even when the compiler fails (to see why); a library-only
    * attempt's only when it builds (most of them find a kernel missing) */
   if (!rc && src.s && !lib_only) cpu_keep_source(p, src.s);
-  if (!rc && (!e->out_buf || !e->fn || !e->lits)) rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
+  if (!rc && (!e->out_buf || !e->final_order || !e->final_step || !e->fn || !e->lits))
+    rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
+  if (!rc && cpu_final_steps(e, p)) rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   if (rc || cpu_klib_resolve(e->code.body, e->code.nbody, opt, lib_only,
                              atomic_load(&p->varying), e->fn, e->lits)) {
     cpu_sb_free(&src);
@@ -269,8 +317,14 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
   }
   bool prof = cpu_profile_enabled();
   double t0 = prof ? cpu_profile_now() : 0;
-  int rc = 0;
-  for (int k = 0; k < e->code.nstep && !rc; k++) rc = cpu_run_step(&run, &e->code.step[k], prof);
+  int rc = 0, next = 0, nout = backend_final_wanted() ? p->noutputs : 0;
+  for (int k = -1; k < e->code.nstep && !rc; k++) {
+    if (k >= 0) rc = cpu_run_step(&run, &e->code.step[k], prof);
+    for (; !rc && next < nout && e->final_step[e->final_order[next]] <= k; next++) {
+      int o = e->final_order[next];
+      if (run.B[e->out_buf[o]]) backend_output_final(o, run.B[e->out_buf[o]]);
+    }
+  }
   if (prof) cpu_profile_run(&e->prof, e->hash, cpu_profile_now() - t0);
   if (rc && !err_pending()) err_set(GRAFT_ERR_INTERNAL, "cpu: a step of the compiled graph failed");
   for (int k = 0; k < p->noutputs && !rc; k++) {
@@ -389,6 +443,8 @@ static void cpu_free_exe(void *exe) {
   cpu_code_free(&e->code);
   free(e->fn);
   free(e->out_buf);
+  free(e->final_order);
+  free(e->final_step);
   free(e);
 }
 
