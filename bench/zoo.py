@@ -278,9 +278,13 @@ class Trainer:
 
 
 def _block(tr, n):
+    """ms a step over n steps; a graft block ends when everything it queued has run (a step's
+    loss is readable before its backward pass and optimizer have run: early outputs)."""
     t0 = time.perf_counter()
     for _ in range(n):
         tr.step()
+    if tr.dev != "cpu":
+        graft.wait()
     return (time.perf_counter() - t0) / n * 1000
 
 
