@@ -102,7 +102,7 @@ build/tsan/tests/%: tests/%.c build/tsan/libgraft.a $(TEST_HDR)
 # Every test on the reference backend alone (deterministic), then the op and composite tests
 # again with each graph compiled to native code before it runs (GRAFT_COMPILE=sync); each pass
 # runs the op, composite and gradient suites on cpu:0 and again on cpu:1 (DEVICE_TESTS).
-COMPILED_TESTS := test_async test_composite test_grad test_rnn test_passes test_ops_elementwise test_ops_shape test_ops_nn test_dist
+COMPILED_TESTS := test_async test_function test_composite test_grad test_rnn test_passes test_ops_elementwise test_ops_shape test_ops_nn test_dist
 
 # The device-parametrized suites (inputs on GRAFT_TEST_DEVICE) run again on cpu:1.
 DEVICE_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad test_rnn

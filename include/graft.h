@@ -423,6 +423,29 @@ const char *graft_last_compile_reason(void);
  *  __FILE__); NULL clears. A wrapper calls it per op, e.g. as a macro around each call. */
 void graft_set_location(const char *file, int line);
 
+/* ---- functions: a traced computation called again ----
+ * Tracing runs the caller's code for every op, every time (in PyTorch: Python, the dispatcher
+ * and graft's bridge). A function records once how some outputs are computed from some inputs
+ * and makes the same graph again over other inputs at each call, with no op calls: the graph
+ * is the one recorded, so the compile cache finds its compiled code. */
+typedef struct graft_function graft_function;
+/** Records how outputs[0..nout) are computed from inputs[0..nin). Each input must be
+ *  materialized (not pending: graft_sync it before tracing the computation) and distinct; any
+ *  other materialized tensor the computation reads is kept as a constant (by reference); a
+ *  random draw gets a new seed at each call. Nothing is run and no tensor changes. NULL with
+ *  the error set on bad arguments. */
+graft_function *graft_function_capture(int nin, graft_tensor *const *inputs, int nout,
+                                       graft_tensor *const *outputs);
+/** Calls f on inputs of the recorded dtypes, shapes and devices (pending ones too): outputs
+ *  receive nout new tensors, pending like any op's results. On error (a shape that differs
+ *  names the input and both shapes) no output is made. */
+graft_status graft_function_call(graft_function *f, int nin, graft_tensor *const *inputs,
+                                 int nout, graft_tensor **outputs);
+int graft_function_inputs(const graft_function *f);  /**< nin, or -1 for NULL */
+int graft_function_outputs(const graft_function *f); /**< nout, or -1 for NULL */
+/** Frees f and the constants it holds (NULL is a no-op). */
+void graft_function_free(graft_function *f);
+
 /* ---- host functions inside a graph ----
  * A graph can call a function of the caller's on the host, at its place in the step: no cut,
  * no sync. The PyTorch bridge runs an op it has no lowering for through PyTorch's CPU kernel

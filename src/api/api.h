@@ -16,6 +16,9 @@ ir_node *api_broadcast(ir_node *n, int ndim, const int64_t *shape);
 int api_broadcast_shape(const char *fn, const ir_node *a, const ir_node *b, int *nd, int64_t *out);
 /* A 0-d data leaf holding value as dt: a graph parameter. */
 ir_node *api_scalar_node(double value, graft_dtype dt, int device);
+/* A random draw's seed: a 0-d i64 data leaf with the generator's next value (graft_manual_seed
+ * restarts the sequence); NULL with the error set. */
+ir_node *api_rng_seed(int device);
 /* Normalizes axis into [0, ndim); -1 with GRAFT_ERR_AXIS set (naming fn) if out of range. */
 int api_axis(const char *fn, int axis, int ndim);
 /* Materializes every live tensor with pending IR. */

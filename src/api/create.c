@@ -213,25 +213,29 @@ void graft_manual_seed(uint64_t seed) {
   tensor_unlock();
 }
 
+ir_node *api_rng_seed(int device) {
+  uint64_t z = rng_state + 0x9e3779b97f4a7c15ull * ++rng_counter;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  ir_node *seed = api_scalar_node(0, GRAFT_I64, device);
+  int64_t zz = (int64_t)z;
+  if (seed && buffer_upload(seed->data, &zz, sizeof zz)) {
+    ir_release(seed);
+    return NULL;
+  }
+  return seed;
+}
+
 /* Each draw gets a fresh seed as a parameter, so a loop that draws every step compiles once. */
 static graft_tensor *rand_draw(const char *fn, int dist, graft_dtype dt, int ndim,
                                const int64_t *shape, int device) {
   unsigned mark = err_count();
   if (check_dtype(fn, dt) || check_device(fn, device)) return NULL;
   tensor_lock();
-  uint64_t z = rng_state + 0x9e3779b97f4a7c15ull * ++rng_counter;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  ir_node *seed = api_scalar_node(0, GRAFT_I64, device);
+  ir_node *seed = api_rng_seed(device);
   graft_tensor *t = NULL;
   if (seed) {
-    int64_t zz = (int64_t)z;
-    if (buffer_upload(seed->data, &zz, sizeof zz)) {
-      ir_release(seed);
-      tensor_unlock();
-      return err_named(NULL, mark, fn);
-    }
     ir_attrs at = {.a[IR_ATTR_RNG_dist] = dist};
     t = api_node(ir_make(IR_RNG, 1, &seed, &at, dt, ndim, shape));
     ir_release(seed);

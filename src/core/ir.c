@@ -98,6 +98,25 @@ ir_node *ir_make_data(exec_buffer *buf, graft_dtype dt, int ndim, const int64_t 
   return n;
 }
 
+ir_node *ir_make_raw(ir_op op, graft_dtype dt, int ndim, const int64_t *shape,
+                     const ir_attrs *attr, int device, uint32_t loc, int nin, ir_node *const *in) {
+  ir_node *n = ir_alloc(nin);
+  if (!n) return NULL;
+  n->op = op;
+  n->dtype = dt;
+  n->ndim = ndim;
+  if (ndim) memcpy(n->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  if (attr) n->attr = *attr;
+  n->device = device;
+  if (loc) n->loc = loc;
+  for (int i = 0; i < nin; i++) {
+    n->in[i] = in[i];
+    ir_retain(in[i]);
+  }
+  ir_finish(n);
+  return n;
+}
+
 void ir_retain(ir_node *n) { n->refcnt++; }
 
 void ir_release(ir_node *n) {

@@ -96,6 +96,7 @@ struct ir_node {
   int device;
   uint32_t loc;    /* where it was traced (loc.h; 0 unknown): not hashed */
   uint64_t seq;    /* creation order (not hashed): a sync walks its roots in this order */
+  bool computed;   /* IR_DATA made by a sync from pending IR (not an upload): not hashed */
   /* scratch for graph capture; valid only under the global lock during one capture */
   uint64_t mark;
   int32_t slot;
@@ -123,6 +124,10 @@ ir_node *ir_make_on(ir_op op, int nin, ir_node *const *in, const ir_attrs *attr,
 /* A data leaf over buf (takes a reference to buf). */
 ir_node *ir_make_data(struct exec_buffer *buf, graft_dtype dt, int ndim, const int64_t *shape,
                       int device);
+/* A node of op with the given fields over in[0..nin), without checks or shape inference: for
+ * replaying a computation recorded from checked nodes (graft_function_call). Retains in. */
+ir_node *ir_make_raw(ir_op op, graft_dtype dt, int ndim, const int64_t *shape,
+                     const ir_attrs *attr, int device, uint32_t loc, int nin, ir_node *const *in);
 void ir_retain(ir_node *n);
 void ir_release(ir_node *n);
 /* Pending (non-leaf-data) nodes alive now. */

@@ -937,7 +937,63 @@ static bool py_is_pending(const at::Tensor &t) {
   return graft_is_pending(v.get());
 }
 
+// Functions (graft_function_*): torch.compile's backend records a traced FX graph once and calls
+// it again (torch/graft/_dynamo.py). Handles are ids into this table (a TORCH_LIBRARY op takes
+// no C pointers); freed by function_free.
+static std::map<int64_t, graft_function *> &functions() {
+  static auto *m = new std::map<int64_t, graft_function *>();
+  return *m;
+}
+
+static std::vector<G> values(const std::vector<at::Tensor> &ts, std::vector<graft_tensor *> &ptrs) {
+  std::vector<G> vals;
+  for (auto &t : ts) {
+    TORCH_CHECK(is_graft(t), "graft: a function's tensors must be on a graft device (got ", t.device(), ")");
+    vals.push_back(value(t));
+    ptrs.push_back(vals.back().get());
+  }
+  return vals;
+}
+
+static int64_t py_function_capture(const std::vector<at::Tensor> &inputs,
+                                   const std::vector<at::Tensor> &outputs) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  std::vector<graft_tensor *> in, out;
+  auto iv = values(inputs, in), ov = values(outputs, out);
+  graft_function *f = graft_function_capture((int)in.size(), in.data(), (int)out.size(), out.data());
+  if (!f) chk_status(graft_last_status(), "function_capture");
+  static int64_t next_id = 0;
+  functions()[++next_id] = f;
+  return next_id;
+}
+
+static std::vector<at::Tensor> py_function_call(int64_t id, const std::vector<at::Tensor> &inputs) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  auto it = functions().find(id);
+  TORCH_CHECK(it != functions().end(), "graft: no function ", id, " (freed?)");
+  std::vector<graft_tensor *> in;
+  auto iv = values(inputs, in);
+  int nout = graft_function_outputs(it->second);
+  std::vector<graft_tensor *> out((size_t)nout, nullptr);
+  chk_status(graft_function_call(it->second, (int)in.size(), in.data(), nout, out.data()),
+             "function_call");
+  std::vector<at::Tensor> r;
+  for (auto *o : out) r.push_back(wrap(G(o)));
+  return r;
+}
+
+static void py_function_free(int64_t id) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  auto it = functions().find(id);
+  if (it == functions().end()) return;
+  graft_function_free(it->second);
+  functions().erase(it);
+}
+
 TORCH_LIBRARY(graft, m) {
+  m.def("function_capture(Tensor[] inputs, Tensor[] outputs) -> int", &py_function_capture);
+  m.def("function_call(int id, Tensor[] inputs) -> Tensor[]", &py_function_call);
+  m.def("function_free(int id) -> ()", &py_function_free);
   m.def("step() -> ()", &py_step);
   m.def("lowered_ops() -> str[]", &py_lowered_ops);
   m.def("count_lowering(str name) -> ()", &py_count_lowering);

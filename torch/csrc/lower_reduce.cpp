@@ -489,8 +489,17 @@ void native_layer_norm_backward(const c10::OperatorHandle &op, Stack *s) {
 
 // native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
 //   -> (out, save_mean, save_invstd); updates running stats in place when training.
+// _native_batch_norm_legit has the same arguments (AOTAutograd's graphs call it); its no_stats
+// overload has none of the running stats: (input, weight?, bias?, training, momentum, eps).
+void batch_norm_args(const Args &a, Stack *s, bool stats);
+
 void native_batch_norm(const c10::OperatorHandle &op, Stack *s) {
   Args a(op, s);
+  batch_norm_args(a, s, op.schema().overload_name() != "no_stats");
+}
+
+void batch_norm_args(const Args &a, Stack *s, bool stats) {
+  const int at_train = stats ? 5 : 3;  // running_mean, running_var at 3, 4 when there are stats
   const at::Tensor &x = a.t(0);
   int64_t nd = x.dim();
   TORCH_CHECK(nd >= 2, "batch_norm: expected at least 2-D input");
@@ -502,9 +511,9 @@ void native_batch_norm(const c10::OperatorHandle &op, Stack *s) {
   std::vector<int64_t> bshape(nd, 1);
   bshape[1] = C;
   at::ScalarType st = x.scalar_type();
-  bool training = a.b(5);
-  double mom = a.d(6), eps = a.d(7);
-  bool has_rm = !a.none(3) && a.t(3).defined(), has_rv = !a.none(4) && a.t(4).defined();
+  bool training = a.b(at_train);
+  double mom = a.d(at_train + 1), eps = a.d(at_train + 2);
+  bool has_rm = stats && !a.none(3) && a.t(3).defined(), has_rv = stats && !a.none(4) && a.t(4).defined();
   G gx = tv(x);
   G mean, invstd, y;
   if (training) {
@@ -638,6 +647,8 @@ void add_reduce_lowerings(LoweringTable &t) {
       {"aten::native_layer_norm", &native_layer_norm},
       {"aten::native_layer_norm_backward", &native_layer_norm_backward},
       {"aten::native_batch_norm", &native_batch_norm},
+      {"aten::_native_batch_norm_legit", &native_batch_norm},
+      {"aten::_native_batch_norm_legit.no_stats", &native_batch_norm},
       {"aten::native_batch_norm_backward", &native_batch_norm_backward},
   });
 }

@@ -271,6 +271,11 @@ def is_pending(t):
 
 
 from . import _device_module  # noqa: E402  (torch.graft: needs _ops)
+from . import _dynamo  # noqa: E402  (torch.compile(backend="graft"): needs _ops)
+
+compiler = _dynamo.compiler
+_dynamo.register()
 
 __all__ = ["device", "devices", "Device", "step", "sync", "metrics", "fallbacks", "reset_metrics", "metrics_report",
-           "set_dump_dir", "manual_seed", "save", "wait_compiles", "wait", "is_pending", "last_compile_reason", "is_graft"]
+           "set_dump_dir", "manual_seed", "save", "wait_compiles", "wait", "is_pending", "last_compile_reason", "is_graft",
+           "compiler"]

@@ -1,0 +1,98 @@
+"""torch.compile(model, backend="graft"): models trained through dynamo and AOTAutograd on graft
+match float64 per step as closely as PyTorch's float32 does (the parity rule of
+test_model_parity), with CPU tensors in and out; after the first step every forward and backward
+runs as a recorded graft function (no retrace: the compile cache's graphs are hit)."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import graft
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_parity import TinyLM, _seq_ce, grad_errors, reference_grads  # noqa: E402
+
+RATIO = 8.0  # as test_model_parity: graft's error may be this many times float32's
+TOTAL_FLOOR = 1e-7
+STEPS = 4
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, stride=2)
+        self.fc = nn.Linear(8 * 2 * 2, 5)
+
+    def forward(self, x):
+        h = F.max_pool2d(F.relu(self.bn(self.c1(x))), 2)
+        return self.fc(F.gelu(self.c2(h)).flatten(1))
+
+
+def _cases():
+    torch.manual_seed(0)
+    tok = torch.randint(0, 32, (2, 9))
+    return {
+        "mlp": (lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)),
+                lambda: ([torch.randn(4, 6)], torch.randint(0, 3, (4,))), F.cross_entropy),
+        "cnn": (SmallCNN, lambda: ([torch.randn(2, 3, 12, 12)], torch.randint(0, 5, (2,))),
+                F.cross_entropy),
+        "tiny_lm": (TinyLM, lambda: ([tok[:, :-1]], tok[:, 1:]), _seq_ce),
+    }
+
+
+# Not yet: the transformer LM (model_parity.TinyLM). Through dynamo its graphs run right on the
+# reference kernels (GRAFT_COMPILE=off) but one of them crashes in compiled code when its native
+# build lands before a call (seen with DEBUG logging on, which slows the calls); being found.
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_compiled_training_matches_float64_per_step(name):
+    import torch._dynamo
+    torch._dynamo.reset()
+    build, batch, loss_fn = _cases()[name]
+    torch.manual_seed(0)
+    model = build().train()
+    x, y = batch()
+    m32, m64 = copy.deepcopy(model), copy.deepcopy(model).double()
+    names = [n for n, _ in model.named_parameters()]
+    compiled = torch.compile(model, backend="graft")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    graft.reset_metrics()
+    for i in range(STEPS):
+        params = [p.detach().clone() for p in model.parameters()]
+        l32, g32, _ = reference_grads(m32, params, x, y, loss_fn, torch.float32)
+        l64, g64, _ = reference_grads(m64, params, x, y, loss_fn, torch.float64)
+        opt.zero_grad()
+        out = compiled(*x)
+        assert out.device.type == "cpu"
+        loss = loss_fn(out, y)
+        loss.backward()
+        gg = [p.grad.to(torch.float64) for p in model.parameters()]
+        assert all(p.grad.device.type == "cpu" for p in model.parameters())
+        _, (eg, e32, n64) = grad_errors(names, gg, g32, g64)
+        assert eg <= RATIO * max(e32, TOTAL_FLOOR * n64), (name, i, eg, e32, n64)
+        assert abs(loss.item() - l64) <= RATIO * max(abs(l32 - l64), 1e-7 * abs(l64)), (i, loss.item(), l64)
+        opt.step()
+        if i == 0:  # recorded: the later steps call the functions
+            graft.reset_metrics()
+    m = graft.metrics()
+    # the later steps called the recorded forward and backward: no new graph, each call a hit
+    assert m["graphs_compiled"] == 0 and m["cache_hits"] >= 2 * (STEPS - 1), m
+    assert graft.fallbacks() == {}
+
+
+def test_backend_by_object_and_inference():
+    import torch._dynamo
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 2)).eval()
+    f = torch.compile(model, backend=graft.compiler)
+    for _ in range(3):
+        x = torch.randn(3, 5)
+        with torch.no_grad():
+            got = f(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
