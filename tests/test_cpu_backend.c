@@ -1303,6 +1303,29 @@ TEST(output_view_of_a_donated_input) {
   unsetenv("GRAFT_ASYNC");
 }
 
+/* An output that is a reshape of an input, also an operand of a GEMM (plain and transposed) and
+ * of a fallback: it shares the input's buffer, and every reader finds that buffer (a linear
+ * layer's graph from torch.compile returns its input's reshape for the backward: the GEMM read
+ * a buffer nothing had filled and crashed). */
+TEST(output_view_read_by_gemm_and_fallback) {
+  int64_t xs[3] = {2, 8, 32}, x2[2] = {16, 32}, ws[2] = {32, 32}, cs[2] = {2, 25}, c4[4] = {1, 2, 5, 5};
+  ir_node *x = data(GRAFT_F32, 3, xs), *w = data(GRAFT_F32, 2, ws);
+  ir_node *v = reshape(x, 2, x2);
+  ir_node *in[2] = {v, tr2(w)}, *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+  ir_node *in2[2] = {tr2(v), v}, *g = mk(IR_DOT, 2, in2, NULL, 0, 0, NULL); /* vT v */
+  ir_node *r[3] = {y, v, g};
+  CHECK(compare(r, 3, 1e-5) == 0);
+  release_all();
+  ir_node *c = data(GRAFT_F32, 2, cs), *cv = reshape(c, 4, c4);
+  int64_t k4[4] = {3, 2, 3, 3};
+  ir_node *cin[2] = {cv, data(GRAFT_F32, 4, k4)};
+  ir_attrs ca = {0};
+  ca.a[0] = ca.a[1] = 1; ca.a[6] = ca.a[7] = 1; ca.a[8] = ca.a[9] = 1; ca.a[10] = 1;
+  ir_node *r2[2] = {mk(IR_CONV2D, 2, cin, &ca, 0, 0, NULL), cv};
+  CHECK(compare(r2, 2, 1e-5) == 0);
+  release_all();
+}
+
 static ir_node *cache_value(double c, int64_t n) {
   ir_node *x = data(GRAFT_F32, 1, &n);
   return u1(IR_TANH, b2(IR_MUL, x, cnst(GRAFT_F32, c, 1, &n)));
@@ -2691,6 +2714,7 @@ int main(void) {
   RUN(fuzz_300_seeds);
   RUN(train_seeds);
   RUN(output_view_of_a_donated_input);
+  RUN(output_view_read_by_gemm_and_fallback);
   capture_free(&cap);
   graft_wait_compiles(); /* a background compile still writing the cache folder would keep it */
   cpu_pool_shutdown();

@@ -14,10 +14,12 @@ import torch.nn.functional as F
 import graft
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_parity import TinyLM, _seq_ce, grad_errors, reference_grads  # noqa: E402
+from model_parity import MODELS, _no_dropout, _seq_ce, grad_errors, reference_grads  # noqa: E402
 
-RATIO = 8.0  # as test_model_parity: graft's error may be this many times float32's
-TOTAL_FLOOR = 1e-7
+# test_model_parity's rule: graft's error within RATIO of float32's (both against float64); a
+# loss within RATIO of float32's largest over the steps or LOSS_FLOOR; up to FLIP_STEPS steps
+# whose gradients are off by a ReLU's near-tie, within FLIP_REL
+from test_model_parity import FLIP_REL, FLIP_STEPS, LOSS_FLOOR, RATIO, TOTAL_FLOOR  # noqa: E402
 STEPS = 4
 
 
@@ -34,22 +36,39 @@ class SmallCNN(nn.Module):
         return self.fc(F.gelu(self.c2(h)).flatten(1))
 
 
+def _digits_cnn():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+    from digits_cnn import DigitsCNN
+    return _no_dropout(DigitsCNN())
+
+
+def _gpt_block():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+    from zoo import GPTish
+    return GPTish(vocab=64, d=32, heads=2, layers=1)
+
+
 def _cases():
     torch.manual_seed(0)
-    tok = torch.randint(0, 32, (2, 9))
     return {
         "mlp": (lambda: nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)),
                 lambda: ([torch.randn(4, 6)], torch.randint(0, 3, (4,))), F.cross_entropy),
         "cnn": (SmallCNN, lambda: ([torch.randn(2, 3, 12, 12)], torch.randint(0, 5, (2,))),
                 F.cross_entropy),
-        "tiny_lm": (TinyLM, lambda: ([tok[:, :-1]], tok[:, 1:]), _seq_ce),
+        "digits_cnn": (_digits_cnn, lambda: ([torch.randn(8, 1, 8, 8)], torch.randint(0, 10, (8,))),
+                       F.cross_entropy),
+        "gpt_block": (_gpt_block, lambda: (lambda t: ([t[:, :-1]], t[:, 1:]))(torch.randint(0, 64, (2, 13))),
+                      _seq_ce),
+        **{name: (build, lambda b=batch: (lambda xy: ([xy[0]], xy[1]))(b()), loss)
+           for name, (build, batch, loss) in MODELS.items()
+           if name in ("transformer_lm", "lstm_lm", "resnet18", "mobilenet_v2")},
     }
 
 
-# Not yet: the transformer LM (model_parity.TinyLM). Through dynamo its graphs run right on the
-# reference kernels (GRAFT_COMPILE=off) but one of them crashes in compiled code when its native
-# build lands before a call (seen with DEBUG logging on, which slows the calls); being found.
-@pytest.mark.parametrize("name", ["mlp", "cnn"])
+# the parity tests' zoo (test_model_parity's models: the transformer and LSTM LMs, resnet18,
+# mobilenet_v2) with the demo's CNN and a GPT block (bench/zoo.py's decoder)
+@pytest.mark.parametrize("name", ["mlp", "cnn", "digits_cnn", "gpt_block", "transformer_lm",
+                                  "lstm_lm", "resnet18", "mobilenet_v2"])
 def test_compiled_training_matches_float64_per_step(name):
     import torch._dynamo
     torch._dynamo.reset()
@@ -62,6 +81,17 @@ def test_compiled_training_matches_float64_per_step(name):
     compiled = torch.compile(model, backend="graft")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     graft.reset_metrics()
+    # dynamo runs nn.LSTM eagerly (a graph break) unless told to trace it: graft lowers it
+    with torch._dynamo.config.patch(allow_rnn=True):
+        _train(name, model, compiled, opt, names, m32, m64, x, y, loss_fn)
+    m = graft.metrics()
+    # the later steps called the recorded forward and backward: no new graph, each call a hit
+    assert m["graphs_compiled"] == 0 and m["cache_hits"] >= 2 * (STEPS - 1), m
+    assert graft.fallbacks() == {}
+
+
+def _train(name, model, compiled, opt, names, m32, m64, x, y, loss_fn):
+    flips, loss_err, loss_err32 = 0, 0.0, 0.0
     for i in range(STEPS):
         params = [p.detach().clone() for p in model.parameters()]
         l32, g32, _ = reference_grads(m32, params, x, y, loss_fn, torch.float32)
@@ -74,15 +104,15 @@ def test_compiled_training_matches_float64_per_step(name):
         gg = [p.grad.to(torch.float64) for p in model.parameters()]
         assert all(p.grad.device.type == "cpu" for p in model.parameters())
         _, (eg, e32, n64) = grad_errors(names, gg, g32, g64)
-        assert eg <= RATIO * max(e32, TOTAL_FLOOR * n64), (name, i, eg, e32, n64)
-        assert abs(loss.item() - l64) <= RATIO * max(abs(l32 - l64), 1e-7 * abs(l64)), (i, loss.item(), l64)
+        if eg > RATIO * max(e32, TOTAL_FLOOR * n64):
+            flips += 1
+            assert flips <= FLIP_STEPS and eg <= FLIP_REL * n64, (name, i, eg, e32, n64)
+        loss_err = max(loss_err, abs(loss.item() - l64) / abs(l64))
+        loss_err32 = max(loss_err32, abs(l32 - l64) / abs(l64))
         opt.step()
         if i == 0:  # recorded: the later steps call the functions
             graft.reset_metrics()
-    m = graft.metrics()
-    # the later steps called the recorded forward and backward: no new graph, each call a hit
-    assert m["graphs_compiled"] == 0 and m["cache_hits"] >= 2 * (STEPS - 1), m
-    assert graft.fallbacks() == {}
+    assert loss_err <= RATIO * max(loss_err32, LOSS_FLOOR), (name, loss_err, loss_err32)
 
 
 def test_backend_by_object_and_inference():

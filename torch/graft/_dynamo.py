@@ -153,7 +153,14 @@ def _compile_fx(gm, example_inputs):
 def compiler(gm, example_inputs):
     """The dynamo backend: torch.compile(model, backend="graft") or backend=graft.compiler."""
     from torch._dynamo.backends.common import aot_autograd
-    return aot_autograd(fw_compiler=_compile_fx, bw_compiler=_compile_fx)(gm, example_inputs)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    # AOTAutograd traces here with CPU kernels' choices: scaled_dot_product_attention would
+    # become the CPU flash kernel and its backward, which graft does not lower (and torch's
+    # decomposition of that kernel, made for export, gives wrong gradients in training: a GPT
+    # block's qkv weight off by 6x its norm). The math form is matmuls and a softmax that graft
+    # fuses, and AOTAutograd derives its backward from them.
+    with sdpa_kernel([SDPBackend.MATH]):
+        return aot_autograd(fw_compiler=_compile_fx, bw_compiler=_compile_fx)(gm, example_inputs)
 
 
 def register():

@@ -34,6 +34,20 @@ int cpu_plan_buffer_of(const exec_program *p, const fuse_plan *pl, int s) {
   return s;
 }
 
+/* Can every reader of value i read it through an inlined reshape? Generated kernels and GEMMs
+ * can (fuse_library_operand follows the chain); a fallback or another library call reads the
+ * value's own buffer (an output that is a reshape of an input and the operand of a linear
+ * layer's GEMM: through torch.compile, the GEMM read a buffer nothing had filled). */
+static bool cpu_plan_reads_through(const exec_program *p, const fuse_plan *pl, int i) {
+  for (int j = i + 1; j < p->ninstr; j++) {
+    const exec_instr *r = &p->instr[j];
+    for (int k = 0; k < r->nin; k++)
+      if (r->in[k] == i && (pl->role[j] == FUSE_FALLBACK || (pl->role[j] == FUSE_LIBRARY && r->op != IR_DOT)))
+        return false;
+  }
+  return true;
+}
+
 /* An output that is a reshape of a value with a buffer (a conv weight's gradient: the GEMM's
  * [O, I*kh*kw] returned as [O,I,kh,kw]; copying it was ~10% of a resnet18 step) shares that
  * buffer: it stays inlined (its consumers read through the reshape) and the run hands out the
@@ -42,7 +56,10 @@ static void cpu_plan_output_views(const exec_program *p, fuse_plan *pl) {
   for (int i = 0; i < p->ninstr; i++) {
     const exec_instr *ins = &p->instr[i];
     if (!ins->is_output || ins->op != IR_RESHAPE || pl->role[i] != FUSE_KERNEL) continue;
-    if (pl->role[cpu_plan_buffer_of(p, pl, ins->in[0])] != FUSE_INLINE) pl->role[i] = FUSE_INLINE;
+    if (pl->role[cpu_plan_buffer_of(p, pl, ins->in[0])] == FUSE_INLINE || !cpu_plan_reads_through(p, pl, i))
+      continue;
+    pl->role[i] = FUSE_INLINE;
+    pl->tview[i] |= FUSE_VIEW_RESHAPE; /* a GEMM reading it reads the buffer under it */
   }
 }
 
