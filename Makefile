@@ -10,7 +10,7 @@ WARN    := -Wall -Wextra -Werror=implicit-function-declaration
 # are in a visibility push(default) block); tests link the static archives and still see internals.
 BASE    := -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc/core -fPIC -pthread -fvisibility=hidden \
            -fopenmp-simd # loops marked omp simd vectorize at -O2 (host kernels' rows, dot products)
-LIBS     = -lm -lpthread -ldl $(LIBS_MPI)
+LIBS     = -lm -lpthread -ldl -lz $(LIBS_MPI)
 
 SRC     := $(sort $(wildcard src/core/*.c src/graph/*.c src/passes/*.c src/backends/ref/*.c \
              src/backends/cpu/*.c src/backends/opencl/*.c src/backends/gpu/*.c src/backends/*.c src/api/*.c src/dist/*.c))
@@ -102,7 +102,7 @@ build/tsan/tests/%: tests/%.c build/tsan/libgraft.a $(TEST_HDR)
 # Every test on the reference backend alone (deterministic), then the op and composite tests
 # again with each graph compiled to native code before it runs (GRAFT_COMPILE=sync); each pass
 # runs the op, composite and gradient suites on cpu:0 and again on cpu:1 (DEVICE_TESTS).
-COMPILED_TESTS := test_async test_function test_composite test_grad test_rnn test_passes test_ops_elementwise test_ops_shape test_ops_nn test_dist
+COMPILED_TESTS := test_async test_function test_function_file test_composite test_grad test_rnn test_passes test_ops_elementwise test_ops_shape test_ops_nn test_dist
 
 # The device-parametrized suites (inputs on GRAFT_TEST_DEVICE) run again on cpu:1.
 DEVICE_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad test_rnn

@@ -62,7 +62,8 @@ typedef enum {
   GRAFT_ERR_ARG,       /* any other invalid argument */
   GRAFT_ERR_COMPILE,   /* a backend failed to compile a graph */
   GRAFT_ERR_INTERNAL,
-  GRAFT_ERR_DIST       /* a collective failed: a rank failed, timed out or disagreed, or no MPI */
+  GRAFT_ERR_DIST,      /* a collective failed: a rank failed, timed out or disagreed, or no MPI */
+  GRAFT_ERR_FILE       /* a file that cannot be read or written, or is not a valid graft file */
 } graft_status;
 
 /* ---- errors ---- */
@@ -445,6 +446,18 @@ int graft_function_inputs(const graft_function *f);  /**< nin, or -1 for NULL */
 int graft_function_outputs(const graft_function *f); /**< nout, or -1 for NULL */
 /** Frees f and the constants it holds (NULL is a no-op). */
 void graft_function_free(graft_function *f);
+/** Input k's dtype and shape (shape holds GRAFT_MAX_DIMS); returns its ndim, -1 on error. */
+int graft_function_input(const graft_function *f, int k, graft_dtype *dtype, int64_t *shape);
+/** Writes f to path: its graph (ops by name, attributes, dtypes, shapes) and its constants'
+ *  bytes, in a versioned format with checksums (src/api/function_file.c describes it); written
+ *  beside path and renamed over it. A function that calls a host function or a collective
+ *  cannot be saved (GRAFT_ERR_ARG). graft.export writes one from a PyTorch model. */
+graft_status graft_save(const graft_function *f, const char *path);
+/** Reads a function graft_save wrote, its constants on device (0: cpu:0), checked whole: a
+ *  file that is missing, foreign, truncated, corrupted (a checksum fails), of another format
+ *  version, or whose ops do not give the recorded shapes is NULL with GRAFT_ERR_FILE naming the
+ *  file and the problem. Run it with graft_function_call; free it with graft_function_free. */
+graft_function *graft_load(const char *path, int device);
 
 /* ---- host functions inside a graph ----
  * A graph can call a function of the caller's on the host, at its place in the step: no cut,

@@ -7,39 +7,13 @@
  * shape inference (the record was checked when it was traced): the graph is the traced one, so
  * the compile cache finds it, and no front-end work (PyTorch's dispatcher, graft's bridge, a C
  * caller's op calls) is repeated. */
-#include "api.h"
+#include "function.h"
 #include "../core/loc.h"
 #include "../graph/graph.h"
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { FN_OP, FN_PARAM, FN_CONST, FN_SEED } fn_kind;
-
-typedef struct {
-  fn_kind kind;
-  int param;     /* FN_PARAM: the input's index */
-  ir_node *leaf; /* FN_CONST: the data leaf (a reference) */
-  ir_op op;
-  graft_dtype dtype;
-  int ndim, device;
-  int64_t shape[GRAFT_MAX_DIMS];
-  ir_attrs attr;
-  uint32_t loc;
-  int nin, in0; /* operands: the tape indices fn->operand[in0 .. in0 + nin) */
-} fn_entry;
-
-struct graft_function {
-  int nin, nout, n, noperand;
-  fn_entry *tape;
-  int *operand;
-  int *out;          /* per output: its tape index */
-  int *same;         /* per input: the first input that was the same tensor (itself if none) */
-  int *order;        /* tape indices in the order the traced nodes were made: a call makes its
-                      * nodes in that order, so a sync walks its roots as the trace's (exec.c) */
-  fn_entry *in_sig;  /* per input: dtype, shape, device (as a leaf's fields) */
-};
-
-static void fn_free(graft_function *f) {
+void fn_free(graft_function *f) {
   if (!f) return;
   for (int i = 0; i < f->n; i++)
     if (f->tape[i].leaf) ir_release(f->tape[i].leaf);
@@ -90,7 +64,7 @@ static int fn_cmp_made(const void *a, const void *b) {
  * each entry after its operands, taken as early as the order allows. A sync can give an older
  * node a newer operand (a value materialized later), so the creation order alone is not always
  * one. */
-static int fn_topo_order(graft_function *f) {
+int fn_topo_order(graft_function *f) {
   int n = f->n, m = 0;
   unsigned char *done = calloc((size_t)n + 1, 1);
   int *out = malloc(sizeof(int) * ((size_t)n + 1)), *stack = malloc(sizeof(int) * ((size_t)n + 1));

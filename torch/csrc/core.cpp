@@ -990,7 +990,26 @@ static void py_function_free(int64_t id) {
   functions().erase(it);
 }
 
+// graft.export / graft.load: a function as a file (graft_save / graft_load).
+static void py_function_save(int64_t id, const std::string &path) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  auto it = functions().find(id);
+  TORCH_CHECK(it != functions().end(), "graft: no function ", id, " (freed?)");
+  chk_status(graft_save(it->second, path.c_str()), "save");
+}
+
+static int64_t py_function_load(const std::string &path, int64_t device) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  graft_function *f = graft_load(path.c_str(), (int)device);
+  if (!f) chk_status(graft_last_status(), "load");
+  static int64_t next_id = 1LL << 40; /* apart from captured ones: ids are never reused */
+  functions()[++next_id] = f;
+  return next_id;
+}
+
 TORCH_LIBRARY(graft, m) {
+  m.def("function_save(int id, str path) -> ()", &py_function_save);
+  m.def("function_load(str path, int device) -> int", &py_function_load);
   m.def("function_capture(Tensor[] inputs, Tensor[] outputs) -> int", &py_function_capture);
   m.def("function_call(int id, Tensor[] inputs) -> Tensor[]", &py_function_call);
   m.def("function_free(int id) -> ()", &py_function_free);
