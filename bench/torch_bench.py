@@ -154,18 +154,21 @@ def block_steps(eager_ms):
     return max(MIN_BLOCK, round(BLOCK_MS / max(eager_ms, 1e-3)))
 
 
-def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3, ifn=None):
+def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3, ifn=None, dfn=None):
     """Median ms per step of graft, of eager and (ifn given) of torch.compile's Inductor, timed in
     alternating blocks: this machine is shared and its speed drifts, so all see the same
     conditions. Every block starts the same way: a pause (OpenBLAS's threads spin for a while
     after eager's last product) and a few untimed steps (caches, sleeping threads, clock speed
-    after the pause). Inductor runs at eager's best thread count. Returns (graft, eager,
-    inductor or None)."""
-    gts, ets, its = [], [], []
+    after the pause). Inductor runs at eager's best thread count. dfn: the model under
+    torch.compile(backend="graft") (CPU tensors in and out: each call returns its results).
+    Returns (graft, eager, inductor or None, graft's dynamo backend or None)."""
+    gts, ets, its, dts = [], [], [], []
     per = max(2, reps // rounds // MIN_BLOCK)
     sides = [(gfn, graft_sync, graft.wait, 1, gts), (efn, cpu_sync, lambda: None, eth, ets)]
     if ifn is not None:
         sides.append((ifn, cpu_sync, lambda: None, eth, its))
+    if dfn is not None:
+        sides.append((dfn, cpu_sync, lambda: None, 1, dts))
     for _ in range(rounds):
         for fn, sync, fin, th, ts in sides:
             torch.set_num_threads(th)
@@ -175,33 +178,51 @@ def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3, ifn=None):
             fin()
             ts += [timed_block(fn, sync, fin, block) for _ in range(per)]
     torch.set_num_threads(1)
-    return statistics.median(gts), statistics.median(ets), (statistics.median(its) if its else None)
+    med = (lambda ts: statistics.median(ts) if ts else None)
+    return med(gts), med(ets), med(its), med(dts)
 
 
-def inductor(make_fn, th):
-    """make_fn() with torch.compile's default backend (Inductor: C++/OpenMP on the CPU), compiled
-    by two untimed calls at th threads; None (and why, on a comment line) when it cannot run."""
+FIRST_MS = {}  # backend -> ms of its first call (dynamo, AOTAutograd and the backend's compile)
+
+
+def inductor(make_fn, th, backend="inductor"):
+    """make_fn(backend) with torch.compile(backend=...) (Inductor: C++/OpenMP on the CPU; or
+    "graft"), compiled by two untimed calls at th threads; None (and why, on a comment line) when
+    it cannot run. The first call's time, as a user waits for it, goes to FIRST_MS[backend]. For
+    graft, its native code is waited for (graft.wait_compiles) as in graft_warm."""
     torch.set_num_threads(th)
     try:
-        fn = make_fn()
+        fn = make_fn(backend)
         t0 = time.perf_counter()
-        for _ in range(2):
+        cpu_sync(fn())
+        FIRST_MS[backend] = (time.perf_counter() - t0) * 1000
+        cpu_sync(fn())
+        if backend == "graft":
+            graft.wait_compiles()
             cpu_sync(fn())
-        print(f"# inductor compile and first steps: {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"# {backend} compile and first steps: {time.perf_counter() - t0:.1f} s", flush=True)
         return fn
-    except Exception as e:  # a missing compiler or an op Inductor cannot take
-        print(f"# inductor did not run: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+    except Exception as e:  # a missing compiler or an op the backend cannot take
+        print(f"# {backend} did not run: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+        FIRST_MS[backend] = float("nan")
         return None
     finally:
         torch.set_num_threads(1)
 
 
-def bench_line(name, g_ms, e_ms, flops, gflops, i_ms=None):
+def bench_line(name, g_ms, e_ms, flops, gflops, i_ms=None, d_ms=None):
+    """d_ms: torch.compile(backend="graft")'s ms a step: dynamo_vs_eager = eager_ms / d_ms,
+    dynamo_vs_inductor = inductor_ms / d_ms; dynamo_first_ms and inductor_first_ms: each
+    backend's first call (what a user waits for before the first step)."""
     roof = flops / (gflops * 1e9) * 1000
-    ind = (f"inductor_ms={i_ms:.3f} vs_inductor={i_ms / g_ms:.3f} " if i_ms is not None
-           else "inductor_ms=nan vs_inductor=nan ")
+    nan = float("nan")
+    i_ms = nan if i_ms is None else i_ms
+    d_ms = nan if d_ms is None else d_ms
     print(f"BENCH {name} graft_ms={g_ms:.3f} eager_ms={e_ms:.3f} speedup={e_ms / g_ms:.3f} "
-          f"{ind}roofline_ms={roof:.3f} of_roofline={g_ms / roof:.3f}", flush=True)
+          f"inductor_ms={i_ms:.3f} vs_inductor={i_ms / g_ms:.3f} "
+          f"dynamo_ms={d_ms:.3f} dynamo_vs_eager={e_ms / d_ms:.3f} dynamo_vs_inductor={i_ms / d_ms:.3f} "
+          f"dynamo_first_ms={FIRST_MS.get('graft', nan):.0f} inductor_first_ms={FIRST_MS.get('inductor', nan):.0f} "
+          f"roofline_ms={roof:.3f} of_roofline={g_ms / roof:.3f}", flush=True)
 
 
 def train_step_fn(model, x, y, loss_fn, opt_fn):
@@ -224,13 +245,16 @@ def run_train(name, model, X, Y, loss_fn, opt_fn, flops, gflops, warmup, reps):
     graft_warm(gstep, warmup)
     estep, th, probe_ms = best_eager(lambda: train_step_fn(copy.deepcopy(model), X, Y, loss_fn, opt_fn),
                                      warmup, reps)
-    istep = inductor(lambda: train_step_fn(torch.compile(copy.deepcopy(model)), X, Y, loss_fn, opt_fn), th)
-    g_ms, e_ms, i_ms = interleaved(gstep, estep, th, reps, block_steps(probe_ms), ifn=istep)
+    def make(backend):
+        return train_step_fn(torch.compile(copy.deepcopy(model), backend=backend), X, Y, loss_fn, opt_fn)
+    istep, dstep = inductor(make, th), inductor(make, 1, "graft")
+    g_ms, e_ms, i_ms, d_ms = interleaved(gstep, estep, th, reps, block_steps(probe_ms), ifn=istep,
+                                         dfn=dstep)
     m = graft.metrics()
     print(f"# {name}: eager best at {th} thread(s); graft in the timed steps: graphs compiled "
           f"{m['graphs_compiled']}, compiled executions {m['compiled_executions']}/{m['executions']}, "
           f"instructions on reference kernels {ref_ops(m)}, fallbacks {m['fallbacks']}", flush=True)
-    bench_line(name, g_ms, e_ms, flops, gflops, i_ms)
+    bench_line(name, g_ms, e_ms, flops, gflops, i_ms, d_ms)
 
 
 def bench_mlp(gflops, quick):
@@ -284,21 +308,21 @@ def bench_encoder(gflops, quick):
         return f
     efn, th, probe_ms = best_eager(make, 2, reps)
 
-    def make_compiled():
-        e = torch.compile(copy.deepcopy(enc))
+    def make_compiled(backend):
+        e = torch.compile(copy.deepcopy(enc), backend=backend)
 
         def f():
             with torch.no_grad():
                 return e(x)
         return f
-    ifn = inductor(make_compiled, th)
-    g_ms, e_ms, i_ms = interleaved(gfn, efn, th, reps, block_steps(probe_ms), ifn=ifn)
+    ifn, dfn = inductor(make_compiled, th), inductor(make_compiled, 1, "graft")
+    g_ms, e_ms, i_ms, d_ms = interleaved(gfn, efn, th, reps, block_steps(probe_ms), ifn=ifn, dfn=dfn)
     m = graft.metrics()
     print(f"# torch_encoder_fwd: eager best at {th} thread(s); graft in the timed steps: graphs "
           f"compiled {m['graphs_compiled']}, compiled executions {m['compiled_executions']}/"
           f"{m['executions']}, instructions on reference kernels {ref_ops(m)}, fallbacks "
           f"{m['fallbacks']}", flush=True)
-    bench_line("torch_encoder_fwd", g_ms, e_ms, flops, gflops, i_ms)
+    bench_line("torch_encoder_fwd", g_ms, e_ms, flops, gflops, i_ms, d_ms)
 
 
 class LSTMLM(nn.Module):

@@ -745,8 +745,33 @@ TEST(handles_after_shutdown_read_as_released) {
   graft_release(fresh);
 }
 
+/* A host view shares the tensor's bytes without a copy and keeps them, unchanged, after the
+ * tensor is gone and later graphs ran (a buffer with another holder is never donated). */
+TEST(host_view_outlives_its_tensor) {
+  int64_t n = 4096;
+  float *h = malloc(sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) h[i] = (float)i;
+  graft_tensor *x = graft_from_host(h, GRAFT_F32, 1, &n, 0), *y = graft_mul_scalar(x, 2.0);
+  graft_release(x);
+  graft_host_ref *ref = NULL;
+  const float *v = graft_host_view(y, &ref);
+  CHECK(v && ref && v[3] == 6.0f && v[4095] == 8190.0f);
+  graft_tensor *z = graft_add_scalar(y, 1.0); /* y's only other reader: may not take its buffer */
+  graft_release(y);
+  CHECK(graft_sync(&z, 1) == GRAFT_OK && graft_wait() == GRAFT_OK);
+  float back[4096];
+  CHECK(graft_to_host(z, back, sizeof back) == GRAFT_OK && back[4095] == 8191.0f);
+  CHECK(v[3] == 6.0f && v[4095] == 8190.0f);
+  graft_host_ref_release(ref);
+  graft_release(z);
+  CHECK(graft_host_view(NULL, &ref) == NULL && ref == NULL);
+  CHECK(graft_host_view(z, NULL) == NULL && graft_last_status() == GRAFT_ERR_NULL);
+  free(h);
+}
+
 int main(void) {
   RUN(loop_compiles_once);
+  RUN(host_view_outlives_its_tensor);
   RUN(shape_change_recompiles_and_dump_names_why);
   RUN(recompile_reason_names_the_line);
   RUN(host_call_runs_inside_the_graph);

@@ -385,6 +385,30 @@ graft_status graft_to_host(graft_tensor *t, void *dst, size_t bytes) {
   return st;
 }
 
+/* The handle of a host view is the buffer itself, retained. */
+const void *graft_host_view(graft_tensor *t, graft_host_ref **ref) {
+  const char *fn = "graft_host_view";
+  if (!ref) return err_set(GRAFT_ERR_NULL, "%s: ref is NULL", fn);
+  *ref = NULL;
+  tensor_lock();
+  ir_node *n = sync_one(t, fn);
+  const void *p = NULL;
+  if (n && !device_is_host(n->device)) {
+    char d[64];
+    err_set(GRAFT_ERR_DEVICE, "%s: the tensor is on %s, not in host memory (graft_to_host copies "
+            "it)", fn, device_str(n->device, d, sizeof d));
+  } else if (n) {
+    static const char empty[64];
+    buffer_retain(n->data); /* a buffer with another reference is never donated (exec.c) */
+    *ref = (graft_host_ref *)n->data;
+    p = n->data->ptr ? n->data->ptr : empty;
+  }
+  tensor_unlock();
+  return p;
+}
+
+void graft_host_ref_release(graft_host_ref *ref) { buffer_release((exec_buffer *)ref); }
+
 graft_status graft_item(graft_tensor *t, double *out) {
   const char *fn = "graft_item";
   tensor_lock();

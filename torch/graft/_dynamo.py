@@ -103,8 +103,11 @@ class _Function:
                         and o.device.type == "graft"]
             back = [i for i in on_graft if not (i < len(self.saved) and self.saved[i])]
             _ops.sync([outs[i] for i in on_graft])
-            for i in back:
-                outs[i] = outs[i].cpu()
+            seen = set()
+            for i in back:  # graft's buffers, shared (no copy); two outputs of one buffer: copied
+                v = _ops.host_view(outs[i])
+                outs[i] = v if v.data_ptr() not in seen or v.numel() == 0 else v.clone()
+                seen.add(v.data_ptr())
         return tuple(outs)
 
     def _record(self, gargs, tens, sig):
@@ -159,8 +162,10 @@ def compiler(gm, example_inputs):
     # decomposition of that kernel, made for export, gives wrong gradients in training: a GPT
     # block's qkv weight off by 6x its norm). The math form is matmuls and a softmax that graft
     # fuses, and AOTAutograd derives its backward from them.
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
     with sdpa_kernel([SDPBackend.MATH]):
-        return aot_autograd(fw_compiler=_compile_fx, bw_compiler=_compile_fx)(gm, example_inputs)
+        return aot_autograd(fw_compiler=_compile_fx, bw_compiler=_compile_fx,
+                            partition_fn=min_cut_rematerialization_partition)(gm, example_inputs)
 
 
 def register():
