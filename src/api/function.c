@@ -97,7 +97,6 @@ int fn_topo_order(graft_function *f) {
 static int fn_record(graft_function *f, const graph_capture *g, ir_node *const *in_nodes) {
   f->n = g->n;
   f->tape = calloc((size_t)g->n + 1, sizeof *f->tape);
-  f->operand = NULL;
   int total = 0;
   for (int i = 0; i < g->n; i++) total += g->nodes[i]->nin;
   f->operand = malloc(sizeof(int) * ((size_t)total + 1));

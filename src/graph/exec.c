@@ -401,20 +401,26 @@ static int exec_cmp_root(const void *a, const void *b) {
  * in the program's order, the loss (made in the forward pass) before the gradients and the
  * optimizer's updates, where a walk from the parameters put it last. A backend that reports
  * outputs as they become final (async.c) then gives a loop its loss while the step goes on. */
+static exec_root_order *order_key; /* scratch of exec_order_roots (under the lock) */
+static tensor_slot **order_sel;
+static int order_cap;
+
 static void exec_order_roots(tensor_slot **sel, ir_node **roots, int m) {
-  exec_root_order *o = malloc(sizeof *o * ((size_t)m + 1));
-  tensor_slot **s2 = malloc(sizeof *s2 * ((size_t)m + 1));
-  if (!o || !s2) { /* any order is correct; this one is only sooner */
-    free(o);
-    free(s2);
-    return;
+  bool sorted = true;
+  for (int i = 1; i < m && sorted; i++) sorted = roots[i - 1]->seq <= roots[i]->seq;
+  if (sorted) return;
+  if (m > order_cap) {
+    exec_root_order *o = realloc(order_key, sizeof *o * (size_t)m);
+    if (o) order_key = o;
+    tensor_slot **s2 = o ? realloc(order_sel, sizeof *s2 * (size_t)m) : NULL;
+    if (s2) order_sel = s2;
+    if (!o || !s2) return; /* any order is correct; this one is only sooner */
+    order_cap = m;
   }
-  for (int i = 0; i < m; i++) o[i] = (exec_root_order){roots[i]->seq, i};
-  qsort(o, (size_t)m, sizeof *o, exec_cmp_root);
-  for (int i = 0; i < m; i++) s2[i] = sel[o[i].i];
-  for (int i = 0; i < m; i++) sel[i] = s2[i], roots[i] = s2[i]->node;
-  free(o);
-  free(s2);
+  for (int i = 0; i < m; i++) order_key[i] = (exec_root_order){roots[i]->seq, i};
+  qsort(order_key, (size_t)m, sizeof *order_key, exec_cmp_root);
+  for (int i = 0; i < m; i++) order_sel[i] = sel[order_key[i].i];
+  for (int i = 0; i < m; i++) sel[i] = order_sel[i], roots[i] = order_sel[i]->node;
 }
 
 static graft_status exec_sync_some(tensor_slot *const *ts, int n) {
@@ -449,4 +455,9 @@ void exec_shutdown(void) {
   free(edges);
   edges = NULL;
   edges_cap = 0;
+  free(order_key);
+  free(order_sel);
+  order_key = NULL;
+  order_sel = NULL;
+  order_cap = 0;
 }

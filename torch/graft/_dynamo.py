@@ -56,6 +56,8 @@ class _Function:
     def __init__(self, gm):
         self._boxed_call = True
         self.gm = _on_graft(gm)
+        self.dev = _device()
+        self.last = self.last_sig = self.last_shapes = None  # the last call's record
         self.calls = {}  # signature -> (function id, output layout)
         # a forward's outputs saved for the backward stay on graft even when the caller's
         # tensors are on the CPU: the backward takes them back as they are
@@ -77,15 +79,24 @@ class _Function:
             boxed = args[0]
             args = list(boxed)
             boxed.clear()
-        dev = _device()
-        on_cpu = any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)
-        gargs = [a.to(dev) if isinstance(a, torch.Tensor) and a.device.type != dev.type else a
-                 for a in args]
-        tens = [a for a in gargs if isinstance(a, torch.Tensor)]
-        # graft's values have no strides (a view is its own value): shapes, dtypes, devices
-        sig = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor)
-                    else ("const", a) for a in gargs)
-        hit = self.calls.get(sig)
+        dev = self.dev
+        Tensor = torch.Tensor
+        on_cpu = False
+        gargs = []
+        for a in args:
+            if isinstance(a, Tensor) and a.device.type != "graft":
+                on_cpu = True
+                a = a.to(dev)
+            gargs.append(a)
+        tens = [a for a in gargs if isinstance(a, Tensor)]
+        hit = self.last  # dynamo guards the graph's shapes: the last signature, as a rule
+        if hit is None or len(self.calls) > 1 or any((a.shape, a.dtype, a.device) != s for a, s in zip(tens, self.last_shapes)):
+            # graft's values have no strides (a view is its own value): shapes, dtypes, devices
+            sig = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, Tensor)
+                        else ("const", a) for a in gargs)
+            hit = self.calls.get(sig)
+        else:
+            sig = self.last_sig
         if hit is None or hit[0] is None:  # new, or not recordable: traced (again)
             outs, layout = self._record(gargs, tens, sig if hit is None else None)
         else:
@@ -98,6 +109,7 @@ class _Function:
                 outs, _ = self._record(gargs, tens, None)
             else:
                 outs = [got[i] if isinstance(i, int) else i[1] for i in layout]
+                self.last, self.last_sig, self.last_shapes = hit, sig, [(a.shape, a.dtype, a.device) for a in tens]
         if on_cpu:  # the results the caller sees are read back, all outputs in one graph
             on_graft = [i for i, o in enumerate(outs) if isinstance(o, torch.Tensor)
                         and o.device.type == "graft"]
