@@ -43,6 +43,9 @@ struct GStore {
   graft_tensor *val = nullptr;  // owned; shape == shape
   std::vector<int64_t> shape;
   uint64_t gen = 0;             // bumped on each write
+  // A storage with no data (its pointer is null): what PyTorch's tracers (dynamo's fake
+  // tensors, AOTAutograd) read of a tensor's storage, its identity (views share it) and size.
+  c10::Storage storage;
   ~GStore() { if (val) graft_release(val); }
 };
 
@@ -56,6 +59,7 @@ struct GraftImpl : public c10::TensorImpl {
   ~GraftImpl() override;
 
   bool is_identity() const;
+  void attach_storage();  // storage_ := store's (made once per store)
   bool is_full_reshape() const;
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion &version_counter, bool allow_tensor_metadata_change) const override;

@@ -86,9 +86,19 @@ GraftImpl::GraftImpl(std::shared_ptr<GStore> s, caffe2::TypeMeta dt, c10::IntArr
                      c10::IntArrayRef strides, int64_t offset, int device)
     : c10::TensorImpl(c10::DispatchKeySet(kKey), dt, c10::Device(kDevType, (c10::DeviceIndex)device)),
       store(std::move(s)) {
-  set_storage_access_should_throw();
+  attach_storage();
   set_sizes_and_strides(sizes, strides);
   set_storage_offset(offset);
+}
+
+void GraftImpl::attach_storage() {
+  if (!store->storage) {
+    int64_t n = 1;
+    for (int64_t d : store->shape) n *= d;
+    store->storage = c10::Storage(c10::Storage::use_byte_size_t(), (size_t)n * data_type_.itemsize(),
+                                  c10::DataPtr(nullptr, device_opt_.value()), nullptr, false);
+  }
+  storage_ = store->storage;
 }
 
 GraftImpl::~GraftImpl() {
@@ -361,6 +371,7 @@ void write_resize(const at::Tensor &dst, G v) {
   st->shape.assign(shape, shape + nd);
   st->val = v.release();
   g->store = st;
+  g->attach_storage();
   if (g->cache) graft_release(g->cache);
   g->cache = nullptr;
   g->set_sizes_and_strides(st->shape, contig_strides(st->shape));

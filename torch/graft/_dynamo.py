@@ -123,8 +123,11 @@ class _Function:
         return tuple(outs)
 
     def _record(self, gargs, tens, sig):
-        # the function's parameters are data leaves (graft.h): synced first
-        fresh = [t.contiguous() for t in tens]
+        # the function's parameters are data leaves (graft.h): synced first. Each its own copy:
+        # an input that is a view of another tensor (a slice of a parameter, saved by the
+        # forward on graft's device) would be read through that tensor's value, which the
+        # record would keep as a constant (a stale parameter at later calls)
+        fresh = [t.clone(memory_format=torch.contiguous_format) for t in tens]
         _ops.sync(fresh)
         it = iter(fresh)
         gargs = [next(it) if isinstance(a, torch.Tensor) else a for a in gargs]
