@@ -19,6 +19,14 @@ best thread count, timed in the same alternating blocks after two untimed calls 
 vs_inductor = inductor_ms / graft_ms (above 1: graft is faster). nan where Inductor did not run
 (the reason is on a comment line).
 
+dynamo_ms: the same step with the model under torch.compile(backend="graft") on CPU tensors
+(each call's inputs copied to graft, its results CPU tensors over graft's buffers), timed in the
+same blocks; dynamo_vs_eager = eager_ms / dynamo_ms, dynamo_vs_inductor = inductor_ms /
+dynamo_ms. dynamo_graft_ms: that backend with the model and batch on graft's device (lazy, as
+graft_ms). dynamo_first_ms / inductor_first_ms: each backend's first call of the latest line
+(dynamo, AOTAutograd and the compile: what a user waits for; Inductor's includes hits in its own
+disk cache from earlier runs).
+
 Roofline: FLOPs of the step's matrix products / convolutions (counted analytically) divided by
 the machine's sgemm rate measured here: the faster of torch.mm 2048x2048 (OpenBLAS sgemm on 2
 threads) and the same product on graft's device (its own AVX-512 GEMM where the CPU has it,
@@ -154,21 +162,24 @@ def block_steps(eager_ms):
     return max(MIN_BLOCK, round(BLOCK_MS / max(eager_ms, 1e-3)))
 
 
-def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3, ifn=None, dfn=None):
+def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3, ifn=None, dfn=None, dgfn=None):
     """Median ms per step of graft, of eager and (ifn given) of torch.compile's Inductor, timed in
     alternating blocks: this machine is shared and its speed drifts, so all see the same
     conditions. Every block starts the same way: a pause (OpenBLAS's threads spin for a while
     after eager's last product) and a few untimed steps (caches, sleeping threads, clock speed
     after the pause). Inductor runs at eager's best thread count. dfn: the model under
     torch.compile(backend="graft") (CPU tensors in and out: each call returns its results).
-    Returns (graft, eager, inductor or None, graft's dynamo backend or None)."""
-    gts, ets, its, dts = [], [], [], []
+    dgfn: the same with the model and its inputs on graft's device (lazy, as gfn). Returns
+    (graft, eager, inductor, dynamo on CPU tensors, dynamo on graft's device), None where not run."""
+    gts, ets, its, dts, dgts = [], [], [], [], []
     per = max(2, reps // rounds // MIN_BLOCK)
     sides = [(gfn, graft_sync, graft.wait, 1, gts), (efn, cpu_sync, lambda: None, eth, ets)]
     if ifn is not None:
         sides.append((ifn, cpu_sync, lambda: None, eth, its))
     if dfn is not None:
         sides.append((dfn, cpu_sync, lambda: None, 1, dts))
+    if dgfn is not None:
+        sides.append((dgfn, graft_sync, graft.wait, 1, dgts))
     for _ in range(rounds):
         for fn, sync, fin, th, ts in sides:
             torch.set_num_threads(th)
@@ -179,7 +190,7 @@ def interleaved(gfn, efn, eth, reps, block, rounds=5, warm=3, ifn=None, dfn=None
             ts += [timed_block(fn, sync, fin, block) for _ in range(per)]
     torch.set_num_threads(1)
     med = (lambda ts: statistics.median(ts) if ts else None)
-    return med(gts), med(ets), med(its), med(dts)
+    return med(gts), med(ets), med(its), med(dts), med(dgts)
 
 
 FIRST_MS = {}  # backend -> ms of its first call (dynamo, AOTAutograd and the backend's compile)
@@ -210,18 +221,20 @@ def inductor(make_fn, th, backend="inductor"):
         torch.set_num_threads(1)
 
 
-def bench_line(name, g_ms, e_ms, flops, gflops, i_ms=None, d_ms=None):
+def bench_line(name, g_ms, e_ms, flops, gflops, i_ms=None, d_ms=None, dg_ms=None):
     """d_ms: torch.compile(backend="graft")'s ms a step: dynamo_vs_eager = eager_ms / d_ms,
     dynamo_vs_inductor = inductor_ms / d_ms; dynamo_first_ms and inductor_first_ms: each
-    backend's first call (what a user waits for before the first step)."""
+    backend's first call (what a user waits for before the first step). dg_ms: the same backend
+    with the model on graft's device (dynamo_graft_vs_eager = eager_ms / dg_ms)."""
     roof = flops / (gflops * 1e9) * 1000
     nan = float("nan")
     i_ms = nan if i_ms is None else i_ms
     d_ms = nan if d_ms is None else d_ms
+    dg = "" if dg_ms is None else f"dynamo_graft_ms={dg_ms:.3f} dynamo_graft_vs_eager={e_ms / dg_ms:.3f} "
     print(f"BENCH {name} graft_ms={g_ms:.3f} eager_ms={e_ms:.3f} speedup={e_ms / g_ms:.3f} "
           f"inductor_ms={i_ms:.3f} vs_inductor={i_ms / g_ms:.3f} "
           f"dynamo_ms={d_ms:.3f} dynamo_vs_eager={e_ms / d_ms:.3f} dynamo_vs_inductor={i_ms / d_ms:.3f} "
-          f"dynamo_first_ms={FIRST_MS.get('graft', nan):.0f} inductor_first_ms={FIRST_MS.get('inductor', nan):.0f} "
+          f"{dg}dynamo_first_ms={FIRST_MS.get('graft', nan):.0f} inductor_first_ms={FIRST_MS.get('inductor', nan):.0f} "
           f"roofline_ms={roof:.3f} of_roofline={g_ms / roof:.3f}", flush=True)
 
 
@@ -248,13 +261,15 @@ def run_train(name, model, X, Y, loss_fn, opt_fn, flops, gflops, warmup, reps):
     def make(backend):
         return train_step_fn(torch.compile(copy.deepcopy(model), backend=backend), X, Y, loss_fn, opt_fn)
     istep, dstep = inductor(make, th), inductor(make, 1, "graft")
-    g_ms, e_ms, i_ms, d_ms = interleaved(gstep, estep, th, reps, block_steps(probe_ms), ifn=istep,
-                                         dfn=dstep)
+    dgstep = train_step_fn(torch.compile(copy.deepcopy(model).to(DEV), backend="graft"), xg, yg, loss_fn, opt_fn)
+    graft_warm(dgstep, warmup)
+    g_ms, e_ms, i_ms, d_ms, dg_ms = interleaved(gstep, estep, th, reps, block_steps(probe_ms),
+                                                ifn=istep, dfn=dstep, dgfn=dgstep)
     m = graft.metrics()
     print(f"# {name}: eager best at {th} thread(s); graft in the timed steps: graphs compiled "
           f"{m['graphs_compiled']}, compiled executions {m['compiled_executions']}/{m['executions']}, "
           f"instructions on reference kernels {ref_ops(m)}, fallbacks {m['fallbacks']}", flush=True)
-    bench_line(name, g_ms, e_ms, flops, gflops, i_ms, d_ms)
+    bench_line(name, g_ms, e_ms, flops, gflops, i_ms, d_ms, dg_ms)
 
 
 def bench_mlp(gflops, quick):
@@ -316,7 +331,7 @@ def bench_encoder(gflops, quick):
                 return e(x)
         return f
     ifn, dfn = inductor(make_compiled, th), inductor(make_compiled, 1, "graft")
-    g_ms, e_ms, i_ms, d_ms = interleaved(gfn, efn, th, reps, block_steps(probe_ms), ifn=ifn, dfn=dfn)
+    g_ms, e_ms, i_ms, d_ms, _ = interleaved(gfn, efn, th, reps, block_steps(probe_ms), ifn=ifn, dfn=dfn)
     m = graft.metrics()
     print(f"# torch_encoder_fwd: eager best at {th} thread(s); graft in the timed steps: graphs "
           f"compiled {m['graphs_compiled']}, compiled executions {m['compiled_executions']}/"
