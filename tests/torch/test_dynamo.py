@@ -170,3 +170,28 @@ def test_new_batch_sizes_train_and_a_seen_one_compiles_nothing():
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
     assert graft.metrics()["graphs_compiled"] == 0
+
+
+@pytest.mark.parametrize("where", ["cpu", "graft"])
+@pytest.mark.parametrize("opt", ["SGD", "Adam", "AdamW"])
+def test_compiled_optimizer_step(where, opt):
+    # torch.compile(opt.step): the update mutates the parameters and the optimizer's state
+    # (AOTAutograd returns the new values and copies them in), on CPU tensors or graft's device
+    import torch._dynamo
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    dev = graft.device() if where == "graft" else torch.device("cpu")
+    ref = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    model = copy.deepcopy(ref).to(dev)
+    kw = dict(lr=0.1, momentum=0.9) if opt == "SGD" else dict(lr=0.01)
+    o, o_ref = getattr(torch.optim, opt)(model.parameters(), **kw), getattr(torch.optim, opt)(ref.parameters(), **kw)
+    step = torch.compile(o.step, backend="graft")
+    x = torch.randn(4, 6)
+    for i in range(4):
+        for mod, opt_, st in ((model, o, step), (ref, o_ref, o_ref.step)):
+            opt_.zero_grad()
+            mod(x.to(next(mod.parameters()).device)).square().sum().backward()
+            st()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+    assert graft.fallbacks() == {}
