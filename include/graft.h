@@ -173,11 +173,13 @@ graft_status graft_wait(void);
 /** Syncs t and copies its data to dst, which must hold exactly numel*dtype_size bytes. */
 graft_status graft_to_host(graft_tensor *t, void *dst, size_t bytes);
 /** Zero-copy read access to t's bytes (row-major, graft_numel(t) * dtype size) on a host-memory
- *  device: syncs t and returns a pointer valid, and its bytes unchanged, until
- *  graft_host_ref_release(*ref), whatever happens to t meanwhile. NULL with the error set (a
- *  failed step; GRAFT_ERR_DEVICE on a device with its own memory: graft_to_host copies). */
+ *  device: syncs t and returns a pointer valid, and its bytes unchanged by graft, until
+ *  graft_host_ref_release(*ref), whatever happens to t meanwhile. *shared (if not NULL) says
+ *  whether other tensors or values read the same bytes now (a caller that would write through
+ *  the pointer copies then). NULL with the error set (a failed step; GRAFT_ERR_DEVICE on a device
+ *  with its own memory: graft_to_host copies). */
 typedef struct graft_host_ref graft_host_ref;
-const void *graft_host_view(graft_tensor *t, graft_host_ref **ref);
+const void *graft_host_view(graft_tensor *t, graft_host_ref **ref, int *shared);
 void graft_host_ref_release(graft_host_ref *ref);
 /** Syncs a one-element tensor and returns its value as a double. */
 graft_status graft_item(graft_tensor *t, double *out);

@@ -754,8 +754,16 @@ TEST(host_view_outlives_its_tensor) {
   graft_tensor *x = graft_from_host(h, GRAFT_F32, 1, &n, 0), *y = graft_mul_scalar(x, 2.0);
   graft_release(x);
   graft_host_ref *ref = NULL;
-  const float *v = graft_host_view(y, &ref);
-  CHECK(v && ref && v[3] == 6.0f && v[4095] == 8190.0f);
+  int shared = -1;
+  const float *v = graft_host_view(y, &ref, &shared);
+  CHECK(v && ref && shared == 0 && v[3] == 6.0f && v[4095] == 8190.0f);
+  int64_t n2[2] = {64, 64};
+  graft_tensor *r = graft_reshape(y, 2, n2); /* compiled, another value over y's buffer */
+  graft_host_ref *ref2 = NULL;
+  const float *rv = graft_host_view(r, &ref2, &shared);
+  CHECK(rv != NULL && shared == (rv == v)); /* shared exactly when the bytes are y's */
+  graft_host_ref_release(ref2);
+  graft_release(r);
   graft_tensor *z = graft_add_scalar(y, 1.0); /* y's only other reader: may not take its buffer */
   graft_release(y);
   CHECK(graft_sync(&z, 1) == GRAFT_OK && graft_wait() == GRAFT_OK);
@@ -764,8 +772,8 @@ TEST(host_view_outlives_its_tensor) {
   CHECK(v[3] == 6.0f && v[4095] == 8190.0f);
   graft_host_ref_release(ref);
   graft_release(z);
-  CHECK(graft_host_view(NULL, &ref) == NULL && ref == NULL);
-  CHECK(graft_host_view(z, NULL) == NULL && graft_last_status() == GRAFT_ERR_NULL);
+  CHECK(graft_host_view(NULL, &ref, NULL) == NULL && ref == NULL);
+  CHECK(graft_host_view(z, NULL, NULL) == NULL && graft_last_status() == GRAFT_ERR_NULL);
   free(h);
 }
 

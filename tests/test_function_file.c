@@ -150,7 +150,45 @@ TEST(bad_files_are_errors_that_name_the_problem) {
     memcpy(c, b, n), memcpy(c + at, &rows, 8), fix_crcs(c);
     refused(c, n, "tanh");
   }
+  /* counts the metadata cannot hold (a 100-byte file claiming 2^26 entries): refused unallocated */
+  uint32_t many = 1u << 26;
+  memcpy(c, b, n), memcpy(c + 20, &many, 4), fix_crcs(c);
+  refused(c, n, "counts are out of range");
   free(b), free(c);
+}
+
+/* Unused and repeated inputs (more inputs than entries), an empty constant: saved and loaded. */
+TEST(unused_inputs_and_empty_constants_round_trip) {
+  float av[4] = {1, 2, 3, 4};
+  int64_t four = 4, zero = 0;
+  graft_tensor *a = graft_from_host(av, GRAFT_F32, 1, &four, 0), *u = graft_from_host(av, GRAFT_F32, 1, &four, 0);
+  graft_tensor *e = graft_from_host(NULL, GRAFT_F32, 1, &zero, 0);
+  graft_tensor *y = graft_mul_scalar(a, 2.0), *ye = graft_neg(e);
+  graft_tensor *in[4] = {u, u, e, a}, *out[2] = {ye, y};
+  graft_function *f = graft_function_capture(4, in, 2, out);
+  CHECK(f != NULL);
+  CHECK(graft_save(f, path) == GRAFT_OK);
+  graft_function *g = graft_load(path, 0);
+  CHECK(g && graft_function_inputs(g) == 4);
+  graft_tensor *got[2] = {NULL, NULL};
+  CHECK(g && graft_function_call(g, 4, in, 2, got) == GRAFT_OK);
+  float r[4];
+  CHECK(got[1] && graft_to_host(got[1], r, sizeof r) == GRAFT_OK && r[0] == 2 && r[3] == 8);
+  CHECK(got[0] && graft_numel(got[0]) == 0);
+  graft_release(got[0]), graft_release(got[1]);
+  graft_function_free(g), graft_function_free(f);
+  /* an empty constant: the graph reads e, which is not an input */
+  graft_tensor *se = graft_sum(e, NULL, 0, false), *sa = graft_sum(a, NULL, 0, false), *z = graft_add(se, sa);
+  graft_release(se), graft_release(sa);
+  graft_function *h = graft_function_capture(1, &a, 1, &z);
+  CHECK(h && graft_save(h, path) == GRAFT_OK);
+  graft_function *h2 = graft_load(path, 0);
+  graft_tensor *gz = NULL;
+  double dz = 0;
+  CHECK(h2 && graft_function_call(h2, 1, &a, 1, &gz) == GRAFT_OK && graft_item(gz, &dz) == GRAFT_OK && dz == 10);
+  graft_release(gz), graft_release(z);
+  graft_function_free(h), graft_function_free(h2);
+  graft_release(a), graft_release(u), graft_release(e), graft_release(y), graft_release(ye);
 }
 
 TEST(unsavable_functions_and_unwritable_paths) {
@@ -172,6 +210,7 @@ int main(void) {
   RUN(a_loaded_function_computes_what_the_saved_one_does);
   RUN(bad_files_are_errors_that_name_the_problem);
   RUN(unsavable_functions_and_unwritable_paths);
+  RUN(unused_inputs_and_empty_constants_round_trip);
   remove(path), remove(bad), rmdir(dir);
   graft_shutdown();
   return CHECK_DONE();

@@ -386,10 +386,11 @@ graft_status graft_to_host(graft_tensor *t, void *dst, size_t bytes) {
 }
 
 /* The handle of a host view is the buffer itself, retained. */
-const void *graft_host_view(graft_tensor *t, graft_host_ref **ref) {
+const void *graft_host_view(graft_tensor *t, graft_host_ref **ref, int *shared) {
   const char *fn = "graft_host_view";
   if (!ref) return err_set(GRAFT_ERR_NULL, "%s: ref is NULL", fn);
   *ref = NULL;
+  if (shared) *shared = 0;
   tensor_lock();
   ir_node *n = sync_one(t, fn);
   const void *p = NULL;
@@ -399,6 +400,8 @@ const void *graft_host_view(graft_tensor *t, graft_host_ref **ref) {
             "it)", fn, device_str(n->device, d, sizeof d));
   } else if (n) {
     static const char empty[64];
+    /* other tensors of this value, or other values over its buffer (a reshape's output) */
+    if (shared) *shared = __atomic_load_n(&n->refcnt, __ATOMIC_ACQUIRE) > 1 || buffer_refs(n->data) > 1;
     buffer_retain(n->data); /* a buffer with another reference is never donated (exec.c) */
     *ref = (graft_host_ref *)n->data;
     p = n->data->ptr ? n->data->ptr : empty;

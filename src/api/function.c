@@ -15,7 +15,7 @@
 
 void fn_free(graft_function *f) {
   if (!f) return;
-  for (int i = 0; i < f->n; i++)
+  for (int i = 0; f->tape && i < f->n; i++)
     if (f->tape[i].leaf) ir_release(f->tape[i].leaf);
   free(f->tape);
   free(f->operand);

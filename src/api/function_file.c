@@ -20,6 +20,7 @@
 #include "function.h"
 #include "../core/device.h"
 #include "../core/dtype.h"
+#include "../graph/graph.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,9 +93,11 @@ static int ff_constants(const graft_function *f, ff_buf *meta, ff_buf *data) {
     ff_grow(data, ff_round(data->n) - data->n);
     size_t at = data->n;
     unsigned char *dst = ff_grow(data, bytes);
-    if (!dst) return err_set(GRAFT_ERR_OOM, "graft_save: out of memory"), -1;
+    if (data->oom) return err_set(GRAFT_ERR_OOM, "graft_save: out of memory"), -1;
+    /* a constant made by a queued step: its bytes once that step has run (its failure, if any) */
+    if (async_wait_buffer(e->leaf->data, "graft_save")) return -1;
     if (bytes && buffer_download(e->leaf->data, dst, bytes)) return -1;
-    ff_u64(meta, at), ff_u64(meta, bytes), ff_u32(meta, ff_crc(dst, bytes));
+    ff_u64(meta, at), ff_u64(meta, bytes), ff_u32(meta, bytes ? ff_crc(dst, bytes) : ff_crc(NULL, 0));
   }
   return 0;
 }
@@ -176,8 +179,7 @@ graft_status graft_save(const graft_function *f, const char *path) {
     err_set(GRAFT_ERR_NULL, "graft_save: the function or the path is NULL");
     return GRAFT_ERR_NULL;
   }
-  graft_status st = graft_wait(); /* constants made by queued steps: their bytes are final */
-  if (st) return st;
+  graft_status st;
   tensor_lock();
   ff_buf meta = {0}, data = {0};
   int nconst = 0;
@@ -251,6 +253,8 @@ static bool ff_get_entry(ff_load *L, ff_cur *c, int i, int *at, int device) {
     return ff_fail(L, "entry has an invalid kind, dtype or shape (a corrupted file)", NULL), false;
   e->kind = (fn_kind)kind;
   e->op = IR_DATA;
+  if (e->kind == FN_SEED && (e->dtype != GRAFT_I64 || e->ndim != 0))
+    return ff_fail(L, "a random seed entry is not a 0-d i64 (a corrupted file)", NULL), false;
   if (e->kind == FN_PARAM) {
     uint32_t k = ff_get_u32(c);
     const fn_entry *s = &f->in_sig[k < (uint32_t)f->nin ? k : 0];
@@ -303,11 +307,12 @@ static unsigned char *ff_read_file(const char *path, size_t *n) {
     *n = (size_t)len;
     return p;
   }
-  int why = errno;
+  int why = ferror(fp) ? errno : 0;
   fclose(fp);
-  free(p);
   if (len >= 0 && !p) return err_set(GRAFT_ERR_OOM, "graft_load: %s: out of memory for %ld bytes", path, len);
-  return err_set(GRAFT_ERR_FILE, "graft_load: cannot read %s: %s", path, strerror(why));
+  free(p);
+  return err_set(GRAFT_ERR_FILE, "graft_load: cannot read %s: %s", path,
+                 why ? strerror(why) : "the file ended early (changed while read?)");
 }
 
 /* The header's counts and sizes against the file's; the metadata's cursor. */
@@ -336,8 +341,11 @@ static bool ff_header(ff_load *L, const unsigned char *p, size_t n, ff_cur *meta
   }
   if (mc != ff_crc(p + FF_HEADER, sizes[0]))
     return ff_fail(L, "corrupted: the metadata fails its checksum", NULL), false;
-  if (cnt[2] == 0 || cnt[1] == 0 || cnt[0] > cnt[2] || cnt[1] > (1u << 24) || cnt[2] > (1u << 26) ||
-      cnt[3] > cnt[2])
+  /* each input takes at least 12 bytes of metadata, an output 4, an entry 16 (with its place
+   * in the order), a constant 20: counts the metadata cannot hold are refused before anything
+   * is allocated for them */
+  uint64_t least = (uint64_t)cnt[0] * 12 + (uint64_t)cnt[1] * 4 + (uint64_t)cnt[2] * 16 + (uint64_t)cnt[3] * 20;
+  if (cnt[2] == 0 || cnt[1] == 0 || cnt[3] > cnt[2] || least > sizes[0])
     return ff_fail(L, "the header's counts are out of range", NULL), false;
   *meta = (ff_cur){p + FF_HEADER, sizes[0], 0, false};
   *data_at = data_start;

@@ -5,6 +5,7 @@ batch-norm buffers, an optimizer's state_dict with momentum buffers. Loaded in a
 never imports graft (plain load, map_location='cpu', weights_only=True), and back in this
 process onto graft's device.
 """
+import copy
 import os
 import subprocess
 import sys
@@ -205,3 +206,21 @@ def test_pickle_of_a_pending_tensor_reads_its_value():
     assert graft.is_pending(b)
     c = pickle.loads(pickle.dumps(b))
     assert c.device.type == "cpu" and torch.equal(c, torch.arange(6.) * 2 + 1)
+
+
+def test_deepcopy_stays_on_graft_and_is_its_own_value():
+    # graft tensors carry a storage with no data (for dynamo); deepcopy must clone on the device
+    # (its storage path allocated on the device and crashed), for a tensor, a module's buffers
+    # and an optimizer's state
+    t = torch.randn(3, 4).to(DEV)
+    c = copy.deepcopy(t)
+    assert c.device == t.device and torch.equal(c.cpu(), t.cpu())
+    c.add_(1)
+    assert not torch.equal(c.cpu(), t.cpu())
+    bn = nn.BatchNorm2d(3).to(DEV)
+    opt = torch.optim.Adam(bn.parameters())
+    bn(torch.randn(2, 3, 4, 4).to(DEV)).sum().backward()
+    opt.step()
+    b2, s2 = copy.deepcopy(bn), copy.deepcopy(opt.state_dict())
+    assert b2.running_mean.device == DEV and torch.equal(b2.running_var.cpu(), bn.running_var.cpu())
+    assert all(v.device == DEV for st in s2["state"].values() for v in st.values() if v.dim())

@@ -406,10 +406,27 @@ static at::Tensor py_host_view(const at::Tensor &t) {
   TORCH_CHECK(is_graft(t), "graft: host_view takes a graft tensor (got ", t.device(), ")");
   G v = value(t);
   graft_host_ref *ref = nullptr;
-  const void *p = graft_host_view(v.get(), &ref);
+  int shared = 0;
+  const void *p = graft_host_view(v.get(), &ref, &shared);
   if (!p) chk_status(graft_last_status(), "host view");
-  return at::from_blob(const_cast<void *>(p), t.sizes(), [ref](void *) { graft_host_ref_release(ref); },
-                       at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU));
+  auto opts = at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU);
+  if (shared) {  // the caller may write it: bytes another graft value reads are copied
+    at::Tensor c;
+    try {
+      c = at::from_blob(const_cast<void *>(p), t.sizes(), opts).clone();
+    } catch (...) {
+      graft_host_ref_release(ref);
+      throw;
+    }
+    graft_host_ref_release(ref);
+    return c;
+  }
+  try {
+    return at::from_blob(const_cast<void *>(p), t.sizes(), [ref](void *) { graft_host_ref_release(ref); }, opts);
+  } catch (...) {
+    graft_host_ref_release(ref);
+    throw;
+  }
 }
 
 G from_cpu(const at::Tensor &cpu, int device) {

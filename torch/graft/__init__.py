@@ -230,6 +230,26 @@ def _hook_serialization():
 
 _hook_serialization()
 
+
+def _hook_has_storage():
+    """graft tensors carry a storage with no data (dynamo's fake tensors and AOTAutograd read its
+    identity and size). PyTorch's Python paths that would copy a storage's bytes ask
+    torch._C._has_storage first (copy.deepcopy: the storage path allocates on the device and
+    crashed; pickling): for a graft tensor it answers no, so they take the branch meant for
+    storage-less devices (deepcopy clones on the device)."""
+    orig = torch._C._has_storage
+    if getattr(orig, "_graft_hooked", False):
+        return
+
+    def _has_storage(t):
+        return orig(t) and t.device.type != DEVICE_TYPE
+
+    _has_storage._graft_hooked = True
+    torch._C._has_storage = _has_storage
+
+
+_hook_has_storage()
+
 from . import _decomp  # noqa: E402  (after the library: it registers kernels on graft's key)
 
 _decomp.install(_ops.lowered_ops(), _ops.count_lowering)

@@ -57,7 +57,7 @@ class _Function:
         self._boxed_call = True
         self.gm = _on_graft(gm)
         self.dev = _device()
-        self.last = self.last_sig = self.last_shapes = None  # the last call's record
+        self.last = self.last_sig = self.last_shapes = self.last_consts = None  # the last call's record
         self.warned_sizes = False
         self.calls = {}  # signature -> (function id, output layout)
         # a forward's outputs saved for the backward stay on graft even when the caller's
@@ -91,7 +91,9 @@ class _Function:
             gargs.append(a)
         tens = [a for a in gargs if isinstance(a, Tensor)]
         hit = self.last  # dynamo guards the graph's shapes: the last signature, as a rule
-        if hit is None or len(self.calls) > 1 or any((a.shape, a.dtype, a.device) != s for a, s in zip(tens, self.last_shapes)):
+        consts = [a for a in gargs if not isinstance(a, Tensor)]  # a dynamic size is an int
+        if (hit is None or len(self.calls) > 1 or consts != self.last_consts or
+                any((a.shape, a.dtype, a.device) != s for a, s in zip(tens, self.last_shapes))):
             # graft's values have no strides (a view is its own value): shapes, dtypes, devices
             sig = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, Tensor)
                         else ("const", a) for a in gargs)
@@ -110,7 +112,8 @@ class _Function:
                 outs, _ = self._record(gargs, tens, None)
             else:
                 outs = [got[i] if isinstance(i, int) else i[1] for i in layout]
-                self.last, self.last_sig, self.last_shapes = hit, sig, [(a.shape, a.dtype, a.device) for a in tens]
+                self.last, self.last_sig, self.last_consts = hit, sig, consts
+                self.last_shapes = [(a.shape, a.dtype, a.device) for a in tens]
         if on_cpu:  # the results the caller sees are read back, all outputs in one graph
             on_graft = [i for i, o in enumerate(outs) if isinstance(o, torch.Tensor)
                         and o.device.type == "graft"]
