@@ -75,7 +75,7 @@ def test_compiled_training_matches_float64_per_step(name):
 
 # The model on graft's device: nothing is copied and nothing waits; the forward and backward
 # functions join the step's lazy graph with the loss and the optimizer's update.
-@pytest.mark.parametrize("name", ["cnn", "digits_cnn", "gpt_block", "transformer_lm"])
+@pytest.mark.parametrize("name", ["cnn", "digits_cnn", "gpt_block", "transformer_lm", "lstm_lm"])
 def test_compiled_training_on_graft_device(name):
     _compiled_training(name, "graft")
 

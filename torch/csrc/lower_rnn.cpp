@@ -187,7 +187,11 @@ bool graft_like(const at::Tensor &t, const at::Tensor &like) {
 bool fusable(const at::Tensor &x, at::TensorList hx, at::TensorList params, bool has_biases,
              int64_t layers, double dropout, bool train, bool bidirectional, bool batch_first) {
   if (bidirectional || (dropout > 0 && train && layers > 1) || hx.size() != 2 || layers < 1) return false;
-  if (!is_graft(x) || (x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble)) return false;
+  // a graft value: dynamo's fake tensors on graft's device take the decomposition, which they
+  // can trace (graft's LSTM function reads values)
+  if (!is_graft(x) || !dynamic_cast<GraftImpl *>(x.unsafeGetTensorImpl()) ||
+      (x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble))
+    return false;
   if (x.dim() != 3 || x.numel() == 0) return false;
   size_t per = has_biases ? 4 : 2;
   if (params.size() != (size_t)layers * per) return false;  // proj_size adds w_hr per layer
