@@ -128,3 +128,24 @@ def test_bad_files_are_named(tmp_path):
     bad.write_bytes(bytes(flip))
     with pytest.raises(RuntimeError, match="flip.graft: corrupted: constant .* fails its checksum"):
         graft.load_exported(bad)
+
+
+def test_export_of_a_model_on_graft_and_bad_outputs(tmp_path):
+    # a model already on graft's device exports the same way (torch.export's fake tensors on
+    # graft); a model that returns something other than tensors is refused by name
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        want = m(x)
+    dev = graft.device()
+    assert graft.export(m.to(dev), (x.to(dev),), tmp_path / "g.graft") == [(3, 2)]
+    got = graft.load_exported(tmp_path / "g.graft")(x)
+    assert _rel(got, want) <= REL
+
+    class Counts(nn.Module):
+        def forward(self, x):
+            return x.sum(), 3
+
+    with pytest.raises(TypeError, match="must return tensors.*int"):
+        graft.export(Counts(), (torch.randn(2),), tmp_path / "c.graft")
