@@ -40,15 +40,21 @@ typedef struct {
   bool oom;
 } ff_buf;
 
-static void ff_put(ff_buf *b, const void *v, size_t n) {
-  if (b->oom) return;
+/* Room for n more bytes; false (and b->oom) when there is none. */
+static bool ff_room(ff_buf *b, size_t n) {
+  if (b->oom) return false;
   if (b->n + n > b->cap) {
     size_t cap = b->cap ? b->cap * 2 : 4096;
     while (cap < b->n + n) cap *= 2;
     unsigned char *p = realloc(b->p, cap);
-    if (!p) { b->oom = true; return; }
+    if (!p) return b->oom = true, false;
     b->p = p, b->cap = cap;
   }
+  return true;
+}
+
+static void ff_put(ff_buf *b, const void *v, size_t n) {
+  if (!ff_room(b, n)) return;
   memcpy(b->p + b->n, v, n);
   b->n += n;
 }
@@ -77,10 +83,11 @@ static size_t ff_round(size_t n) { return (n + FF_ALIGN - 1) / FF_ALIGN * FF_ALI
 
 /* Grows b by n zero bytes; their start, or NULL out of memory. */
 static unsigned char *ff_grow(ff_buf *b, size_t n) {
-  static const unsigned char zero[FF_ALIGN];
-  size_t at = b->n;
-  for (size_t k = 0; k < n; k += FF_ALIGN) ff_put(b, zero, n - k < FF_ALIGN ? n - k : FF_ALIGN);
-  return b->oom ? NULL : b->p + at;
+  if (!ff_room(b, n)) return NULL;
+  unsigned char *at = b->p ? b->p + b->n : NULL;
+  if (n) memset(at, 0, n);
+  b->n += n;
+  return at;
 }
 
 /* The constants' bytes, read from their buffers into data at 64-aligned offsets, and their

@@ -119,11 +119,8 @@ class _Function:
                         and o.device.type == "graft"]
             back = [i for i in on_graft if not (i < len(self.saved) and self.saved[i])]
             _ops.sync([outs[i] for i in on_graft])
-            seen = set()
-            for i in back:  # graft's buffers, shared (no copy); two outputs of one buffer: copied
-                v = _ops.host_view(outs[i])
-                outs[i] = v if v.data_ptr() not in seen or v.numel() == 0 else v.clone()
-                seen.add(v.data_ptr())
+            for i in back:  # graft's buffers, no copy (host_view copies bytes others read)
+                outs[i] = _ops.host_view(outs[i])
         return tuple(outs)
 
     def _record(self, gargs, tens, sig):
