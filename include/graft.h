@@ -343,6 +343,21 @@ graft_status graft_lstm_backward(graft_tensor *x, graft_tensor *h0, graft_tensor
                                  graft_tensor *state, graft_tensor *dy, graft_tensor *dh_n,
                                  graft_tensor *dc_n, bool batch_first, graft_tensor **out);
 
+/* ---- gradients (reverse mode over the pending graph) ----
+ * Gradients are lazy tensors like any op's results: a training step's forward pass, its
+ * gradients and the update that reads them trace into one graph. Take them before the output
+ * is synced (a sync turns the output into data and the graph behind it is gone). Each op of
+ * the table has a rule (ops.def's grad column); floor/round/sign and comparisons pass none, as
+ * in PyTorch; a host function or a collective on the way is an error naming it. */
+/** grads[i] = d loss / d wrt[i] for a one-element float loss, with wrt[i]'s shape and dtype
+ *  (zeros where wrt[i] does not reach loss; a value used twice sums both paths). wrt[i] may be
+ *  any float tensor the loss depends on: a parameter, or an intermediate value. */
+graft_status graft_grad(graft_tensor *loss, int n, graft_tensor *const *wrt, graft_tensor **grads);
+/** The vector-Jacobian product: grads[i] = d sum(out * cotangent) / d wrt[i], for an output of
+ *  any shape and a cotangent of its shape and dtype. */
+graft_status graft_vjp(graft_tensor *out, graft_tensor *cotangent, int n, graft_tensor *const *wrt,
+                       graft_tensor **grads);
+
 /* ---- configuration ---- */
 /** Pending IR nodes past which the next op syncs every live tensor (default 100000); if that
  *  sync fails, the op still returns its (pending) result and the sync's error is set. */

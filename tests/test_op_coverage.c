@@ -357,7 +357,8 @@ static int cover_all(int *ops, int *runs) {
     int before = failures;
     for (int k = 0; k < n; k++, (*runs)++) cover_one((ir_op)op, dts[k]);
     if (failures != before)
-      fprintf(stderr, "  (%s: gradient %s)\n", ir_ops[op].name, ir_ops[op].grad);
+      fprintf(stderr, "  (%s: gradient %s)\n", ir_ops[op].name,
+              (const char *[]){"vjp", "zero", "leaf", "none"}[ir_ops[op].grad]);
     (*ops)++;
   }
   return failures - before_all;

@@ -39,6 +39,8 @@ typedef enum {
 typedef enum {
   OPS_INTERP_NONE, OPS_INTERP_LOOP, OPS_INTERP_COPY, OPS_INTERP_HOST, OPS_INTERP_REF
 } ops_interp_path;
+/* How graft_grad differentiates an op (ops.def's grad column). */
+typedef enum { OPS_GRAD_VJP, OPS_GRAD_ZERO, OPS_GRAD_LEAF, OPS_GRAD_NONE } ops_grad;
 /* Which float math line (M1 / M2) an op has. */
 enum { OPS_MATH_NONE = 0, OPS_MATH_UNARY = 1, OPS_MATH_BINARY = 2 };
 
@@ -53,7 +55,7 @@ typedef struct {
   const char *ref;     /* the reference kernel's name ("ref_unary"), NULL for data leaves */
   ops_cpu_path cpu;
   ops_interp_path interp;
-  const char *grad;    /* where the gradient rule lives */
+  ops_grad grad;       /* how graft_grad differentiates it (ops.def) */
 } ir_opinfo;
 
 extern const ir_opinfo ir_ops[IR_OP_COUNT];

@@ -5,7 +5,7 @@ const ir_opinfo ir_ops[IR_OP_COUNT] = {
 #define X(e, nm, ar, k, dts, api_, fn, cost_, ref_, cpu_, interp_, grad_)                       \
   [IR_##e] = {.name = nm, .arity = ar, .kind = k, .dtypes = dts, .api = OPS_API_##api_,       \
               .api_fn = "graft_" #fn, .cost = OPS_COST_##cost_, .ref = "ref_" #ref_,          \
-              .cpu = OPS_CPU_##cpu_, .interp = OPS_INTERP_##interp_, .grad = grad_},
+              .cpu = OPS_CPU_##cpu_, .interp = OPS_INTERP_##interp_, .grad = OPS_GRAD_##grad_},
 #include "ops.def"
 };
 
