@@ -102,10 +102,10 @@ build/tsan/tests/%: tests/%.c build/tsan/libgraft.a $(TEST_HDR)
 # Every test on the reference backend alone (deterministic), then the op and composite tests
 # again with each graph compiled to native code before it runs (GRAFT_COMPILE=sync); each pass
 # runs the op, composite and gradient suites on cpu:0 and again on cpu:1 (DEVICE_TESTS).
-COMPILED_TESTS := test_async test_function test_function_file test_composite test_grad test_autodiff test_rnn test_passes test_ops_elementwise test_ops_shape test_ops_nn test_dist
+COMPILED_TESTS := test_async test_function test_function_file test_composite test_grad test_autodiff test_optim test_rnn test_passes test_ops_elementwise test_ops_shape test_ops_nn test_dist
 
 # The device-parametrized suites (inputs on GRAFT_TEST_DEVICE) run again on cpu:1.
-DEVICE_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad test_autodiff test_rnn
+DEVICE_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad test_autodiff test_optim test_rnn
 
 # Leak checking leaves thread-local storage out of its roots (use_tls=0: stricter, not looser).
 # A suite that asks for an OpenCL device loads pocl, which dlcloses driver modules that have
@@ -131,7 +131,7 @@ check-compiled: $(COMPILED_TESTS:%=build/asan/tests/%)
 # where graft finds no OpenCL device skips it, saying why in one line (test_device --probe exits
 # 3 then; any other failure of the probe fails the target).
 # pocl's and LLVM's own leaks at exit are suppressed here only (tests/lsan-opencl.supp says why).
-OPENCL_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad test_autodiff test_device
+OPENCL_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad test_autodiff test_optim test_device
 OPENCL_ENV   := GRAFT_TEST_DEVICE=opencl ASAN_OPTIONS=detect_leaks=1 \
                 LSAN_OPTIONS=use_tls=0:suppressions=$(CURDIR)/tests/lsan-opencl.supp
 
@@ -168,9 +168,13 @@ VALGRIND := valgrind --leak-check=full --errors-for-leak-kinds=definite,indirect
 # The example uses CPU devices only, and device discovery is lazy, so it never opens the OpenCL
 # loader (pocl and its LLVM would bring their own leaks and uninitialized reads into valgrind's
 # report): checked with the dynamic loader's own trace.
-check-valgrind: build/examples/mlp
+check-valgrind: build/examples/mlp build/examples/train_mlp
 	GRAFT_COMPILE=off $(VALGRIND) ./build/examples/mlp > /dev/null
 	GRAFT_COMPILE=sync GRAFT_MARCH=x86-64-v3 $(VALGRIND) ./build/examples/mlp > /dev/null
+	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	GRAFT_COMPILE=off $(VALGRIND) ./build/examples/train_mlp --epochs 2 --save $$d/w.graft > /dev/null && \
+	GRAFT_COMPILE=sync GRAFT_MARCH=x86-64-v3 $(VALGRIND) ./build/examples/train_mlp --epochs 2 --sgd > /dev/null && \
+	GRAFT_MARCH=x86-64-v3 $(VALGRIND) ./build/examples/train_mlp --eval $$d/w.graft > /dev/null
 	@if LD_DEBUG=files ./build/examples/mlp 2>&1 >/dev/null | grep -q 'file=libOpenCL'; then \
 	  echo "check-valgrind: examples/mlp opened libOpenCL (device discovery must stay lazy)"; exit 1; fi
 

@@ -146,6 +146,11 @@ size_t graft_device_memory(int device);
 /** Copies t to another device (syncs t first). */
 graft_tensor *graft_to_device(graft_tensor *t, int device);
 
+/** dst takes src's value (same dtype, shape and device, else GRAFT_ERR_SHAPE naming both):
+ *  the in-place update of a lazy tensor. Handles of dst keep working and read the new value;
+ *  src stays valid. A buffer only the pending graph still reads is reused by it at the sync. */
+graft_status graft_assign(graft_tensor *dst, graft_tensor *src);
+
 /* ---- queries (never sync) ---- */
 /** Number of dims, or -1 for an invalid handle. */
 int graft_ndim(const graft_tensor *t);
@@ -358,6 +363,54 @@ graft_status graft_grad(graft_tensor *loss, int n, graft_tensor *const *wrt, gra
 graft_status graft_vjp(graft_tensor *out, graft_tensor *cotangent, int n, graft_tensor *const *wrt,
                        graft_tensor **grads);
 
+/* ---- optimizers (torch.optim's formulas; the update is IR, fused into the step's graph) ---- */
+typedef struct graft_optimizer graft_optimizer;
+/** torch.optim.SGD's options (zero: plain SGD). */
+typedef struct {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov;
+} graft_sgd_options;
+/** torch.optim.Adam's options; decoupled_weight_decay makes it AdamW. Typical:
+ *  {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8}. */
+typedef struct {
+  double lr, beta1, beta2, eps, weight_decay;
+  bool decoupled_weight_decay;
+} graft_adam_options;
+/** An optimizer over params[0..n) (f32/f64 tensors, retained): each step assigns their new
+ *  values to these handles (graft_assign). NULL with the error set on bad options. */
+graft_optimizer *graft_sgd(int n, graft_tensor *const *params, graft_sgd_options opt);
+/** Adam or AdamW; its moments start as zeros on each parameter's device. */
+graft_optimizer *graft_adam(int n, graft_tensor *const *params, graft_adam_options opt);
+/** One update from grads[i] for params[i] (NULL: that parameter is left as it is). Pending like
+ *  any op: the next sync runs forward, gradients and update as one graph. */
+graft_status graft_optimizer_step(graft_optimizer *opt, graft_tensor *const *grads);
+/** Changes the learning rate (a schedule); no recompile follows. */
+graft_status graft_optimizer_set_lr(graft_optimizer *opt, double lr);
+/** Releases the optimizer's state and its references to the parameters (NULL: no-op). */
+void graft_optimizer_free(graft_optimizer *opt);
+
+/* ---- parameters: initialization and files ---- */
+/** Uniform in [lo, hi) (torch.nn.init.uniform_), computed before it returns; f32 or f64. */
+graft_tensor *graft_init_uniform(graft_dtype dt, int ndim, const int64_t *shape, double lo,
+                                 double hi, int device);
+/** Normal with mean and std (torch.nn.init.normal_). */
+graft_tensor *graft_init_normal(graft_dtype dt, int ndim, const int64_t *shape, double mean,
+                                double std, int device);
+/** torch.nn.init.kaiming_uniform_ (fan-in, leaky ReLU slope a): bound sqrt(6 / ((1 + a^2)
+ *  fan_in)); a = sqrt(5) is nn.Linear's and nn.Conv2d's default weight init. shape [out, in, ...]. */
+graft_tensor *graft_init_kaiming_uniform(graft_dtype dt, int ndim, const int64_t *shape, double a,
+                                         int device);
+/** Writes tensors[0..n) under names[0..n) (unique, non-empty) to path, in the saved-function
+ *  format (a function of no inputs whose outputs are the tensors): graft.save_tensors writes
+ *  the same from Python. */
+graft_status graft_save_tensors(const char *path, int n, const char *const *names,
+                                graft_tensor *const *tensors);
+/** Reads the tensors named names[0..n) from a file graft_save_tensors (or graft.save_tensors)
+ *  wrote, onto device: out[i] new tensors. A name the file lacks is GRAFT_ERR_FILE listing the
+ *  names it has; a bad file fails as graft_load does. */
+graft_status graft_load_tensors(const char *path, int device, int n, const char *const *names,
+                                graft_tensor **out);
+
 /* ---- configuration ---- */
 /** Pending IR nodes past which the next op syncs every live tensor (default 100000); if that
  *  sync fails, the op still returns its (pending) result and the sync's error is set. */
@@ -468,6 +521,10 @@ graft_status graft_function_call(graft_function *f, int nin, graft_tensor *const
                                  int nout, graft_tensor **outputs);
 int graft_function_inputs(const graft_function *f);  /**< nin, or -1 for NULL */
 int graft_function_outputs(const graft_function *f); /**< nout, or -1 for NULL */
+/** Names output k (kept in its file by graft_save); 1 to 4096 bytes. */
+graft_status graft_function_set_output_name(graft_function *f, int k, const char *name);
+/** Output k's name, or NULL when it has none. */
+const char *graft_function_output_name(const graft_function *f, int k);
 /** Frees f and the constants it holds (NULL is a no-op). */
 void graft_function_free(graft_function *f);
 /** Input k's dtype and shape (shape holds GRAFT_MAX_DIMS); returns its ndim, -1 on error. */

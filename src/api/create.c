@@ -280,6 +280,36 @@ graft_tensor *graft_to_device(graft_tensor *t, int device) {
   return r;
 }
 
+/* dst takes src's value: its slot holds src's node from now on (what an in-place update is
+ * for a lazy tensor). dst's old value stays with whatever already reads it; a buffer only the
+ * pending graph still reads is donated to it at the sync (an optimizer's old parameters). */
+graft_status graft_assign(graft_tensor *dst, graft_tensor *src) {
+  const char *fn = "graft_assign";
+  tensor_lock();
+  tensor_slot *d = tensor_check(dst, fn);
+  tensor_slot *s = d ? tensor_check(src, fn) : NULL;
+  graft_status st = GRAFT_OK;
+  if (!s) {
+    st = graft_last_status();
+  } else if (d->node != s->node) {
+    ir_node *a = d->node, *b = s->node;
+    char x[128], y[128];
+    if (a->dtype != b->dtype || a->device != b->device || a->ndim != b->ndim ||
+        memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim)) {
+      err_set(GRAFT_ERR_SHAPE, "%s: dst is %s %s on device %d, src %s %s on device %d", fn,
+                   graft_dtype_name(a->dtype), ir_shape_str(a->ndim, a->shape, x, sizeof x),
+                   a->device, graft_dtype_name(b->dtype), ir_shape_str(b->ndim, b->shape, y, sizeof y),
+                   b->device);
+      st = GRAFT_ERR_SHAPE;
+    } else {
+      ir_retain(b);
+      tensor_set_node(d, b);
+    }
+  }
+  tensor_unlock();
+  return st;
+}
+
 /* ---- queries ---- */
 #define QUERY(expr, bad)                   \
   tensor_lock();                            \

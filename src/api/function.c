@@ -23,6 +23,8 @@ void fn_free(graft_function *f) {
   free(f->same);
   free(f->order);
   free(f->in_sig);
+  for (int k = 0; f->out_name && k < f->nout; k++) free(f->out_name[k]);
+  free(f->out_name);
   free(f);
 }
 
@@ -134,12 +136,14 @@ static int fn_record(graft_function *f, const graph_capture *g, ir_node *const *
       if (s->kind == FN_CONST && s->dtype == GRAFT_I64 && s->ndim == 0) s->kind = FN_SEED;
     }
   }
-  uint64_t newest = 0; /* a value computed after the inputs came from them: a sync inside */
+  /* a value computed after the inputs came from them: a sync inside (a function of no inputs,
+   * named tensors, holds values whatever made them) */
+  uint64_t newest = 0;
   for (int k = 0; k < f->nin; k++)
     if (in_nodes[k]->seq > newest) newest = in_nodes[k]->seq;
   for (int i = 0; i < g->n; i++) {
     const ir_node *n = g->nodes[i];
-    if (f->tape[i].kind == FN_CONST && n->computed && n->seq > newest) {
+    if (f->nin && f->tape[i].kind == FN_CONST && n->computed && n->seq > newest) {
       char sh[128], where[400];
       loc_str(n->loc, where, sizeof where);
       err_set(GRAFT_ERR_ARG, "graft_function_capture: the computation reads %s %s%s%s, computed "
@@ -289,6 +293,30 @@ graft_status graft_function_call(graft_function *f, int nin, graft_tensor *const
 
 int graft_function_inputs(const graft_function *f) { return f ? f->nin : -1; }
 int graft_function_outputs(const graft_function *f) { return f ? f->nout : -1; }
+
+graft_status graft_function_set_output_name(graft_function *f, int k, const char *name) {
+  const char *fn = "graft_function_set_output_name";
+  if (!f || !name)
+    return err_set(GRAFT_ERR_NULL, "%s: %s is NULL", fn, f ? "name" : "the function"), GRAFT_ERR_NULL;
+  if (k < 0 || k >= f->nout)
+    return err_set(GRAFT_ERR_ARG, "%s: output %d of a function of %d outputs", fn, k, f->nout),
+           GRAFT_ERR_ARG;
+  if (!*name || strlen(name) > FN_NAME_MAX)
+    return err_set(GRAFT_ERR_ARG, "%s: a name is 1 to %d bytes", fn, FN_NAME_MAX), GRAFT_ERR_ARG;
+  char *copy = strdup(name);
+  if (!f->out_name) f->out_name = calloc((size_t)f->nout, sizeof *f->out_name);
+  if (!copy || !f->out_name) {
+    free(copy);
+    return err_set(GRAFT_ERR_OOM, "%s: out of memory", fn), GRAFT_ERR_OOM;
+  }
+  free(f->out_name[k]);
+  f->out_name[k] = copy;
+  return GRAFT_OK;
+}
+
+const char *graft_function_output_name(const graft_function *f, int k) {
+  return f && k >= 0 && k < f->nout && f->out_name ? f->out_name[k] : NULL;
+}
 
 void graft_function_free(graft_function *f) {
   tensor_lock();

@@ -3,6 +3,8 @@
 #define GRAFT_API_FUNCTION_H
 #include "api.h"
 
+enum { FN_NAME_MAX = 4096 }; /* bytes of an output's name */
+
 typedef enum { FN_OP, FN_PARAM, FN_CONST, FN_SEED } fn_kind;
 
 typedef struct {
@@ -27,6 +29,7 @@ struct graft_function {
   int *order;        /* tape indices in the order the traced nodes were made: a call makes its
                       * nodes in that order, so a sync walks its roots as the trace's (exec.c) */
   fn_entry *in_sig;  /* per input: dtype, shape, device (as a leaf's fields) */
+  char **out_name;   /* per output: its name (graft_function_set_output_name), or NULL */
 };
 
 /* Frees f and drops its constants (the lock held). */

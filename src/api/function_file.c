@@ -1,7 +1,7 @@
 /* A function as a file (graft_save / graft_load): a model traced once (from PyTorch by
  * graft.export, or by a C program) run later by a program that has only libgraft.
  *
- * Format, version 1, little-endian:
+ * Format, version 2 (version 1: the same without the names), little-endian:
  *   header, 64 bytes: magic "GRAFTFN\0"; u32 version; u32 inputs; u32 outputs; u32 entries;
  *     u32 constants; u32 0; u64 metadata bytes; u64 data bytes; u32 metadata CRC-32 (zlib's);
  *     u32 0; u32 CRC-32 of the header's first 56 bytes; u32 0.
@@ -12,7 +12,8 @@
  *     i64 attributes, f64 attribute, u32 operand count, u32 operands (earlier entries); for an
  *     input u32 its index; for a constant u32 its index; then u32 order[entries] (the order to
  *     make them in); per constant u64 offset (from the data's start, 64-byte aligned),
- *     u64 bytes, u32 CRC-32.
+ *     u64 bytes, u32 CRC-32; per output u32 name length (0: unnamed) and the name's bytes
+ *     (graft_function_set_output_name; graft_save_tensors names every output).
  *   data: from the first 64-byte boundary after the metadata, the constants' bytes.
  * graft_load checks all of it (sizes against the file's, checksums, indices, op names) and then
  * makes every op once through the checked constructor, comparing the dtype and shape it infers
@@ -28,7 +29,7 @@
 #include <zlib.h>
 
 #define FF_MAGIC "GRAFTFN"
-#define FF_VERSION 1u
+#define FF_VERSION 2u
 #define FF_HEADER 64
 #define FF_ALIGN 64
 
@@ -192,6 +193,12 @@ graft_status graft_save(const graft_function *f, const char *path) {
   int nconst = 0;
   int rc = ff_meta(f, &meta, &nconst);
   if (!rc) rc = ff_constants(f, &meta, &data);
+  for (int k = 0; !rc && k < f->nout; k++) {
+    const char *name = f->out_name ? f->out_name[k] : NULL;
+    size_t len = name ? strlen(name) : 0;
+    ff_u32(&meta, (uint32_t)len);
+    if (len) ff_put(&meta, name, len);
+  }
   if (!rc && (meta.oom || data.oom)) rc = -1, err_set(GRAFT_ERR_OOM, "graft_save: out of memory");
   if (!rc) rc = ff_write(path, &meta, &data, nconst, f);
   free(meta.p);
@@ -226,6 +233,7 @@ typedef struct {
   graft_function *f;
   uint64_t (*cons)[3]; /* per constant: offset, bytes, crc */
   int nconst;
+  uint32_t version;
 } ff_load;
 
 static void *ff_fail(const ff_load *L, const char *fmt, const char *what) {
@@ -334,9 +342,9 @@ static bool ff_header(ff_load *L, const unsigned char *p, size_t n, ff_cur *meta
   memcpy(&version, p + 8, 4), memcpy(cnt, p + 12, 16), memcpy(sizes, p + 32, 16);
   memcpy(&mc, p + 48, 4), memcpy(&hc, p + 56, 4);
   if (hc != ff_crc(p, 56)) return ff_fail(L, "corrupted: the header fails its checksum", NULL), false;
-  if (version != FF_VERSION) {
+  if (version < 1 || version > FF_VERSION) {
     char v[64];
-    snprintf(v, sizeof v, "%u (this graft reads version %u)", version, FF_VERSION);
+    snprintf(v, sizeof v, "%u (this graft reads versions 1 to %u)", version, FF_VERSION);
     return ff_fail(L, "written in format version %s", v), false;
   }
   uint64_t data_start = ff_round(FF_HEADER + sizes[0]);
@@ -351,11 +359,30 @@ static bool ff_header(ff_load *L, const unsigned char *p, size_t n, ff_cur *meta
   /* each input takes at least 12 bytes of metadata, an output 4, an entry 16 (with its place
    * in the order), a constant 20: counts the metadata cannot hold are refused before anything
    * is allocated for them */
-  uint64_t least = (uint64_t)cnt[0] * 12 + (uint64_t)cnt[1] * 4 + (uint64_t)cnt[2] * 16 + (uint64_t)cnt[3] * 20;
+  uint64_t least = (uint64_t)cnt[0] * 12 + (uint64_t)cnt[1] * (version > 1 ? 8 : 4) +
+                   (uint64_t)cnt[2] * 16 + (uint64_t)cnt[3] * 20;
   if (cnt[2] == 0 || cnt[1] == 0 || cnt[3] > cnt[2] || least > sizes[0])
     return ff_fail(L, "the header's counts are out of range", NULL), false;
   *meta = (ff_cur){p + FF_HEADER, sizes[0], 0, false};
   *data_at = data_start;
+  L->version = version;
+  return true;
+}
+
+/* The outputs' names (version 2): each at most FN_NAME_MAX bytes, no NUL inside. */
+static bool ff_get_names(ff_load *L, ff_cur *c) {
+  graft_function *f = L->f;
+  if (!(f->out_name = calloc((size_t)f->nout + 1, sizeof *f->out_name)))
+    return err_set(GRAFT_ERR_OOM, "graft_load: %s: out of memory", L->path), false;
+  for (int k = 0; k < f->nout; k++) {
+    uint32_t len = ff_get_u32(c);
+    if (c->bad || len > FN_NAME_MAX || len > c->n - c->at || memchr(c->p + c->at, 0, len))
+      return ff_fail(L, "an output's name is invalid (a corrupted file)", NULL), false;
+    if (len && !(f->out_name[k] = malloc(len + 1)))
+      return err_set(GRAFT_ERR_OOM, "graft_load: %s: out of memory", L->path), false;
+    if (len) memcpy(f->out_name[k], c->p + c->at, len), f->out_name[k][len] = 0;
+    c->at += len;
+  }
   return true;
 }
 
@@ -393,6 +420,7 @@ static bool ff_parse(ff_load *L, ff_cur *c, const uint32_t cnt[4], int device) {
     L->cons[k][0] = (uint64_t)ff_get_i64(c), L->cons[k][1] = (uint64_t)ff_get_i64(c);
     L->cons[k][2] = ff_get_u32(c);
   }
+  if (L->version > 1 && !ff_get_names(L, c)) return false;
   if (c->bad || c->at != c->n) return ff_fail(L, "the metadata's length does not match its contents", NULL), false;
   return true;
 }
@@ -500,7 +528,7 @@ graft_function *graft_load(const char *path, int device) {
   unsigned char *p = ff_read_file(path, &n);
   if (!p) return NULL;
   tensor_lock();
-  ff_load L = {path, calloc(1, sizeof(graft_function)), NULL, 0};
+  ff_load L = {path, calloc(1, sizeof(graft_function)), NULL, 0, 0};
   ff_cur meta;
   size_t data_at = 0;
   uint32_t cnt[4];

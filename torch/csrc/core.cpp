@@ -1051,6 +1051,26 @@ static int64_t py_function_load(const std::string &path, int64_t device) {
   return next_id;
 }
 
+// Named outputs: graft.save_tensors / load_tensors (a function of no inputs, each output named).
+static void py_function_set_output_name(int64_t id, int64_t k, const std::string &name) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  auto it = functions().find(id);
+  TORCH_CHECK(it != functions().end(), "graft: no function ", id, " (freed?)");
+  chk_status(graft_function_set_output_name(it->second, (int)k, name.c_str()), "function_set_output_name");
+}
+
+static std::vector<std::string> py_function_output_names(int64_t id) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  auto it = functions().find(id);
+  TORCH_CHECK(it != functions().end(), "graft: no function ", id, " (freed?)");
+  std::vector<std::string> r;
+  for (int k = 0; k < graft_function_outputs(it->second); k++) {
+    const char *nm = graft_function_output_name(it->second, k);
+    r.push_back(nm ? nm : "");
+  }
+  return r;
+}
+
 TORCH_LIBRARY(graft, m) {
   m.def("host_view(Tensor t) -> Tensor", &py_host_view);
   m.def("function_save(int id, str path) -> ()", &py_function_save);
@@ -1058,6 +1078,8 @@ TORCH_LIBRARY(graft, m) {
   m.def("function_capture(Tensor[] inputs, Tensor[] outputs) -> int", &py_function_capture);
   m.def("function_call(int id, Tensor[] inputs) -> Tensor[]", &py_function_call);
   m.def("function_free(int id) -> ()", &py_function_free);
+  m.def("function_set_output_name(int id, int k, str name) -> ()", &py_function_set_output_name);
+  m.def("function_output_names(int id) -> str[]", &py_function_output_names);
   m.def("step() -> ()", &py_step);
   m.def("lowered_ops() -> str[]", &py_lowered_ops);
   m.def("count_lowering(str name) -> ()", &py_count_lowering);

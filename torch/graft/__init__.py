@@ -295,8 +295,8 @@ from . import _dynamo  # noqa: E402  (torch.compile(backend="graft"): needs _ops
 
 compiler = _dynamo.compiler
 _dynamo.register()
-from ._export import export, load_exported  # noqa: E402  (graft.export: needs _dynamo)
+from ._export import export, load_exported, load_tensors, save_tensors  # noqa: E402  (graft.export: needs _dynamo)
 
 __all__ = ["device", "devices", "Device", "step", "sync", "metrics", "fallbacks", "reset_metrics", "metrics_report",
            "set_dump_dir", "manual_seed", "save", "wait_compiles", "wait", "is_pending", "last_compile_reason", "is_graft",
-           "compiler", "export", "load_exported"]
+           "compiler", "export", "load_exported", "save_tensors", "load_tensors"]

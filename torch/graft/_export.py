@@ -75,3 +75,39 @@ class Exported:
 def load_exported(path, device=None):
     """The function graft.export wrote to path, on graft device `device` (default: cpu:0)."""
     return Exported(path, device)
+
+
+def save_tensors(tensors, path):
+    """Writes a dict of named tensors (a model's state_dict, say) to path in the file format
+    graft_load_tensors reads from C (examples/train_mlp.c): weights trained in PyTorch train on
+    or run in C, and back with load_tensors."""
+    if not isinstance(tensors, dict) or not tensors:
+        raise TypeError("graft.save_tensors: give a non-empty dict of name -> tensor")
+    dev = _device()
+    names, ts = list(tensors), []
+    for k in names:
+        v = tensors[k]
+        if not isinstance(k, str) or not isinstance(v, torch.Tensor):
+            raise TypeError("graft.save_tensors: %r is not a str -> tensor entry" % (k,))
+        ts.append(v.detach().to(dev).contiguous())
+    _ops.sync(ts)
+    fid = _ops.function_capture([], ts)
+    try:
+        for i, k in enumerate(names):
+            _ops.function_set_output_name(fid, i, k)
+        _ops.function_save(fid, str(path))
+    finally:
+        _ops.function_free(fid)
+
+
+def load_tensors(path, device="cpu"):
+    """The named tensors of a file graft_save_tensors (C) or save_tensors wrote, as a dict of
+    tensors on device (default: CPU tensors)."""
+    fid = _ops.function_load(str(path), 0)
+    try:
+        names = _ops.function_output_names(fid)
+        outs = _ops.function_call(fid, [])
+    finally:
+        _ops.function_free(fid)
+    _ops.sync(outs)
+    return {n: o.to(device) for n, o in zip(names, outs)}
