@@ -229,11 +229,12 @@ demo-ddp: deps torch
 demo-c: deps build/examples/mlp
 	./build/examples/mlp
 
-bench: deps build/bench/bench_core build/bench/bench_compiler build/bench/bench_gemm build/bench/bench_opencl torch $(if $(LIBS_MPI),build/bench/bench_dist)
+bench: deps build/bench/bench_core build/bench/bench_compiler build/bench/bench_gemm build/bench/bench_opencl build/examples/train_mlp torch $(if $(LIBS_MPI),build/bench/bench_dist)
 	./build/bench/bench_core
 	./build/bench/bench_compiler
 	./build/bench/bench_gemm
 	./build/bench/bench_opencl
+	$(PY) bench/train_mlp_peer.py
 	$(PY) bench/torch_bench.py
 	$(PY) bench/zoo.py
 	$(if $(LIBS_MPI),sh bench/dist_bench.sh build/bench/bench_dist,@echo "bench: no Open MPI: collective benchmarks skipped")

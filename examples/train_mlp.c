@@ -9,6 +9,7 @@
  *
  *   train_mlp [--epochs N] [--lr X] [--sgd] [--device N] [--save FILE]   train, report, save
  *   train_mlp --eval FILE [--device N]                                    load and evaluate
+ *   train_mlp --dump FILE      the initial weights and the data, for a peer (bench/train_mlp_peer.py)
  *   train_mlp --init FILE --data FILE --steps N [--lr X] [--sgd]          the parity test's run:
  *       initial weights and one batch (x, y) from tensor files, the loss of each step printed
  */
@@ -106,6 +107,26 @@ static int train_step(graft_optimizer *opt, graft_tensor *const *p, graft_tensor
   return rc ? die("step") : 0;
 }
 
+/* The initial weights and both datasets in one tensor file. */
+static int dump_all(const char *path, graft_tensor *const *p, const dataset *train,
+                    const dataset *test, int dev) {
+  graft_scope_begin();
+  graft_tensor *t[NPARAM + 4];
+  const char *nm[NPARAM + 4] = {0};
+  for (int i = 0; i < NPARAM; i++) t[i] = p[i], nm[i] = names[i];
+  const dataset *d[2] = {train, test};
+  static const char *const dn[4] = {"x_train", "y_train", "x_test", "y_test"};
+  for (int k = 0; k < 2; k++) {
+    int64_t xs[2] = {d[k]->n, IN}, ys[1] = {d[k]->n};
+    t[NPARAM + 2 * k] = graft_from_host(d[k]->x, GRAFT_F32, 2, xs, dev);
+    t[NPARAM + 2 * k + 1] = graft_from_host(d[k]->y, GRAFT_I64, 1, ys, dev);
+    nm[NPARAM + 2 * k] = dn[2 * k], nm[NPARAM + 2 * k + 1] = dn[2 * k + 1];
+  }
+  int rc = graft_save_tensors(path, NPARAM + 4, nm, t) ? die(path) : 0;
+  graft_scope_end();
+  return rc;
+}
+
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -143,7 +164,7 @@ static int parity_run(const char *init, const char *data, int steps, double lr, 
 int main(int argc, char **argv) {
   int epochs = 20, dev = 0, steps = 0, sgd = 0;
   double lr = 1e-2;
-  const char *save = NULL, *eval = NULL, *init = NULL, *data = NULL;
+  const char *save = NULL, *eval = NULL, *init = NULL, *data = NULL, *dump = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--sgd")) { sgd = 1; continue; }
@@ -156,6 +177,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--init")) init = v;
     else if (!strcmp(a, "--data")) data = v;
     else if (!strcmp(a, "--steps")) steps = atoi(v);
+    else if (!strcmp(a, "--dump")) dump = v;
     else { fprintf(stderr, "train_mlp: unknown option %s\n", a); return 2; }
     i++;
   }
@@ -171,6 +193,8 @@ int main(int argc, char **argv) {
   if (eval) {
     if (graft_load_tensors(eval, dev, NPARAM, names, p)) rc = die(eval);
     else printf("loaded %s: test accuracy %.3f\n", eval, accuracy(p, &test, dev));
+  } else if (dump) {
+    rc = init_params(p, dev) || dump_all(dump, p, &train, &test, dev);
   } else if (!(rc = init_params(p, dev))) {
     graft_optimizer *opt = make_opt(p, lr, sgd);
     if (!opt) rc = die("optimizer");
@@ -198,9 +222,10 @@ int main(int argc, char **argv) {
         graft_scope_end();
         sum += loss;
       }
+      double ms = (now() - t0) * 1e3; /* the epoch's steps, their last sync included */
       if (!rc)
         printf("epoch %2d  loss %.4f  train accuracy %.3f  %.1f ms\n", e + 1, sum / nb,
-               accuracy(p, &train, dev), (now() - t0) * 1e3);
+               accuracy(p, &train, dev), ms);
     }
     if (!rc) printf("test accuracy %.3f\n", accuracy(p, &test, dev));
     if (!rc && save) {
