@@ -183,6 +183,42 @@ static void cpu_member_loops(cpu_cg *g, const exec_instr *ins, int a, int64_t F)
   }
 }
 
+/* A member's element loops are generated in two bodies: the statements that run once per row
+ * (g->row_pre: cpu_value_concat_rowsel's part pointers) and the element loop's own, written out
+ * by cpu_row_body_end as the first, the loops over dims [a, ndim), the second. Returns the body
+ * to restore. */
+static cpu_sb *cpu_row_body_begin(cpu_cg *g, int a) {
+  cpu_sb *outer = g->body;
+  g->body = calloc(1, sizeof(cpu_sb));
+  g->row_pre = calloc(1, sizeof(cpu_sb));
+  if (!g->body || !g->row_pre) { /* generate into the outer body, nothing per row */
+    free(g->body), free(g->row_pre);
+    g->body = outer, g->row_pre = NULL;
+    g->failed = 1;
+    return NULL;
+  }
+  g->row_vars = a;
+  return outer;
+}
+
+/* Opens the loops; the caller closes them. */
+static void cpu_row_body_end(cpu_cg *g, cpu_sb *outer, const exec_instr *ins, int a, int64_t F) {
+  g->row_vars = 0;
+  if (!outer) {
+    cpu_member_loops(g, ins, a, F); /* (a failed generation: the text is never compiled) */
+    return;
+  }
+  cpu_sb *elems = g->body, *pre = g->row_pre;
+  g->body = outer;
+  g->row_pre = NULL;
+  if (pre->n) cpu_sb_puts(outer, pre->s);
+  cpu_member_loops(g, ins, a, F);
+  if (elems->n) cpu_sb_puts(outer, elems->s);
+  if (elems->oom || pre->oom) g->failed = 1;
+  cpu_sb_free(elems), cpu_sb_free(pre);
+  free(elems), free(pre);
+}
+
 /* A lone concat kernel whose axis is a row dim (im2col's taps: [C, 9, N*H*W]): the part a
  * row lies in is fixed for the row, so the if/else chain runs once per row around the inner
  * loops, each branch its own loops, instead of inside the innermost loop for every element. */
@@ -199,7 +235,7 @@ static void cpu_member_concat_rows(cpu_cg *g, int i, int a, int64_t F) {
     if (seen == 1 && nparts > 1) cpu_sb_printf(g->body, "    if (i%d < %" PRId64 ") {\n", ax, off + ext);
     else if (seen < nparts) cpu_sb_printf(g->body, "    } else if (i%d < %" PRId64 ") {\n", ax, off + ext);
     else if (nparts > 1) cpu_sb_puts(g->body, "    } else {\n");
-    cpu_member_loops(g, ins, a, F);
+    cpu_sb *outer = cpu_row_body_begin(g, a);
     g->split_var = F ? cpu_fmt(&g->ar, "i%d", ins->ndim - 1) : NULL;
     g->split_f = F;
     g->nmemo = 0;
@@ -210,6 +246,7 @@ static void cpu_member_concat_rows(cpu_cg *g, int i, int a, int64_t F) {
     qk.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[ax], off) : pos.c[ax];
     const char *v = cpu_value(g, ins->in[k], qk);
     cpu_sb_printf(g->body, "      p%d[%s] = %s;\n", i, cpu_pos_lin(g, &pos), v);
+    cpu_row_body_end(g, outer, ins, a, F);
     cpu_close_loops(g->body, ins->ndim - a);
     off += ext;
   }
@@ -230,7 +267,7 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a, bool lone) {
     cpu_member_concat_rows(g, i, a, F);
     return;
   }
-  cpu_member_loops(g, ins, a, F);
+  cpu_sb *outer = cpu_row_body_begin(g, a);
   g->split_var = F ? cpu_fmt(&g->ar, "i%d", L) : NULL;
   g->split_f = F;
   g->nmemo = 0;
@@ -239,6 +276,7 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a, bool lone) {
   const char *v = cpu_value(g, i, pos);
   g->split_var = NULL;
   g->split_f = 0;
+  cpu_row_body_end(g, outer, ins, a, F);
   if (g->stream == i) {
     cpu_sb_printf(g->body, "      ob%d[%s] = %s;\n", i, cpu_row_inner(g), v);
     cpu_close_loops(g->body, ins->ndim - a);

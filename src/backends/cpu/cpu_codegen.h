@@ -84,6 +84,9 @@ typedef struct {
   int64_t aff_n[GRAFT_MAX_DIMS];
   unsigned aff_bad, aff_gone;
   int kmerge_from;         /* a lone row kernel: first dim of its merged trailing dims, or -1 */
+  int row_vars;            /* while a kernel member's element loop is generated: its row dims
+                              (i0..i<row_vars-1> fixed for a row), else 0 */
+  cpu_sb *row_pre;         /* meanwhile: statements that run once per row, before its loops */
   size_t footprint;        /* bytes of the program's buffers: parameters and materialized values */
 } cpu_cg;
 
