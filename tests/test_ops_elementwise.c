@@ -502,6 +502,15 @@ TEST(test_convert) {
     if (got[i] != to_bf16(h[i])) fprintf(stderr, "  bf16 of %g: got %04x want %04x\n", h[i], got[i], to_bf16(h[i]));
     CHECK(got[i] == to_bf16(h[i]));
   }
+  /* float -> integer -> float gives +0 for (-1, 0), not trunc()'s -0 (compiled code once
+   * folded the round trip): 1 / that is +inf */
+  const double fr[4] = {-0.5, 0.5, -0.0, -1.5}, inv[4] = {INFINITY, INFINITY, INFINITY, -1};
+  for (int s = 0; s < 2; s++)
+    for (int k = 0; k < 2; k++) {
+      graft_dtype ft = s ? GRAFT_F64 : GRAFT_F32, it = k ? GRAFT_I64 : GRAFT_I32;
+      graft_tensor *y = graft_convert(graft_convert(mk1(ft, 4, fr), it), ft);
+      CHECK(expect1_d(graft_div(graft_ones_on(ft, 1, (int64_t[]){4}, graft_device(y)), y), ft, 4, inv, 0));
+    }
   /* half -> f32 is exact, and a round trip through f32 keeps the bits */
   CHECK(to_f16(1.0) == 0x3c00 && to_bf16(1.0) == 0x3f80 && from_f16(0x7bff) == 65504);
   graft_tensor *hx = mk1(GRAFT_F16, 7, h);

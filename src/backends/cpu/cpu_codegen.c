@@ -47,7 +47,11 @@ static const char cpu_prelude[] =
     "static inline double gc_wide(double x) { __asm__(\"\" : \"+x\"(x)); return x; }\n"
     "/* an f32 rounding of a double that gcc cannot drop (see cpu_unary) */\n"
     "static inline float gc_f32(double x) { float f = (float)x; __asm__(\"\" : \"+x\"(f)); return f; }\n"
-    "static inline float gc_f32i(int64_t x) { float f = (float)x; __asm__(\"\" : \"+x\"(f)); return f; }\n"
+    /* an integer made a float: the integer opaque, so that gcc cannot fold a float -> integer
+     * -> float round trip into trunc() (which keeps -0.0 where the integer 0 gives +0.0) */
+    "static inline float gc_f32i(int64_t x) { __asm__(\"\" : \"+r\"(x)); float f = (float)x; "
+    "__asm__(\"\" : \"+x\"(f)); return f; }\n"
+    "static inline double gc_f64i(int64_t x) { __asm__(\"\" : \"+r\"(x)); return (double)x; }\n"
     "static inline int64_t gc_clamp(int64_t q, int64_t n) { return q < 0 ? 0 : q >= n ? n - 1 : q; }\n"
     /* a size-generic template's floating literals, passed by their bits (cpu_sized.c) */
     "static inline float gc_lf(int64_t b) { uint32_t u = (uint32_t)b; float f; "

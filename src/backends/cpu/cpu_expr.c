@@ -136,6 +136,7 @@ static const char *cpu_convert(cpu_cg *g, graft_dtype from, graft_dtype to, cons
   if (to == GRAFT_F32 && from == GRAFT_F64) return cpu_fmt(&g->ar, "gc_f32(%s)", a); /* see cpu_unary */
   if (to == GRAFT_F32 && !ff && from != GRAFT_U8 && from != GRAFT_BOOL)
     return cpu_fmt(&g->ar, "gc_f32i(%s)", a);
+  if (to == GRAFT_F64 && (from == GRAFT_I32 || from == GRAFT_I64)) return cpu_fmt(&g->ar, "gc_f64i(%s)", a);
   if (tf) return cpu_fmt(&g->ar, "(%s)%s", cpu_ctype(to), a);
   if (ff) {
     if (to == GRAFT_I32) return cpu_fmt(&g->ar, "gc_sat32(gc_d2i((double)%s))", a);
