@@ -38,25 +38,29 @@ void graft_optimizer_free(graft_optimizer *o) {
   free(o);
 }
 
-/* Zero tensors like each parameter into m and v, computed now in one graph (the state starts as
- * data, so the first step's graph is every later step's), in no scope: the optimizer owns them. */
+/* Zero tensors like each parameter into m and v, as data (uploaded zeros: no graph to compile,
+ * and the first step's graph is every later step's), in no scope: the optimizer owns them. */
 static graft_status opt_zero_state(graft_optimizer *o) {
-  int n = o->n;
-  graft_tensor **all = calloc(2 * (size_t)n, sizeof *all);
-  if (!all) return err_set(GRAFT_ERR_OOM, "out of memory"), GRAFT_ERR_OOM;
-  graft_scope_begin();
   graft_status st = GRAFT_OK;
-  for (int i = 0; i < 2 * n && st == GRAFT_OK; i++) {
-    graft_tensor *p = o->params[i % n];
-    int64_t s[GRAFT_MAX_DIMS];
+  graft_scope_begin();
+  for (int i = 0; i < o->n && st == GRAFT_OK; i++) {
+    graft_tensor *p = o->params[i];
+    int64_t s[GRAFT_MAX_DIMS], numel = graft_numel(p);
     int nd = graft_shape(p, s);
-    if (!(all[i] = graft_zeros_on(graft_get_dtype(p), nd, s, graft_device(p)))) st = graft_last_status();
+    graft_dtype dt = graft_get_dtype(p);
+    void *zeros = calloc((size_t)(numel > 0 ? numel : 1), graft_dtype_size(dt));
+    if (!zeros) {
+      err_set(GRAFT_ERR_OOM, "out of memory");
+      st = GRAFT_ERR_OOM;
+      break;
+    }
+    graft_tensor *m = graft_from_host(zeros, dt, nd, s, graft_device(p));
+    graft_tensor *v = graft_from_host(zeros, dt, nd, s, graft_device(p));
+    free(zeros);
+    if (!m || !v) st = graft_last_status();
+    else o->m[i] = graft_retain(m), o->v[i] = graft_retain(v);
   }
-  if (st == GRAFT_OK) st = graft_sync(all, 2 * n);
-  for (int i = 0; i < n && st == GRAFT_OK; i++)
-    o->m[i] = graft_retain(all[i]), o->v[i] = graft_retain(all[n + i]);
   graft_scope_end();
-  free(all);
   return st;
 }
 
