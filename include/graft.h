@@ -411,6 +411,17 @@ graft_status graft_save_tensors(const char *path, int n, const char *const *name
 graft_status graft_load_tensors(const char *path, int device, int n, const char *const *names,
                                 graft_tensor **out);
 
+/* ---- the timeline trace (Perfetto / chrome://tracing) ----
+ * Spans of what each thread did: syncs (capture and hash, the cache's hit or miss, the first
+ * tier's lowering), native builds, each step a thread ran with its kernels, GEMMs (shape,
+ * FLOPs) and fallbacks, and waits. GRAFT_TRACE=path.json records from the start to
+ * graft_shutdown (or exit). */
+/** Starts recording to path (written, checked now: GRAFT_ERR_FILE if it cannot be). One trace at
+ *  a time (GRAFT_ERR_ARG). */
+graft_status graft_trace_begin(const char *path);
+/** Stops recording and writes the trace (Chrome's trace-event JSON). */
+graft_status graft_trace_end(void);
+
 /* ---- configuration ---- */
 /** Pending IR nodes past which the next op syncs every live tensor (default 100000); if that
  *  sync fails, the op still returns its (pending) result and the sync's error is set. */

@@ -2,6 +2,7 @@
 #include "api.h"
 #include "device.h"
 #include "loc.h"
+#include "trace.h"
 #include "../graph/graph.h"
 #include <stdlib.h>
 #include <string.h>
@@ -473,6 +474,7 @@ void graft_empty_cache(void) { buffer_pool_trim(); }
 void graft_shutdown(void) {
   async_shutdown(); /* runs what is queued: the executables must outlive it */
   tier_shutdown();
+  trace_shutdown(); /* a trace being recorded is written (its last steps and compiles ran) */
   tensor_lock();
   tensor_free_all();
   cache_clear();

@@ -13,6 +13,7 @@
  * published) and the execution counters (read by the tracing thread only after a drain).
  * GRAFT_ASYNC=0 runs every graph in the syncing thread instead. */
 #include "graph.h"
+#include "../core/trace.h"
 #include "../core/error.h"
 #include "../core/metrics.h"
 #include <pthread.h>
@@ -115,12 +116,22 @@ static buffer_failure *job_execute(async_job *j) {
   const exec_program *p = j->p;
   exec_buffer **outs = j->bufs + p->nparams;
   graft_clear_error();
+  uint64_t w0 = trace_on() ? trace_now() : 0;
   void *native = tier_native_for(j->e, async_queued_for(j->e));
+  if (w0) trace_span("wait", "wait for native code", w0, trace_now(), NULL);
   double x0 = metrics_now_ms();
+  uint64_t s0 = trace_on() ? trace_now() : 0;
   if (async_early_enabled()) backend_set_final_hook(job_output_final, j);
   int rc = native ? j->e->fast->execute(native, p, j->bufs, outs)
                   : j->e->be->execute(j->e->exe, p, j->bufs, outs);
   backend_set_final_hook(NULL, NULL);
+  if (s0) {
+    char args[160];
+    snprintf(args, sizeof args, "\"graph\": \"%016llx\", \"step\": %llu, \"tier\": \"%s\", \"ok\": %s",
+             (unsigned long long)j->hash, (unsigned long long)j->seq, native ? "native" : "first",
+             rc ? "false" : "true");
+    trace_span("step", native ? "step (native)" : "step (first tier)", s0, trace_now(), args);
+  }
   double ms = metrics_now_ms() - x0;
   metrics.m.execute_ms += ms;
   if (!native && !rc) j->e->first_tier_ms = ms;
@@ -182,6 +193,7 @@ static void job_run(async_job *j) {
 
 static void *async_worker(void *arg) {
   (void)arg;
+  trace_thread_name("executor (steps)");
   pthread_mutex_lock(&a_mu);
   for (;;) {
     while (!a_head && !a_stop) pthread_cond_wait(&a_work, &a_mu);
@@ -298,11 +310,13 @@ void async_drain(void) {
 graft_status async_wait_buffer(const exec_buffer *b, const char *fn) {
   if (buffer_get_state(b) == BUFFER_PENDING) {
     double t0 = metrics_now_ms();
+    uint64_t s0 = trace_on() ? trace_now() : 0;
     pthread_mutex_lock(&a_mu);
     while (buffer_get_state(b) == BUFFER_PENDING) pthread_cond_wait(&a_done, &a_mu);
     pthread_mutex_unlock(&a_mu);
     metrics.m.async_waits++;
     metrics.m.async_wait_ms += metrics_now_ms() - t0;
+    if (s0) trace_span("wait", fn, s0, trace_now(), NULL);
   }
   if (buffer_get_state(b) == BUFFER_READY) return GRAFT_OK;
   const buffer_failure *f = b->failure;
@@ -355,6 +369,8 @@ void async_shutdown(void) {
 }
 
 graft_status graft_wait(void) {
+  uint64_t s0 = trace_on() ? trace_now() : 0;
   async_drain();
+  if (s0) trace_span("wait", "graft_wait", s0, trace_now(), NULL);
   return async_take_failure("graft_wait", UINT64_MAX);
 }

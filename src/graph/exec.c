@@ -4,6 +4,7 @@
 #include "../core/device.h"
 #include "../core/error.h"
 #include "../core/metrics.h"
+#include "../core/trace.h"
 #include "../passes/passes.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,11 +216,19 @@ static graft_status exec_failed_input(exec_buffer *const *bufs, int nparams) {
 }
 
 /* One graph per device: roots holds the pending nodes of one device. */
-static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) {
+static graft_status exec_device_run(tensor_slot *const *ts, ir_node **roots, int n) {
   double t0 = metrics_now_ms();
+  bool tr = trace_on();
+  uint64_t s0 = tr ? trace_now() : 0;
   if (capture_run(&cap, roots, n)) return graft_last_status();
+  uint64_t s1 = tr ? trace_now() : 0;
   cache_entry *e = cache_lookup(&cap);
   double tc = 0;
+  if (tr) {
+    uint64_t s2 = trace_now();
+    trace_span("graph", "capture and hash", s0, s1, NULL);
+    trace_span("graph", e ? "cache hit" : "cache miss", s1, s2, NULL);
+  }
   if (e) {
     metrics.m.cache_hits++;
     tier_hit(e);
@@ -257,6 +266,11 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
     metrics.m.graphs_compiled++;
     tc = metrics_now_ms() - c0;
     metrics.m.compile_ms += tc;
+    if (tr) {
+      char args[METRICS_REASON_BYTES + 64];
+      trace_args_reason(args, sizeof args, e->prog->hash, reason);
+      trace_span("compile", "lower and plan (first tier)", trace_now() - (uint64_t)(tc * 1e6), trace_now(), args);
+    }
   }
   const exec_program *p = e->prog;
   exec_buffer **bufs = malloc(sizeof *bufs * ((size_t)p->nparams + (size_t)p->noutputs + 1));
@@ -346,6 +360,7 @@ static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) 
 }
 
 static graft_status exec_sync_some(tensor_slot *const *ts, int n);
+static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n);
 
 typedef struct {
   tensor_slot **ts;
@@ -447,6 +462,21 @@ static graft_status exec_sync_some(tensor_slot *const *ts, int n) {
   }
   free(sel);
   free(roots);
+  return st;
+}
+
+/* exec_device_run, a span of the trace ("sync": the graph's size and hash, hit or compiled). */
+static graft_status exec_device(tensor_slot *const *ts, ir_node **roots, int n) {
+  if (!trace_on()) return exec_device_run(ts, roots, n);
+  trace_thread_name("tracing (syncs)");
+  uint64_t t0 = trace_now();
+  uint64_t compiled = metrics.m.graphs_compiled;
+  graft_status st = exec_device_run(ts, roots, n);
+  char args[160];
+  snprintf(args, sizeof args, "\"graph\": \"%016llx\", \"roots\": %d, \"nodes\": %d, \"new graph\": %s, "
+           "\"status\": %d", (unsigned long long)cap.hash, n, cap.n,
+           metrics.m.graphs_compiled != compiled ? "true" : "false", (int)st);
+  trace_span("graph", "sync", t0, trace_now(), args);
   return st;
 }
 

@@ -10,6 +10,7 @@
  * the first tier. */
 #define _GNU_SOURCE /* syscall(SYS_gettid) */
 #include "graph.h"
+#include "../core/trace.h"
 #include "../core/device.h"
 #include "../core/error.h"
 #include "../core/metrics.h"
@@ -138,6 +139,7 @@ static void *tier_worker(void *arg) {
   struct sched_param idle = {0};
   if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle))
     (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10); /* best effort */
+  trace_thread_name("compiler (native builds)");
   pthread_mutex_lock(&q_mu);
   for (;;) {
     while ((!q_head || q_forking) && !q_stop) pthread_cond_wait(&q_cv, &q_mu);
@@ -156,8 +158,19 @@ static void *tier_worker(void *arg) {
     double t0 = metrics_now_ms();
     if (first) atomic_store(&e->build_started_ms, t0);
     uint64_t runs = tier_compiler_runs(e->fast);
+    uint64_t s0 = trace_on() ? trace_now() : 0;
     tier_level level = tier_build(e, quick, &exe, err, sizeof err);
     double ms = metrics_now_ms() - t0;
+    if (s0) {
+      char args[768]; /* "reason": the compiler's error, if it failed */
+      trace_args_reason(args, sizeof args - 128, e->prog->hash, exe ? "" : err);
+      size_t k = strlen(args);
+      snprintf(args + k, sizeof args - k, ", \"instructions\": %d, \"compiler runs\": %llu, \"ok\": %s",
+               e->prog->ninstr, (unsigned long long)(tier_compiler_runs(e->fast) - runs),
+               exe ? "true" : "false");
+      trace_span("compile", level == TIER_LEVEL_QUICK ? "native build (quick)" : "native build (full)",
+                 s0, trace_now(), args);
+    }
     if (level == TIER_LEVEL_QUICK && exe && tier_compiler_runs(e->fast) > runs) /* it compiled */
       atomic_store(&q_build_ms_per_instr, ms / (e->prog->ninstr + 1));
     tier_landed(e, exe);

@@ -1071,6 +1071,16 @@ static std::vector<std::string> py_function_output_names(int64_t id) {
   return r;
 }
 
+// graft.trace(path): the timeline trace (graft_trace_begin / end).
+static void py_trace_begin(const std::string &path) {
+  chk_status(graft_trace_begin(path.c_str()), "trace_begin");
+}
+
+static void py_trace_end() {
+  graft_wait(); /* the steps queued so far are in the trace */
+  chk_status(graft_trace_end(), "trace_end");
+}
+
 TORCH_LIBRARY(graft, m) {
   m.def("host_view(Tensor t) -> Tensor", &py_host_view);
   m.def("function_save(int id, str path) -> ()", &py_function_save);
@@ -1080,6 +1090,8 @@ TORCH_LIBRARY(graft, m) {
   m.def("function_free(int id) -> ()", &py_function_free);
   m.def("function_set_output_name(int id, int k, str name) -> ()", &py_function_set_output_name);
   m.def("function_output_names(int id) -> str[]", &py_function_output_names);
+  m.def("trace_begin(str path) -> ()", &py_trace_begin);
+  m.def("trace_end() -> ()", &py_trace_end);
   m.def("step() -> ()", &py_step);
   m.def("lowered_ops() -> str[]", &py_lowered_ops);
   m.def("count_lowering(str name) -> ()", &py_count_lowering);

@@ -250,6 +250,30 @@ def _hook_has_storage():
 
 _hook_has_storage()
 
+class trace:
+    """Records graft's timeline while the block runs and writes it to path as Chrome trace-event
+    JSON (open it in https://ui.perfetto.dev or chrome://tracing): each thread's syncs, native
+    builds, steps with their kernels, GEMMs and fallbacks, and waits. Also a decorator-free
+    pair: t = graft.trace(path); t.start(); ...; t.stop()."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def start(self):
+        _ops.trace_begin(self.path)
+        return self
+
+    def stop(self):
+        _ops.trace_end()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
 from . import _decomp  # noqa: E402  (after the library: it registers kernels on graft's key)
 
 _decomp.install(_ops.lowered_ops(), _ops.count_lowering)
@@ -299,4 +323,4 @@ from ._export import export, load_exported, load_tensors, save_tensors  # noqa: 
 
 __all__ = ["device", "devices", "Device", "step", "sync", "metrics", "fallbacks", "reset_metrics", "metrics_report",
            "set_dump_dir", "manual_seed", "save", "wait_compiles", "wait", "is_pending", "last_compile_reason", "is_graft",
-           "compiler", "export", "load_exported", "save_tensors", "load_tensors"]
+           "compiler", "export", "load_exported", "save_tensors", "load_tensors", "trace"]

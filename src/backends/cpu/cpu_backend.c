@@ -3,6 +3,7 @@
  * through buffer_new for exact accounting, release at last use, host and reference fallbacks,
  * kernels on the thread pool, BLAS). */
 #include "cpu_internal.h"
+#include "trace.h"
 #include "../ref/ref.h"
 #include <inttypes.h>
 #include <pthread.h>
@@ -260,9 +261,46 @@ static void cpu_run_gemm(cpu_run *r, const cpu_gemm_call *g) {
                    g->sa, r->S[g->b], (int)g->ldb, g->sb, r->S[g->c], (int)g->ldc, g->sc, g->batch);
 }
 
+/* A step as a span of the trace: a kernel (its body and work units), a GEMM (its shape, FLOPs)
+ * or a fallback (its op). */
+static void cpu_trace_step(const cpu_run *r, const cpu_step *st, uint64_t t0) {
+  const cpu_code *c = &r->e->code;
+  char name[96], args[128];
+  const char *cat = "kernel";
+  args[0] = 0;
+  if (st->kind == CPU_STEP_KERNEL) {
+    const cpu_launch *l = &c->launch[st->arg];
+    snprintf(name, sizeof name, "kernel #%d", l->body);
+    snprintf(args, sizeof args, "\"units\": %" PRId64, (int64_t)l->units);
+  } else if (st->kind == CPU_STEP_GEMM) {
+    const cpu_gemm_call *g = &c->gemm[st->arg];
+    cat = "gemm";
+    snprintf(name, sizeof name, "%s %c%c %" PRId64 "x%" PRId64 "x%" PRId64, g->dbl ? "dgemm" : "sgemm",
+             g->ta == CPU_CBLAS_TRANS ? 'T' : 'N', g->tb == CPU_CBLAS_TRANS ? 'T' : 'N', (int64_t)g->m,
+             (int64_t)g->n, (int64_t)g->k);
+    snprintf(args, sizeof args, "\"batch\": %" PRId64 ", \"flops\": %.0f", (int64_t)g->batch,
+             2.0 * (double)g->m * (double)g->n * (double)g->k * (double)g->batch);
+  } else {
+    cat = "fallback";
+    snprintf(name, sizeof name, "host %s", ir_ops[r->p->instr[st->arg].op].name);
+  }
+  trace_span(cat, name, t0, trace_now(), args[0] ? args : NULL);
+}
+
 /* One step; under GRAFT_PROFILE, each kernel, GEMM and fallback is timed as a call site, in
  * execution order, which a compiled graph keeps from run to run. */
+static int cpu_run_step_timed(cpu_run *r, const cpu_step *st, bool prof);
+
 static int cpu_run_step(cpu_run *r, const cpu_step *st, bool prof) {
+  if (st->kind == CPU_STEP_ALLOC || st->kind == CPU_STEP_RELEASE || !trace_on())
+    return cpu_run_step_timed(r, st, prof);
+  uint64_t t0 = trace_now();
+  int rc = cpu_run_step_timed(r, st, prof);
+  cpu_trace_step(r, st, t0);
+  return rc;
+}
+
+static int cpu_run_step_timed(cpu_run *r, const cpu_step *st, bool prof) {
   const cpu_code *c = &r->e->code;
   double t0 = prof ? cpu_profile_now() : 0;
   switch ((cpu_step_kind)st->kind) {
