@@ -216,7 +216,7 @@ int main(int argc, char **argv) {
           by[k] = train.y[perm[b + k]];
         }
         graft_scope_begin();
-        float loss;
+        float loss = 0;
         rc = train_step(opt, p, graft_from_host(bx, GRAFT_F32, 2, xs, dev),
                         graft_from_host(by, GRAFT_I64, 1, ys, dev), &loss);
         graft_scope_end();

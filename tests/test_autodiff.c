@@ -163,6 +163,14 @@ U(sum_keep, graft_sum(x[0], (int[]){1}, 1, true))
 U(max, graft_max(x[0], (int[]){1, 2}, 2, false))
 U(min, graft_min(x[0], (int[]){0}, 1, true))
 U(prod, graft_prod(x[0], (int[]){1}, 1, false))
+/* rows of x * m with no zero, one zero and two zeros: each case of prod's rule */
+U(prod_zeros, graft_prod(graft_mul(x[0], graft_from_host((double[]){1, 1, 1, 1, 0, 1, 0, 1, 1, 0},
+                                                         GRAFT_F64, 2, (int64_t[]){2, 5}, dev)),
+                         (int[]){1}, 1, true))
+/* x^b with b = 0 somewhere and x = 0 somewhere: no NaN, PyTorch's masks */
+U(pow_zero, graft_pow(graft_mul(x[0], graft_from_host((double[]){0, 1, 1, 0, 1, 1}, GRAFT_F64, 1,
+                                                      (int64_t[]){6}, dev)),
+                      graft_from_host((double[]){0, 2, 0, 3, 1.5, 2}, GRAFT_F64, 1, (int64_t[]){6}, dev)))
 U(mean, graft_mean(x[0], NULL, 0, false))
 U(matmul, graft_matmul(x[0], x[1]))
 U(bmm, graft_matmul(x[0], x[1]))
@@ -232,6 +240,8 @@ static const ad_case cases[] = {
     C1(max, REDUCE_MAX, 3, SH(2, 3, 4), -1, 1),
     C1(min, REDUCE_MIN, 2, SH(3, 4), -1, 1),
     C1(prod, REDUCE_PROD, 2, SH(3, 4), 0.5, 1.5),
+    C1(prod_zeros, REDUCE_PROD, 2, SH(2, 5), 0.5, 1.5),
+    C1(pow_zero, POW, 1, SH(6), 0.5, 1.5),
     C1(mean, REDUCE_SUM, 3, SH(2, 2, 3), -1, 1),
     C2(matmul, DOT, 2, SH(3, 4), 2, SH(4, 2), -1, 1),
     C2(bmm, DOT, 3, SH(2, 3, 2), 3, SH(2, 2, 3), -1, 1),

@@ -101,6 +101,31 @@ TEST(adam_and_adamw_match_torch_formulas) {
   }
 }
 
+/* torch.optim counts steps per parameter: one that had no gradient so far gets a first step's
+ * bias corrections when it first has one. */
+TEST(adam_counts_steps_per_parameter) {
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8, lr = 0.1;
+  graft_tensor *p[2] = {vec(p0), vec(p0)}, *g[2];
+  graft_optimizer *o = graft_adam(2, p, (graft_adam_options){lr, b1, b2, eps, 0, false});
+  for (int s = 0; s < 3; s++) {
+    graft_scope_begin();
+    grad_of(p[0], &g[0]);
+    grad_of(p[1], &g[1]);
+    if (s < 2) g[1] = NULL; /* p[1] first has a gradient at the third step */
+    CHECK(graft_optimizer_step(o, g) == GRAFT_OK);
+    graft_scope_end();
+  }
+  double got[N];
+  CHECK(graft_to_host(p[1], got, sizeof got) == GRAFT_OK);
+  for (int i = 0; i < N; i++) { /* t = 1: m = (1-b1) g, v = (1-b2) g^2 */
+    double gi = 2 * (i + 1) * p0[i], m = (1 - b1) * gi, v = (1 - b2) * gi * gi;
+    double want = p0[i] - lr / (1 - b1) * (m / (sqrt(v) / sqrt(1 - b2) + eps));
+    CHECK_NEAR(got[i], want, 1e-12);
+  }
+  graft_optimizer_free(o);
+  graft_release(p[0]), graft_release(p[1]);
+}
+
 TEST(bad_options_and_gradients_are_refused) {
   graft_tensor *t = vec(p0), *w = graft_zeros_on(GRAFT_F64, 1, (int64_t[]){3}, dev);
   CHECK(!graft_sgd(1, &t, (graft_sgd_options){.lr = -1}) && graft_last_status() == GRAFT_ERR_ARG);
@@ -172,6 +197,7 @@ int main(void) {
   }
   RUN(sgd_matches_torch_formulas);
   RUN(adam_and_adamw_match_torch_formulas);
+  RUN(adam_counts_steps_per_parameter);
   RUN(bad_options_and_gradients_are_refused);
   RUN(named_tensors_round_trip_through_a_file);
   graft_shutdown();

@@ -181,6 +181,9 @@ static graft_status ad_prepare(const char *fn, ad_graph *G, graft_tensor *out, g
 static graft_status ad_back(const char *fn, ad_graph *G, int64_t k) {
   ad_entry *e = &G->e[k];
   ir_node *n = e->n;
+  bool any = false; /* a wrt tensor no other reaches through this node: nothing to pass on */
+  for (int j = 0; j < n->nin && !any; j++) any = G->e[ad_find(G, n->in[j])].on_path;
+  if (!any) return GRAFT_OK;
   switch (ir_ops[n->op].grad) {
   case OPS_GRAD_LEAF: case OPS_GRAD_ZERO: return GRAFT_OK;
   case OPS_GRAD_NONE: {

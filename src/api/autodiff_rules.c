@@ -115,10 +115,18 @@ AD_TWO(ADD, g, g)
 AD_TWO(SUB, g, graft_neg(g))
 AD_TWO(MUL, graft_mul(g, b), graft_mul(g, a))
 AD_TWO(DIV, graft_div(g, b), graft_neg(graft_div(graft_mul(g, y), b)))
-/* d/da a^b = b a^(b-1); d/db = a^b log a, taken as 0 where a == 0 (PyTorch's choice). */
-AD_TWO(POW, graft_mul(g, graft_mul(b, graft_pow(a, graft_add_scalar(b, -1.0)))),
-       graft_where(graft_eq(a, ad_zeros_like(a)), ad_zeros_like(a),
-                   graft_mul(g, graft_mul(y, graft_log(a)))))
+/* d/da a^b = b a^(b-1), taken as 0 where b == 0 (0^-1 would make it NaN at a == 0);
+ * d/db = a^b log a, taken as 0 where a == 0 and b >= 0 (PyTorch's choices). */
+static graft_tensor *ad_pow_base(graft_tensor *g, graft_tensor *a, graft_tensor *b) {
+  graft_tensor *z = ad_zeros_like(b);
+  return graft_where(graft_eq(b, z), z, graft_mul(g, graft_mul(b, graft_pow(a, graft_add_scalar(b, -1.0)))));
+}
+static graft_tensor *ad_pow_exp(graft_tensor *g, graft_tensor *a, graft_tensor *b, graft_tensor *y) {
+  graft_tensor *z = ad_zeros_like(a);
+  graft_tensor *skip = graft_logical_and(graft_eq(a, z), graft_ge(b, z));
+  return graft_where(skip, z, graft_mul(g, graft_mul(y, graft_log(a))));
+}
+AD_TWO(POW, ad_pow_base(g, a, b), ad_pow_exp(g, a, b, y))
 /* fmod(a, b) = a - trunc(a / b) b. */
 static graft_tensor *ad_trunc(graft_tensor *x) {
   return graft_where(graft_lt(x, ad_zeros_like(x)), graft_ceil(x), graft_floor(x));
@@ -235,10 +243,25 @@ static int ad_extreme(const ad_op *o, graft_tensor *g, graft_tensor **gin) {
 static int ad_vjp_REDUCE_MAX(const ad_op *o, graft_tensor *g, graft_tensor **gin) { return ad_extreme(o, g, gin); }
 static int ad_vjp_REDUCE_MIN(const ad_op *o, graft_tensor *g, graft_tensor **gin) { return ad_extreme(o, g, gin); }
 
-/* prod: g * y / a (an element that is 0 gets a NaN-free gradient only where no other is 0). */
+/* prod: g * y / a where no element of the reduced group is 0; where one is, that element gets g
+ * times the product of the others and the rest 0; where two or more are, all get 0 (PyTorch's
+ * prod_backward, without dividing by 0). */
 static int ad_vjp_REDUCE_PROD(const ad_op *o, graft_tensor *g, graft_tensor **gin) {
-  graft_tensor *a = o->in[0];
-  gin[0] = graft_div(ad_unreduce(graft_mul(g, o->y), a, IR_ATTR(*o->attr, REDUCE, mask)), a);
+  graft_tensor *a = o->in[0], *z = ad_zeros_like(a);
+  int64_t mask = IR_ATTR(*o->attr, REDUCE, mask);
+  bool keep = IR_ATTR(*o->attr, REDUCE, keepdim) != 0;
+  int axes[GRAFT_MAX_DIMS], n = 0, nd = graft_ndim(a);
+  for (int d = 0; d < nd; d++)
+    if ((mask >> d) & 1) axes[n++] = d;
+  graft_tensor *zero = graft_eq(a, z);
+  graft_tensor *safe = graft_where(zero, graft_add_scalar(z, 1.0), a); /* zeros as ones */
+  graft_tensor *zeros = ad_unreduce(graft_sum(ad_as(zero, graft_get_dtype(a)), axes, n, keep), a, mask);
+  graft_tensor *others = ad_unreduce(graft_prod(safe, axes, n, keep), a, mask);
+  graft_tensor *none = graft_div(ad_unreduce(o->y, a, mask), safe);
+  graft_tensor *one = graft_where(zero, others, z);
+  graft_tensor *w = graft_where(graft_eq(zeros, z), none,
+                                graft_where(graft_eq(zeros, graft_add_scalar(z, 1.0)), one, z));
+  gin[0] = graft_mul(ad_unreduce(g, a, mask), w);
   return gin[0] ? 0 : -1;
 }
 

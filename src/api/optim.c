@@ -18,7 +18,7 @@ struct graft_optimizer {
   graft_sgd_options sgd;
   graft_adam_options adam;
   int n;
-  int64_t steps;
+  int64_t *steps;          /* per parameter: the updates it had (torch.optim's state['step']) */
   graft_tensor **params;   /* the caller's handles, retained: assigned in place */
   graft_tensor **m, **v;   /* SGD: momentum buffers (m; NULL until the first step); Adam: moments */
 };
@@ -29,7 +29,7 @@ static void opt_free_arrays(graft_optimizer *o) {
     if (o->m) graft_release(o->m[i]);
     if (o->v) graft_release(o->v[i]);
   }
-  free(o->params), free(o->m), free(o->v);
+  free(o->params), free(o->m), free(o->v), free(o->steps);
 }
 
 void graft_optimizer_free(graft_optimizer *o) {
@@ -80,8 +80,9 @@ static graft_optimizer *opt_new(const char *fn, opt_kind kind, int n, graft_tens
   }
   graft_optimizer *o = calloc(1, sizeof *o);
   if (!o || !(o->params = calloc((size_t)n, sizeof *o->params)) ||
-      !(o->m = calloc((size_t)n, sizeof *o->m)) || !(o->v = calloc((size_t)n, sizeof *o->v))) {
-    if (o) free(o->params), free(o->m), free(o->v);
+      !(o->m = calloc((size_t)n, sizeof *o->m)) || !(o->v = calloc((size_t)n, sizeof *o->v)) ||
+      !(o->steps = calloc((size_t)n, sizeof *o->steps))) {
+    if (o) free(o->params), free(o->m), free(o->v), free(o->steps);
     free(o);
     err_set(GRAFT_ERR_OOM, "%s: out of memory", fn);
     return NULL;
@@ -167,7 +168,7 @@ static graft_status opt_sgd_one(graft_optimizer *o, int i, graft_tensor *g) {
 static graft_status opt_adam_one(graft_optimizer *o, int i, graft_tensor *g) {
   const graft_adam_options *a = &o->adam;
   graft_tensor *p = o->params[i], *base = p;
-  double t = (double)o->steps;
+  double t = (double)o->steps[i];
   if (a->weight_decay && a->decoupled_weight_decay)
     base = graft_mul(p, opt_scalar(1 - a->lr * a->weight_decay, p));
   else if (a->weight_decay)
@@ -194,11 +195,12 @@ graft_status graft_optimizer_step(graft_optimizer *o, graft_tensor *const *grads
     int na = graft_shape(o->params[i], a), nb = graft_shape(grads[i], b);
     if (na < 0) return err_rename(fn), graft_last_status();
     if (na != nb || memcmp(a, b, sizeof(int64_t) * (size_t)na) ||
-        graft_get_dtype(grads[i]) != graft_get_dtype(o->params[i]))
-      return err_set(GRAFT_ERR_SHAPE, "%s: grads[%d] does not match params[%d] (shape or dtype)",
-                     fn, i, i), GRAFT_ERR_SHAPE;
+        graft_get_dtype(grads[i]) != graft_get_dtype(o->params[i]) ||
+        graft_device(grads[i]) != graft_device(o->params[i]))
+      return err_set(GRAFT_ERR_SHAPE, "%s: grads[%d] does not match params[%d] (shape, dtype or "
+                     "device)", fn, i, i), GRAFT_ERR_SHAPE;
   }
-  o->steps++;
+  for (int i = 0; i < o->n; i++) o->steps[i] += grads[i] != NULL;
   graft_status st = GRAFT_OK;
   graft_scope_begin();
   for (int i = 0; i < o->n && st == GRAFT_OK; i++)

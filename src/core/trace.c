@@ -127,9 +127,19 @@ void trace_args_reason(char *buf, size_t n, uint64_t graph, const char *reason) 
   size_t at = (size_t)snprintf(buf, n, "\"graph\": \"%016llx\", \"reason\": \"", (unsigned long long)graph);
   for (const char *c = reason ? reason : ""; *c && at + 8 < n; c++) {
     unsigned char u = (unsigned char)*c;
-    if (u == '"' || u == '\\') buf[at++] = '\\', buf[at++] = (char)u;
-    else if (u < 0x20) at += (size_t)snprintf(buf + at, n - at, "\\u%04x", u);
-    else buf[at++] = (char)u;
+    if (u == '"' || u == '\\') {
+      buf[at++] = '\\', buf[at++] = (char)u;
+    } else if (u < 0x20) {
+      at += (size_t)snprintf(buf + at, n - at, "\\u%04x", u);
+    } else if (u >= 0xc0) { /* a UTF-8 sequence goes whole or not at all (valid JSON text) */
+      size_t len = u >= 0xf0 ? 4 : u >= 0xe0 ? 3 : 2, k = 1;
+      while (k < len && ((unsigned char)c[k] & 0xc0) == 0x80) k++;
+      if (k < len || at + len + 8 >= n) break;
+      memcpy(buf + at, c, len);
+      at += len, c += len - 1;
+    } else if (u < 0x80) {
+      buf[at++] = (char)u;
+    } /* a stray continuation byte is dropped */
   }
   if (at + 2 <= n) buf[at++] = '"', buf[at] = 0;
   else if (n) buf[n - 1] = 0;
@@ -186,6 +196,8 @@ static void trace_clear(void) {
 
 static graft_status trace_start(const char *path, const char *fn) {
   if (!path || !*path) return err_set(GRAFT_ERR_NULL, "%s: no path", fn), GRAFT_ERR_NULL;
+  if (atomic_load(&trace_active)) /* checked again under the lock */
+    return err_set(GRAFT_ERR_ARG, "%s: a trace is already being recorded", fn), GRAFT_ERR_ARG;
   FILE *probe = fopen(path, "w"); /* a path that cannot be written is said now, not at the end */
   if (!probe)
     return err_set(GRAFT_ERR_FILE, "%s: cannot write %s: %s", fn, path, strerror(errno)), GRAFT_ERR_FILE;

@@ -110,4 +110,4 @@ def load_tensors(path, device="cpu"):
     finally:
         _ops.function_free(fid)
     _ops.sync(outs)
-    return {n: o.to(device) for n, o in zip(names, outs)}
+    return {(n or "output%d" % k): o.to(device) for k, (n, o) in enumerate(zip(names, outs))}
