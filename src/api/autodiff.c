@@ -167,11 +167,13 @@ static graft_status ad_prepare(const char *fn, ad_graph *G, graft_tensor *out, g
     for (int j = 0; j < e->n->nin && !e->on_path && ad_float(e->n->dtype); j++)
       e->on_path = G->e[ad_find(G, e->n->in[j])].on_path;
   }
+  /* handles keep what the backward pass reads alive (an automatic sync past the pending limit
+   * replaces pending nodes in their tensors): every node it visits, and a rule's operands */
   for (int64_t k = 0; k < G->n; k++) {
     ad_entry *e = &G->e[k];
-    if (!e->on_path || !e->n->nin || ir_ops[e->n->op].grad != OPS_GRAD_VJP) continue;
+    if (!e->on_path || !e->n->nin) continue;
     if (!ad_handle(G, k)) return graft_last_status();
-    for (int j = 0; j < e->n->nin; j++)
+    for (int j = 0; j < e->n->nin && ir_ops[e->n->op].grad == OPS_GRAD_VJP; j++)
       if (!ad_handle(G, ad_find(G, e->n->in[j]))) return graft_last_status();
   }
   return GRAFT_OK;
