@@ -23,22 +23,24 @@ static bool init_check(const char *fn, graft_dtype dt, int ndim, const int64_t *
   return true;
 }
 
-graft_tensor *graft_init_uniform(graft_dtype dt, int ndim, const int64_t *shape, double lo,
-                                 double hi, int device) {
-  const char *fn = "graft_init_uniform";
+/* scale * draw + shift, the draw uniform in [0, 1) or standard normal. */
+static graft_tensor *init_draw(const char *fn, int dist, graft_dtype dt, int ndim,
+                               const int64_t *shape, double scale, double shift, int device) {
   if (!init_check(fn, dt, ndim, shape)) return NULL;
   graft_scope_begin();
-  graft_tensor *u = graft_rand_uniform_on(dt, ndim, shape, device);
-  return init_done(fn, graft_add_scalar(graft_mul_scalar(u, hi - lo), lo));
+  graft_tensor *u = dist ? graft_rand_normal_on(dt, ndim, shape, device)
+                         : graft_rand_uniform_on(dt, ndim, shape, device);
+  return init_done(fn, graft_add_scalar(graft_mul_scalar(u, scale), shift));
+}
+
+graft_tensor *graft_init_uniform(graft_dtype dt, int ndim, const int64_t *shape, double lo,
+                                 double hi, int device) {
+  return init_draw("graft_init_uniform", 0, dt, ndim, shape, hi - lo, lo, device);
 }
 
 graft_tensor *graft_init_normal(graft_dtype dt, int ndim, const int64_t *shape, double mean,
                                 double std, int device) {
-  const char *fn = "graft_init_normal";
-  if (!init_check(fn, dt, ndim, shape)) return NULL;
-  graft_scope_begin();
-  graft_tensor *z = graft_rand_normal_on(dt, ndim, shape, device);
-  return init_done(fn, graft_add_scalar(graft_mul_scalar(z, std), mean));
+  return init_draw("graft_init_normal", 1, dt, ndim, shape, std, mean, device);
 }
 
 graft_tensor *graft_init_kaiming_uniform(graft_dtype dt, int ndim, const int64_t *shape, double a,

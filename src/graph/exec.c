@@ -269,7 +269,8 @@ static graft_status exec_device_run(tensor_slot *const *ts, ir_node **roots, int
     if (tr) {
       char args[METRICS_REASON_BYTES + 64];
       trace_args_reason(args, sizeof args, e->prog->hash, reason);
-      trace_span("compile", "lower and plan (first tier)", trace_now() - (uint64_t)(tc * 1e6), trace_now(), args);
+      uint64_t now = trace_now();
+      trace_span("compile", "lower and plan (first tier)", now - (uint64_t)(tc * 1e6), now, args);
     }
   }
   const exec_program *p = e->prog;

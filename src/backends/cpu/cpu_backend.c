@@ -289,18 +289,7 @@ static void cpu_trace_step(const cpu_run *r, const cpu_step *st, uint64_t t0) {
 
 /* One step; under GRAFT_PROFILE, each kernel, GEMM and fallback is timed as a call site, in
  * execution order, which a compiled graph keeps from run to run. */
-static int cpu_run_step_timed(cpu_run *r, const cpu_step *st, bool prof);
-
 static int cpu_run_step(cpu_run *r, const cpu_step *st, bool prof) {
-  if (st->kind == CPU_STEP_ALLOC || st->kind == CPU_STEP_RELEASE || !trace_on())
-    return cpu_run_step_timed(r, st, prof);
-  uint64_t t0 = trace_now();
-  int rc = cpu_run_step_timed(r, st, prof);
-  cpu_trace_step(r, st, t0);
-  return rc;
-}
-
-static int cpu_run_step_timed(cpu_run *r, const cpu_step *st, bool prof) {
   const cpu_code *c = &r->e->code;
   double t0 = prof ? cpu_profile_now() : 0;
   switch ((cpu_step_kind)st->kind) {
@@ -353,11 +342,15 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
     run.S[s] = params[k]->ptr;
     is_param[s] = 1;
   }
-  bool prof = cpu_profile_enabled();
+  bool prof = cpu_profile_enabled(), tr = trace_on(); /* both read once per execution */
   double t0 = prof ? cpu_profile_now() : 0;
   int rc = 0, next = 0, nout = backend_final_wanted() ? p->noutputs : 0;
   for (int k = -1; k < e->code.nstep && !rc; k++) {
-    if (k >= 0) rc = cpu_run_step(&run, &e->code.step[k], prof);
+    const cpu_step *st = k >= 0 ? &e->code.step[k] : NULL;
+    bool span = tr && st && st->kind != CPU_STEP_ALLOC && st->kind != CPU_STEP_RELEASE;
+    uint64_t s0 = span ? trace_now() : 0;
+    if (st) rc = cpu_run_step(&run, st, prof);
+    if (span) cpu_trace_step(&run, st, s0);
     for (; !rc && next < nout && e->final_step[e->final_order[next]] <= k; next++) {
       int o = e->final_order[next];
       if (run.B[e->out_buf[o]]) backend_output_final(o, run.B[e->out_buf[o]]);

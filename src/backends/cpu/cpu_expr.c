@@ -524,6 +524,21 @@ static bool cpu_row_only(const cpu_cg *g, const char *e) {
 
 enum { CPU_CONCAT_ROWSEL_MAX = 64 }; /* parts of a row-selected concat */
 
+/* Part `part` of a concat along ax, whose elements start at off on the axis, at the concat's
+ * position pos, assigned to t inside the branch the caller opened; the part's values are scoped
+ * to the branch (the memo rolled back after it). */
+static void cpu_concat_part(cpu_cg *g, const cpu_pos *pos, int nd, int ax, int part, int64_t off,
+                            const char *t) {
+  const exec_instr *x = &g->p->instr[part];
+  cpu_pos q = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
+  for (int d = 0; d < nd; d++) q.c[d] = pos->c[d];
+  q.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[ax], off) : pos->c[ax];
+  int nmemo = g->nmemo;
+  const char *a = cpu_value(g, part, q);
+  cpu_sb_printf(g->body, "      %s = %s;\n", t, a);
+  g->nmemo = nmemo;
+}
+
 /* The parts of concat i along ax, nested inlined concats on the same axis flattened: each
  * part's instruction and offset on the axis, and whether it is a plain load of a buffer outside
  * the current group (else it is computed in the element loop); false past the cap. */
@@ -606,13 +621,7 @@ static const char *cpu_value_concat_rowsel(cpu_cg *g, const exec_instr *ins, cpu
     bool last = ++seen == n - nload;
     if (last) cpu_sb_puts(g->body, "      } else {\n");
     else cpu_sb_printf(g->body, "      } else if (%s < %" PRId64 ") {\n", pos->c[ax], at[k] + x->shape[ax]);
-    cpu_pos qk = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
-    for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos->c[d];
-    qk.c[ax] = at[k] ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[ax], at[k]) : pos->c[ax];
-    int nmemo = g->nmemo;
-    const char *a = cpu_value(g, leaf[k], qk);
-    cpu_sb_printf(g->body, "      %s = %s;\n", t, a);
-    g->nmemo = nmemo;
+    cpu_concat_part(g, pos, ins->ndim, ax, leaf[k], at[k], t);
   }
   cpu_sb_puts(g->body, "      }\n");
   g->rc_state = rc_state;
@@ -647,13 +656,7 @@ static const char *cpu_value_concat(cpu_cg *g, const exec_instr *ins, cpu_pos *p
     if (seen == 1 && nparts > 1) cpu_sb_printf(g->body, "      if (%s < %" PRId64 ") {\n", pos->c[ax], off + ext);
     else if (seen < nparts) cpu_sb_printf(g->body, "      } else if (%s < %" PRId64 ") {\n", pos->c[ax], off + ext);
     else if (nparts > 1) cpu_sb_puts(g->body, "      } else {\n");
-    cpu_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
-    for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos->c[d];
-    qk.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[ax], off) : pos->c[ax];
-    int nmemo = g->nmemo;
-    const char *a = cpu_value(g, in[k], qk);
-    cpu_sb_printf(g->body, "      %s = %s;\n", t, a);
-    g->nmemo = nmemo;
+    cpu_concat_part(g, pos, ins->ndim, ax, in[k], off, t);
     off += ext;
   }
   if (nparts > 1) cpu_sb_puts(g->body, "      }\n");
