@@ -18,6 +18,11 @@ typedef void (*cpu_sgemm_fn)(int, int, int, int, int, int, float, const float *,
 typedef void (*cpu_dgemm_fn)(int, int, int, int, int, int, double, const double *, int,
                              const double *, int, double, double *, int);
 
+/* Products of at most CPU_GEMM_SMALL_MNK multiply-adds take OpenBLAS's small-matrix kernels
+ * (0.3.x, AVX-512 builds); a long k is cut in blocks of CPU_GEMM_KB for them. */
+enum { CPU_GEMM_KB = 256 };
+#define CPU_GEMM_SMALL_MNK (64.0 * 64.0 * 64.0)
+
 static cpu_blas_fns cpu_blas_tab;
 static cpu_sgemm_fn raw_sgemm;
 static cpu_dgemm_fn raw_dgemm;
@@ -43,6 +48,19 @@ static bool cpu_sgemm_one(int ta, int tb, int m, int n, int k, float alpha, cons
   if (!lib && alpha == 1.0f && beta == 0.0f &&
       cpu_sgemm_avx512(ta != CPU_CBLAS_NO_TRANS, tb != CPU_CBLAS_NO_TRANS, m, n, k, a, lda, b, ldb, c, ldc))
     return true;
+  /* OpenBLAS's kernel for small products sums a long k in one chain: alexnet's [4,4096] x
+   * [4096,10] head came out at 3-12x float32's usual error. Such a product is summed in blocks
+   * of CPU_GEMM_KB terms carried through C, as its kernels for larger products and graft's
+   * own do. */
+  if (k > 4 * CPU_GEMM_KB && (double)m * n * k <= CPU_GEMM_SMALL_MNK) {
+    for (int p0 = 0; p0 < k; p0 += CPU_GEMM_KB) {
+      int kb = k - p0 < CPU_GEMM_KB ? k - p0 : CPU_GEMM_KB;
+      const float *ab = a + (ta == CPU_CBLAS_NO_TRANS ? (size_t)p0 : (size_t)p0 * (size_t)lda);
+      const float *bb = b + (tb == CPU_CBLAS_NO_TRANS ? (size_t)p0 * (size_t)ldb : (size_t)p0);
+      raw_sgemm(CPU_CBLAS_ROW_MAJOR, ta, tb, m, n, kb, alpha, ab, lda, bb, ldb, p0 ? 1.0f : beta, c, ldc);
+    }
+    return false;
+  }
   raw_sgemm(CPU_CBLAS_ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   return false;
 }

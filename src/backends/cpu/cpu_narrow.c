@@ -5,6 +5,10 @@
  * a transposed weight. OpenBLAS's Haswell kernels (as OPENBLAS_CORETYPE selects here) ran the
  * 16-wide ones at 50-82 GF/s on one thread; each kernel below holds a row of the narrow side in
  * one register, its lanes past the side masked off. Every C element sums its k terms in order.
+ * A long k is summed in blocks of CPU_NARROW_KB terms, each block from zero and then added to
+ * the element's total, as a BLAS's kc blocks are: one chain of 4096 terms was 3x float32's
+ * usual error (alexnet's [4,4096] x [4096,10] head on the first tier). The blocks start at fixed
+ * k, so a result does not depend on how the rows were split.
  * AVX-512 only, checked at run time (valgrind's CPU has none); where OpenBLAS runs a class
  * faster, the measured choice (cpu_choice.c) sends it there. */
 #include "cpu_internal.h"
@@ -18,7 +22,7 @@ typedef struct {
   __mmask16 side; /* the narrow side's lanes: n (NN, TN) or k (NT) of them */
 } cpu_narrow_job;
 
-enum { CPU_NARROW_MIN = 8, CPU_NARROW_MAX = 16 };
+enum { CPU_NARROW_MIN = 8, CPU_NARROW_MAX = 16, CPU_NARROW_KB = 256 };
 
 #define CPU_V16(p) _mm512_loadu_ps(p)
 /* A row of the narrow side; masked only when it is under 16 wide (a masked load in the inner
@@ -42,9 +46,14 @@ cpu_nn16_at(const cpu_narrow_job *j, int64_t lo, int64_t hi, const bool full, co
     const float *a[4];
     for (int r = 0; r < 4; r++) a[r] = j->A + (i + (r < rows ? r : 0)) * j->lda;
     __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-    for (int64_t p = 0; p < j->k; p++) {
-      __m512 b = CPU_VS(j->B + p * j->ldb);
-      CPU_FMA(c0, a[0][p], b), CPU_FMA(c1, a[1][p], b), CPU_FMA(c2, a[2][p], b), CPU_FMA(c3, a[3][p], b);
+    for (int64_t p0 = 0; p0 < j->k; p0 += CPU_NARROW_KB) {
+      int64_t p1 = j->k - p0 < CPU_NARROW_KB ? j->k : p0 + CPU_NARROW_KB;
+      __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+      for (int64_t p = p0; p < p1; p++) {
+        __m512 b = CPU_VS(j->B + p * j->ldb);
+        CPU_FMA(s0, a[0][p], b), CPU_FMA(s1, a[1][p], b), CPU_FMA(s2, a[2][p], b), CPU_FMA(s3, a[3][p], b);
+      }
+      c0 = _mm512_add_ps(c0, s0), c1 = _mm512_add_ps(c1, s1), c2 = _mm512_add_ps(c2, s2), c3 = _mm512_add_ps(c3, s3);
     }
     __m512 c[4] = {c0, c1, c2, c3};
     for (int r = 0; r < rows; r++) CPU_STS(j->C + (i + r) * j->ldc, c[r]);
@@ -57,8 +66,13 @@ CPU_NARROW_TWICE(cpu_nn16)
  * 150 GF/s on one thread). Task t is rows 16t..16t+15. */
 __attribute__((target("avx512f"))) static void cpu_tn16_row(const cpu_narrow_job *j, int64_t i) {
   __m512 c = _mm512_setzero_ps();
-  for (int64_t p = 0; p < j->k; p++)
-    CPU_FMA(c, j->A[p * j->lda + i], _mm512_maskz_loadu_ps(j->side, j->B + p * j->ldb));
+  for (int64_t p0 = 0; p0 < j->k; p0 += CPU_NARROW_KB) {
+    int64_t p1 = j->k - p0 < CPU_NARROW_KB ? j->k : p0 + CPU_NARROW_KB;
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t p = p0; p < p1; p++)
+      CPU_FMA(s, j->A[p * j->lda + i], _mm512_maskz_loadu_ps(j->side, j->B + p * j->ldb));
+    c = _mm512_add_ps(c, s);
+  }
   _mm512_mask_storeu_ps(j->C + i * j->ldc, j->side, c);
 }
 
@@ -72,11 +86,19 @@ cpu_tn16_at(const cpu_narrow_job *j, int64_t lo, int64_t hi, const bool full, co
     __m512 c[16];
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) c[r] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < j->k; p++) {
-      __m512 b = CPU_VS(j->B + p * j->ldb);
-      const float *a = j->A + p * j->lda + i;
+    for (int64_t p0 = 0; p0 < j->k; p0 += CPU_NARROW_KB) {
+      int64_t p1 = j->k - p0 < CPU_NARROW_KB ? j->k : p0 + CPU_NARROW_KB;
+      __m512 s[16];
 #pragma GCC unroll 16
-      for (int r = 0; r < 16; r++) CPU_FMA(c[r], a[r], b);
+      for (int r = 0; r < 16; r++) s[r] = _mm512_setzero_ps();
+      for (int64_t p = p0; p < p1; p++) {
+        __m512 b = CPU_VS(j->B + p * j->ldb);
+        const float *a = j->A + p * j->lda + i;
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) CPU_FMA(s[r], a[r], b);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; r++) c[r] = _mm512_add_ps(c[r], s[r]);
     }
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) CPU_STS(j->C + (i + r) * j->ldc, c[r]);
