@@ -1,4 +1,4 @@
-/* Vectorizable float approximations of exp, log, tanh, sigmoid and erf, used by the generated
+/* Vectorizable float approximations of exp, expm1, log, tanh, sigmoid and erf, used by the generated
  * code (emitted as text: cpu_math_src) and by the host tests (the same functions, compiled).
  * Branch-free (selects, not branches) so gcc vectorizes them at plain -O3 without -ffast-math.
  * Accuracy against libm in double rounded to float: see tests/test_cpu_backend.c (math_sweep).
@@ -37,6 +37,31 @@ static inline float gm_expf(float x) {
   float s1 = gm_bits_f((uint32_t)(n1 + 127) << 23), s2 = gm_bits_f((uint32_t)(n2 + 127) << 23);
   float res = p * s1 * s2;
   return x != x ? x : res;
+}
+
+/* expm1: the same reduction, x = n ln2 + r; expm1(r) by its Taylor series to r^8 (|r| <= ln2/2:
+ * truncation under 6e-10 of r), then 2^n (expm1(r) + 1) - 1 as one fma where 2^n - 1 is exact
+ * (|n| < 25), so a small result keeps its digits; overflow to inf from x > 88.72. */
+static inline float gm_expm1f(float x) {
+  float xc = x < -88.0f ? -88.0f : x > 89.0f ? 89.0f : x;
+  float n = __builtin_rintf(xc * 1.44269504088896341f);
+  float r = __builtin_fmaf(n, -0.693359375f, xc);
+  r = __builtin_fmaf(n, 2.12194440e-4f, r);
+  float p = 2.48015873e-5f;
+  p = __builtin_fmaf(p, r, 1.98412698e-4f);
+  p = __builtin_fmaf(p, r, 1.38888889e-3f);
+  p = __builtin_fmaf(p, r, 8.33333333e-3f);
+  p = __builtin_fmaf(p, r, 4.16666667e-2f);
+  p = __builtin_fmaf(p, r, 1.66666667e-1f);
+  p = __builtin_fmaf(p, r, 0.5f);
+  float em = __builtin_fmaf(p, r * r, r);
+  int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+  float s1 = gm_bits_f((uint32_t)(n1 + 127) << 23), s2 = gm_bits_f((uint32_t)(n2 + 127) << 23);
+  float s = s1 * s2;
+  float mid = __builtin_fmaf(em, s, s - 1.0f);
+  float big = (em + 1.0f) * s1 * s2;
+  float res = ni == 0 ? em : ni < 25 ? mid : big;
+  return x != x || x == 0.0f ? x : res; /* NaN, and -0's sign */
 }
 
 static inline float gm_logf(float x) {
