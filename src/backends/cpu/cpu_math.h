@@ -21,11 +21,23 @@ CPU_MATH_EMIT(
 static inline float gm_bits_f(uint32_t u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
 static inline uint32_t gm_f_bits(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); return u; }
 
+/* x = n ln2 + r, |r| <= ln2/2 (ln2 in two parts, so r is exact enough); n returned in *n. */
+static inline float gm_exp_reduce(float xc, float *n) {
+  *n = __builtin_rintf(xc * 1.44269504088896341f);
+  float r = __builtin_fmaf(*n, -0.693359375f, xc);
+  return __builtin_fmaf(*n, 2.12194440e-4f, r);
+}
+
+/* 2^n as two factors s1 * s2 (each in range where 2^n alone would not be). */
+static inline void gm_exp2_split(float n, float *s1, float *s2) {
+  int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+  *s1 = gm_bits_f((uint32_t)(n1 + 127) << 23);
+  *s2 = gm_bits_f((uint32_t)(n2 + 127) << 23);
+}
+
 static inline float gm_expf(float x) {
   float xc = x < -104.0f ? -104.0f : x > 89.0f ? 89.0f : x;
-  float n = __builtin_rintf(xc * 1.44269504088896341f);
-  float r = __builtin_fmaf(n, -0.693359375f, xc);
-  r = __builtin_fmaf(n, 2.12194440e-4f, r);
+  float n, r = gm_exp_reduce(xc, &n);
   float p = 1.9875691500e-4f;
   p = __builtin_fmaf(p, r, 1.3981999507e-3f);
   p = __builtin_fmaf(p, r, 8.3334519073e-3f);
@@ -33,8 +45,8 @@ static inline float gm_expf(float x) {
   p = __builtin_fmaf(p, r, 1.6666665459e-1f);
   p = __builtin_fmaf(p, r, 5.0000001201e-1f);
   p = __builtin_fmaf(p, r * r, r) + 1.0f;
-  int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
-  float s1 = gm_bits_f((uint32_t)(n1 + 127) << 23), s2 = gm_bits_f((uint32_t)(n2 + 127) << 23);
+  float s1, s2;
+  gm_exp2_split(n, &s1, &s2);
   float res = p * s1 * s2;
   return x != x ? x : res;
 }
@@ -44,9 +56,7 @@ static inline float gm_expf(float x) {
  * (|n| < 25), so a small result keeps its digits; overflow to inf from x > 88.72. */
 static inline float gm_expm1f(float x) {
   float xc = x < -88.0f ? -88.0f : x > 89.0f ? 89.0f : x;
-  float n = __builtin_rintf(xc * 1.44269504088896341f);
-  float r = __builtin_fmaf(n, -0.693359375f, xc);
-  r = __builtin_fmaf(n, 2.12194440e-4f, r);
+  float n, r = gm_exp_reduce(xc, &n);
   float p = 2.48015873e-5f;
   p = __builtin_fmaf(p, r, 1.98412698e-4f);
   p = __builtin_fmaf(p, r, 1.38888889e-3f);
@@ -55,8 +65,9 @@ static inline float gm_expm1f(float x) {
   p = __builtin_fmaf(p, r, 1.66666667e-1f);
   p = __builtin_fmaf(p, r, 0.5f);
   float em = __builtin_fmaf(p, r * r, r);
-  int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
-  float s1 = gm_bits_f((uint32_t)(n1 + 127) << 23), s2 = gm_bits_f((uint32_t)(n2 + 127) << 23);
+  int32_t ni = (int32_t)n;
+  float s1, s2;
+  gm_exp2_split(n, &s1, &s2);
   float s = s1 * s2;
   float mid = __builtin_fmaf(em, s, s - 1.0f);
   float big = (em + 1.0f) * s1 * s2;
