@@ -253,10 +253,10 @@ static double sweep(fn_f f, fn_d g, uint32_t step, long *nonfinite) {
   return maxrel;
 }
 TEST(math_sweep) {
-  fn_f fs[] = {gm_expf, gm_expm1f, gm_logf, gm_tanhf, gm_sigmoidf, gm_erff};
-  fn_d gs[] = {exp, expm1, log, tanh, sig_d, erf};
-  const char *nm[] = {"exp", "expm1", "log", "tanh", "sigmoid", "erf"};
-  for (int i = 0; i < 6; i++) {
+  fn_f fs[] = {gm_expf, gm_expm1f, gm_logf, gm_log1pf, gm_tanhf, gm_sigmoidf, gm_erff};
+  fn_d gs[] = {exp, expm1, log, log1p, tanh, sig_d, erf};
+  const char *nm[] = {"exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf"};
+  for (int i = 0; i < 7; i++) {
     long bad = 0;
     double m = sweep(fs[i], gs[i], 4099, &bad);
     printf("  math %-8s max rel err %.3g (vs libm, every 4099th float)\n", nm[i], m);
@@ -300,7 +300,7 @@ TEST(unary_all_dtypes) {
       if (!unary_float_op(op)) continue;
       ir_node *x = data(all_dt[d], 2, sh);
       ir_node *y = u1((ir_op)op, x);
-      bool approx = d == 0 && (op == IR_EXP || op == IR_EXPM1 || op == IR_LOG || op == IR_TANH ||
+      bool approx = d == 0 && (op == IR_EXP || op == IR_EXPM1 || op == IR_LOG || op == IR_LOG1P || op == IR_TANH ||
                                op == IR_ERF || op == IR_SIGMOID); /* cpu_math.h's f32 approximations */
       CHECK(compare(&y, 1, approx ? 1e-6 : 0) == 0);
       release_all();
@@ -1918,7 +1918,7 @@ static int fuzz_one(uint64_t seed, int verbose) {
       ir_op op;
       if (fl) {
         op = fo[rndi(ex ? 18 : 14)];
-        if (dt == GRAFT_F32 && (op == IR_EXP || op == IR_EXPM1 || op == IR_LOG || op == IR_TANH ||
+        if (dt == GRAFT_F32 && (op == IR_EXP || op == IR_EXPM1 || op == IR_LOG || op == IR_LOG1P || op == IR_TANH ||
                                 op == IR_ERF || op == IR_SIGMOID)) ex = 0;
       } else op = dt == GRAFT_BOOL ? IR_NOT : io[rndi(4)];
       r = u1(op, a);

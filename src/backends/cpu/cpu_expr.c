@@ -112,6 +112,7 @@ static const char *cpu_unary(cpu_cg *g, const exec_instr *ins, const char *a) {
     case IR_EXP: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_expf" : "exp", a);
     case IR_EXPM1: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_expm1f" : "expm1", a);
     case IR_LOG: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_logf" : "log", a);
+    case IR_LOG1P: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_log1pf" : "log1p", a);
     case IR_SQRT: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_sqrtf" : "__builtin_sqrt", a);
     case IR_RSQRT: return cpu_fmt(&g->ar, "%s(1.0 / __builtin_sqrt((double)%s))", cast, a);
     case IR_TANH: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_tanhf" : "tanh", a);

@@ -1,4 +1,4 @@
-/* Vectorizable float approximations of exp, expm1, log, tanh, sigmoid and erf, used by the generated
+/* Vectorizable float approximations of exp, expm1, log, log1p, tanh, sigmoid and erf, used by the generated
  * code (emitted as text: cpu_math_src) and by the host tests (the same functions, compiled).
  * Branch-free (selects, not branches) so gcc vectorizes them at plain -O3 without -ffast-math.
  * Accuracy against libm in double rounded to float: see tests/test_cpu_backend.c (math_sweep).
@@ -101,6 +101,16 @@ static inline float gm_logf(float x) {
   float r = __builtin_fmaf(fe, 0.693359375f, f + y);
   float pinf = __builtin_inff();
   return x > 0 ? (x == pinf ? x : r) : x == 0 ? -pinf : (x != x ? x : __builtin_nanf(""));
+}
+
+/* log1p(x) = log(u) - ((u - 1) - x) / u with u = 1 + x rounded: the second term puts back what
+ * rounding u lost (Goldberg's correction); x itself where u rounds to 1. */
+static inline float gm_log1pf(float x) {
+  float u = 1.0f + x;
+  float l = gm_logf(u);
+  float r = l - ((u - 1.0f) - x) / u;
+  float res = u == 1.0f ? x : (u == __builtin_inff() || u == 0.0f) ? l : r;
+  return x != x ? x : res;
 }
 
 static inline float gm_tanhf(float x) {

@@ -110,6 +110,7 @@ static const char *gpu_unary_float(gpu_cg *g, const exec_instr *ins, const char 
   case IR_EXP: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_expf" : "exp", a);
   case IR_EXPM1: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_expm1f" : "expm1", a);
   case IR_LOG: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_logf" : "log", a);
+  case IR_LOG1P: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_log1pf" : "log1p", a);
   case IR_SQRT: return cpu_fmt(&g->ar, "sqrt(%s)", a);
   case IR_RSQRT:
     return g->caps->fp64 ? cpu_fmt(&g->ar, "(%s)(1.0 / sqrt((double)%s))", gpu_ctype(ins->dtype), a)
