@@ -628,7 +628,8 @@ static int cpu_k_gather(const exec_instr *ins, const ref_arg *in, void *out) {
 static int cpu_k_scatter_add(const exec_instr *ins, const ref_arg *in, void *out) {
   const char *nm = "scatter_add";
   int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
-  memcpy(out, in[0].data, (size_t)ins->numel * graft_dtype_size(ins->dtype));
+  if (out != in[0].data) /* in place when the input dies here (cpu_backend.c) */
+    memcpy(out, in[0].data, (size_t)ins->numel * graft_dtype_size(ins->dtype));
   if (!in[1].numel) return 0;
   if (cpu_rows_case(&in[0], &in[1], axis)) {
     int64_t *rows, n = in[1].shape[0], d = in[1].shape[1], xd = ins->shape[1];
