@@ -203,12 +203,24 @@ static void job_run(async_job *j) {
  * (a virtual machine's idle CPU), where a small model's whole step runs in ~1.5 ms. Polling
  * yields the CPU to any runnable thread; a loop that pauses longer than this lets it sleep. */
 enum { ASYNC_POLL_US = 3000 };
+
+/* GRAFT_POLL_US: the executor's poll in microseconds (default ASYNC_POLL_US; 0: no polling, and
+ * readers sleep at once: the A/B switch). Read once. */
+static double async_poll_ms(void) {
+  static double ms = -1;
+  if (ms < 0) {
+    const char *e = getenv("GRAFT_POLL_US");
+    ms = (e && *e ? atof(e) : ASYNC_POLL_US) / 1000.0;
+    if (ms < 0) ms = 0;
+  }
+  return ms;
+}
 static int a_polling;   /* the executor is polling (a_mu): a push need not wake it */
 static unsigned a_pushes; /* jobs pushed (atomic): what the poll watches */
 
 static void async_poll(void) {
   unsigned seen = __atomic_load_n(&a_pushes, __ATOMIC_ACQUIRE);
-  double until = metrics_now_ms() + ASYNC_POLL_US / 1000.0;
+  double until = metrics_now_ms() + async_poll_ms();
   for (unsigned i = 1; __atomic_load_n(&a_pushes, __ATOMIC_ACQUIRE) == seen; i++) {
     if (i % 64 == 0) {
       if (metrics_now_ms() > until) return;
@@ -223,7 +235,7 @@ static void *async_worker(void *arg) {
   trace_thread_name("executor (steps)");
   pthread_mutex_lock(&a_mu);
   for (;;) {
-    if (!a_head && !a_stop) {
+    if (!a_head && !a_stop && async_poll_ms() > 0) {
       a_polling = 1;
       pthread_mutex_unlock(&a_mu);
       async_poll();
@@ -348,7 +360,9 @@ void async_drain(void) {
  * machine), then sleeps. */
 enum { ASYNC_SPIN_US = 150 };
 
+
 static void async_spin(const exec_buffer *b) {
+  if (async_poll_ms() == 0) return;
   double until = metrics_now_ms() + ASYNC_SPIN_US / 1000.0;
   for (unsigned i = 1; buffer_get_state(b) == BUFFER_PENDING; i++) {
     if (i % 64 == 0) {
