@@ -207,13 +207,15 @@ enum { ASYNC_POLL_US = 3000 };
 /* GRAFT_POLL_US: the executor's poll in microseconds (default ASYNC_POLL_US; 0: no polling, and
  * readers sleep at once: the A/B switch). Read once. */
 static double async_poll_ms(void) {
-  static double ms = -1;
-  if (ms < 0) {
+  static int us = -1; /* atomic: the executor and the readers ask */
+  int v = __atomic_load_n(&us, __ATOMIC_RELAXED);
+  if (v < 0) {
     const char *e = getenv("GRAFT_POLL_US");
-    ms = (e && *e ? atof(e) : ASYNC_POLL_US) / 1000.0;
-    if (ms < 0) ms = 0;
+    v = e && *e ? atoi(e) : ASYNC_POLL_US;
+    if (v < 0) v = 0;
+    __atomic_store_n(&us, v, __ATOMIC_RELAXED);
   }
-  return ms;
+  return v / 1000.0;
 }
 static int a_polling;   /* the executor is polling (a_mu): a push need not wake it */
 static unsigned a_pushes; /* jobs pushed (atomic): what the poll watches */
