@@ -845,7 +845,7 @@ static uint64_t choices_after_runs(int64_t m, int64_t k, int64_t n, bool tb) {
 TEST(kernel_choice_by_measurement) {
   if (!__builtin_cpu_supports("avx512f")) return; /* no kernel of graft's to choose */
   CHECK(choices_after_runs(150, 70, 90, false) == 1);
-  CHECK(choices_after_runs(4, 70, 90, false) == 0);
+  CHECK(choices_after_runs(4, 70, 40, false) == 0); /* no kernel of graft's takes it */
   setenv("GRAFT_KERNEL_CHOICE", "0", 1);
   CHECK(choices_after_runs(300, 70, 40, true) == 0);
   unsetenv("GRAFT_KERNEL_CHOICE");
@@ -918,13 +918,16 @@ TEST(dot_blas_and_fallback) {
   /* A B^T with 2-32 rows (a recurrent step, a small batch's linear layer, a weight gradient
    * with few outputs) on cpu_fewrows.c's dot kernels: 2, 3, 4, 5, 8, 13 and 32 rows (one row
    * group, a partial one, several); columns off the 4/8/16-column blocks and k off the
-   * 16-float lanes; serial and over the pool. One row, 33 rows, B untransposed and A
-   * transposed stay off them. {m, k, n, transposed A, transposed B, taken} */
+   * 16-float lanes; serial and over the pool. One row, 33 rows and A transposed stay off
+   * them. B untransposed (A B) with 2-8 rows, n and k from 64, takes the streaming NN kernel:
+   * columns off its 48-column blocks, k over several 256-term blocks, serial and over the
+   * pool; 9 rows, k or n under 64 stay off. {m, k, n, transposed A, transposed B, taken} */
   static const int64_t fewrows[][6] = {
       {2, 33, 21, 0, 1, 1},     {3, 128, 17, 0, 1, 1},  {4, 128, 512, 0, 1, 1}, {5, 7, 40, 0, 1, 1},
       {8, 300, 1030, 0, 1, 1},  {6, 1000, 999, 0, 1, 1}, {13, 70, 45, 0, 1, 1},  {32, 200, 300, 0, 1, 1},
-      {1, 64, 100, 0, 1, 0},    {4, 64, 100, 0, 0, 0},   {4, 64, 100, 1, 1, 0},  {4, 64, 15, 0, 1, 0},
-      {33, 64, 100, 0, 1, 0}};
+      {1, 64, 100, 0, 1, 0},    {4, 64, 100, 1, 1, 0},  {4, 64, 15, 0, 1, 0},   {33, 64, 100, 0, 1, 0},
+      {4, 64, 100, 0, 0, 1},    {2, 600, 70, 0, 0, 1},  {8, 300, 1030, 0, 0, 1}, {3, 1000, 2049, 0, 0, 1},
+      {9, 64, 100, 0, 0, 0},    {4, 63, 100, 0, 0, 0},  {4, 64, 63, 0, 0, 0}};
   for (size_t c = 0; c < sizeof fewrows / sizeof *fewrows; c++) {
     const int64_t *q = fewrows[c];
     check_f32_product(q[0], q[1], q[2], q[3], q[4], 1, &cpu_stats.fewrows_gemms, q[5]);

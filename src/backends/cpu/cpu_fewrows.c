@@ -11,7 +11,8 @@
  * `bench_gemm`).
  * The sums run in another order than the other kernels' (lanes, then a tree); a result does
  * not depend on how C was split over threads. A single row (a matrix-vector product: memory
- * bound, OpenBLAS as fast) and untransposed B (OpenBLAS's kernels as fast) are not taken. */
+ * bound, OpenBLAS as fast) is not taken; untransposed B with at most 8 rows has its own kernel
+ * below. */
 #include "cpu_internal.h"
 #include <immintrin.h>
 #include <string.h>
@@ -100,17 +101,66 @@ static void cpu_fr_part(void **S, int64_t lo, int64_t hi) {
     }
 }
 
+/* ---- NN, C[m,n] = A[m,k] B[k,n] with m <= 8: an input gradient dY W at a few rows (a
+ * transformer's last stage at 8 tokens: [8,3072] x [3072,768]). B is the big operand and each
+ * element serves m products; OpenBLAS packed it first (its kernels at 16-53 GF/s, 2x MKL's time:
+ * B read twice and written once). Here B is read in place once: a task holds every row of C over
+ * 48 columns in registers (8 x 3 vectors) and walks k; each block of CPU_FR_KB terms is summed
+ * from zero and added to C, as the narrow kernels do. */
+enum { CPU_FR_NN_ROWS = 8, CPU_FR_NN_VECS = 3, CPU_FR_NN_COLS = 16 * CPU_FR_NN_VECS, CPU_FR_KB = 256 };
+
+__attribute__((target("avx512f"))) static void cpu_fr_nn_block(const cpu_fr_job *j, int64_t c0) {
+  __mmask16 mk[CPU_FR_NN_VECS];
+  for (int v = 0; v < CPU_FR_NN_VECS; v++) mk[v] = cpu_fr_mask(j->n - c0 - 16 * v);
+  int rows = (int)j->m;
+  for (int64_t p0 = 0; p0 < j->k; p0 += CPU_FR_KB) {
+    int64_t p1 = j->k - p0 < CPU_FR_KB ? j->k : p0 + CPU_FR_KB;
+    __m512 acc[CPU_FR_NN_ROWS][CPU_FR_NN_VECS];
+#pragma GCC unroll 8
+    for (int r = 0; r < CPU_FR_NN_ROWS; r++)
+#pragma GCC unroll 3
+      for (int v = 0; v < CPU_FR_NN_VECS; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t p = p0; p < p1; p++) {
+      const float *b = j->B + p * j->ldb + c0;
+      __m512 bv[CPU_FR_NN_VECS];
+#pragma GCC unroll 3
+      for (int v = 0; v < CPU_FR_NN_VECS; v++) bv[v] = _mm512_maskz_loadu_ps(mk[v], b + 16 * v);
+#pragma GCC unroll 8
+      for (int r = 0; r < CPU_FR_NN_ROWS; r++) {
+        if (r >= rows) break;
+        __m512 a = _mm512_set1_ps(j->A[r * j->lda + p]);
+#pragma GCC unroll 3
+        for (int v = 0; v < CPU_FR_NN_VECS; v++) acc[r][v] = _mm512_fmadd_ps(a, bv[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < rows; r++)
+      for (int v = 0; v < CPU_FR_NN_VECS; v++) {
+        float *c = j->C + r * j->ldc + c0 + 16 * v;
+        __m512 old = p0 ? _mm512_maskz_loadu_ps(mk[v], c) : _mm512_setzero_ps();
+        _mm512_mask_storeu_ps(c, mk[v], _mm512_add_ps(old, acc[r][v]));
+      }
+  }
+}
+
+static void cpu_fr_nn_part(void **S, int64_t lo, int64_t hi) {
+  const cpu_fr_job *j = (const cpu_fr_job *)S;
+  for (int64_t t = lo; t < hi; t++) cpu_fr_nn_block(j, t * CPU_FR_NN_COLS);
+}
+
 bool cpu_fewrows_takes(int ta, int tb, int64_t m, int64_t n, int64_t k) {
+  if (!ta && !tb) return m >= 2 && m <= CPU_FR_NN_ROWS && n >= 64 && k >= 64;
   return !ta && tb && m >= 2 && m <= CPU_FR_MAX_ROWS && n >= 16 && k >= 1;
 }
 
 bool cpu_fewrows_gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
                       const float *b, int ldb, float *c, int ldc) {
   if (!cpu_fewrows_takes(ta, tb, m, n, k) || !cpu_own_gemm()) return false;
-  cpu_fr_job j = {m, n, k, lda, ldb, ldc, a, b, c, 16};
+  bool nn = !tb;
+  cpu_fr_job j = {m, n, k, lda, ldb, ldc, a, b, c, nn ? CPU_FR_NN_COLS : 16};
   int64_t tasks = (n + j.cols - 1) / j.cols;
+  cpu_kernel_fn fn = nn ? cpu_fr_nn_part : cpu_fr_part;
   __atomic_fetch_add(&cpu_stats.fewrows_gemms, 1, __ATOMIC_RELAXED);
-  if (2.0 * m * n * k < CPU_GEMM_PAR_MIN_FLOPS || tasks < 2) cpu_fr_part((void **)&j, 0, tasks);
-  else cpu_parallel_run(cpu_fr_part, (void **)&j, tasks);
+  if (2.0 * m * n * k < CPU_GEMM_PAR_MIN_FLOPS || tasks < 2) fn((void **)&j, 0, tasks);
+  else cpu_parallel_run(fn, (void **)&j, tasks);
   return true;
 }
