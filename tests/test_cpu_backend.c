@@ -1098,6 +1098,16 @@ TEST(gather_scatter_rows) {
     CHECK(compare_tol(r, later ? 2 : 1, tol) == 0);
     release_all();
   }
+  { /* z.scatter_add(0, i, z): its own rows are the source, so not in place */
+    ir_node *ix = data(GRAFT_I64, 2, (int64_t[]){V, 1});
+    for (int64_t i = 0; i < V; i++) dtype_store(ix->data->ptr, GRAFT_I64, i, (double)((i * 4 + 1) % V));
+    ir_attrs at = {0};
+    ir_node *z = b2(IR_MUL, data(GRAFT_F32, 2, vd), cnst(GRAFT_F32, 2.0, 2, vd));
+    ir_node *sin[3] = {z, bcast(ix, 2, vd), z};
+    ir_node *sc = mk(IR_SCATTER_ADD, 3, sin, &at, GRAFT_F32, 0, NULL);
+    CHECK(compare(&sc, 1, 1e-6) == 0);
+    release_all();
+  }
   int64_t bad_rows[2] = {n, D};
   ir_node *x = data(GRAFT_F32, 2, xs), *ix = data(GRAFT_I64, 2, col);
   for (int64_t i = 0; i < n; i++) dtype_store(ix->data->ptr, GRAFT_I64, i, i == 4 ? (double)V : 1);

@@ -220,8 +220,7 @@ static double async_poll_ms(void) {
 static int a_polling;   /* the executor is polling (a_mu): a push need not wake it */
 static unsigned a_pushes; /* jobs pushed (atomic): what the poll watches */
 
-static void async_poll(void) {
-  unsigned seen = __atomic_load_n(&a_pushes, __ATOMIC_ACQUIRE);
+static void async_poll(unsigned seen) {
   double until = metrics_now_ms() + async_poll_ms();
   for (unsigned i = 1; __atomic_load_n(&a_pushes, __ATOMIC_ACQUIRE) == seen; i++) {
     if (i % 64 == 0) {
@@ -239,8 +238,9 @@ static void *async_worker(void *arg) {
   for (;;) {
     if (!a_head && !a_stop && async_poll_ms() > 0) {
       a_polling = 1;
+      unsigned seen = __atomic_load_n(&a_pushes, __ATOMIC_ACQUIRE); /* under a_mu: no push missed */
       pthread_mutex_unlock(&a_mu);
-      async_poll();
+      async_poll(seen);
       pthread_mutex_lock(&a_mu);
       a_polling = 0;
     }
@@ -277,6 +277,7 @@ void async_fork_child(void) { /* the parent's waiters do not exist here */
 
 /* Queues j (lock held); -1 with the error set when the executor thread cannot start. */
 static int async_push(async_job *j) {
+  async_poll_ms(); /* read GRAFT_POLL_US here, before the executor runs (getenv is not thread-safe) */
   pthread_mutex_lock(&a_mu);
   if (!a_started) {
     a_stop = 0;

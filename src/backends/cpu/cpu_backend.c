@@ -239,6 +239,7 @@ static void cpu_run_inplace(cpu_run *r, const cpu_step *st, const exec_instr *in
   int s = ins->in[0];
   exec_buffer *b = r->B[s];
   if (ins->op != IR_SCATTER_ADD || (ins->dtype != GRAFT_F32 && ins->dtype != GRAFT_F64) ||
+      ins->in[1] == s || ins->in[2] == s || /* x.scatter_add(0, i, x): its rows are the source */
       r->B[i] || !b || r->is_param[s] || buffer_refs(b) != 1 ||
       b->bytes != (size_t)ins->numel * graft_dtype_size(ins->dtype) || !cpu_released_next(r, st, s))
     return;
