@@ -17,7 +17,8 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# eager at PyTorch's defaults: OMP_WAIT_POLICY=PASSIVE made torch 2's small steps several times
+# slower (bench/zoo.py)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_ROOT, "torch"))
 

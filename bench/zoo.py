@@ -19,7 +19,9 @@ cuts the step into graphs). The last line is the geometric mean of the speedups.
 """
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# No OMP_WAIT_POLICY here: eager runs at PyTorch's defaults. PASSIVE (set before torch loads
+# libgomp) made its small steps 4x slower on torch 2 (the LSTM LM 2.3 -> 9.7 ms a step): every
+# parallel op then woke sleeping threads.
 
 import argparse
 import atexit
