@@ -182,19 +182,22 @@ static void job_run(async_job *j) {
              (unsigned long long)j->hash, graft_last_error());
     f = buffer_failure_new(GRAFT_ERR_OOM, msg);
   }
+  /* The failure is recorded as unreported before any output reads as failed: a reader that
+   * sees one (polling, without the lock) then finds it here and marks it reported. */
+  if (f) {
+    pthread_mutex_lock(&a_mu);
+    if (!a_unreported) {
+      __atomic_add_fetch(&f->refcnt, 1, __ATOMIC_RELAXED); /* a_unreported's own reference */
+      a_unreported = f;
+      a_unreported_seq = j->seq;
+    }
+    pthread_mutex_unlock(&a_mu);
+  }
   for (int k = 0; k < p->noutputs; k++) {
     buffer_release(outs[k]);
     if (f && buffer_get_state(j->ph[k]) == BUFFER_PENDING) buffer_fail(j->ph[k], f);
     buffer_release(j->ph[k]);
   }
-  if (!f) return;
-  pthread_mutex_lock(&a_mu);
-  if (!a_unreported) {
-    a_unreported = f;
-    a_unreported_seq = j->seq;
-    f = NULL;
-  }
-  pthread_mutex_unlock(&a_mu);
   buffer_failure_release(f);
 }
 
