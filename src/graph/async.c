@@ -223,15 +223,21 @@ static double async_poll_ms(void) {
 static int a_polling;   /* the executor is polling (a_mu): a push need not wake it */
 static unsigned a_pushes; /* jobs pushed (atomic): what the poll watches */
 
-static void async_poll(unsigned seen) {
-  double until = metrics_now_ms() + async_poll_ms();
-  for (unsigned i = 1; __atomic_load_n(&a_pushes, __ATOMIC_ACQUIRE) == seen; i++) {
+/* Polls while busy(arg) holds, for up to ms, yielding the CPU every 64 checks (to any runnable
+ * thread: on a small machine, the pool's). The executor's poll and a reader's spin. */
+static void async_spin_while(bool (*busy)(const void *), const void *arg, double ms) {
+  double until = metrics_now_ms() + ms;
+  for (unsigned i = 1; busy(arg); i++) {
     if (i % 64 == 0) {
       if (metrics_now_ms() > until) return;
       sched_yield();
     }
     async_pause();
   }
+}
+
+static bool async_no_push_since(const void *seen) {
+  return __atomic_load_n(&a_pushes, __ATOMIC_ACQUIRE) == *(const unsigned *)seen;
 }
 
 static void *async_worker(void *arg) {
@@ -243,7 +249,7 @@ static void *async_worker(void *arg) {
       a_polling = 1;
       unsigned seen = __atomic_load_n(&a_pushes, __ATOMIC_ACQUIRE); /* under a_mu: no push missed */
       pthread_mutex_unlock(&a_mu);
-      async_poll(seen);
+      async_spin_while(async_no_push_since, &seen, async_poll_ms());
       pthread_mutex_lock(&a_mu);
       a_polling = 0;
     }
@@ -366,24 +372,13 @@ void async_drain(void) {
  * machine), then sleeps. */
 enum { ASYNC_SPIN_US = 150 };
 
-
-static void async_spin(const exec_buffer *b) {
-  if (async_poll_ms() == 0) return;
-  double until = metrics_now_ms() + ASYNC_SPIN_US / 1000.0;
-  for (unsigned i = 1; buffer_get_state(b) == BUFFER_PENDING; i++) {
-    if (i % 64 == 0) {
-      if (metrics_now_ms() > until) return;
-      sched_yield();
-    }
-    async_pause();
-  }
-}
+static bool async_pending(const void *b) { return buffer_get_state(b) == BUFFER_PENDING; }
 
 graft_status async_wait_buffer(const exec_buffer *b, const char *fn) {
   if (buffer_get_state(b) == BUFFER_PENDING) {
     double t0 = metrics_now_ms();
     uint64_t s0 = trace_on() ? trace_now() : 0;
-    async_spin(b);
+    if (async_poll_ms() > 0) async_spin_while(async_pending, b, ASYNC_SPIN_US / 1000.0);
     pthread_mutex_lock(&a_mu);
     while (buffer_get_state(b) == BUFFER_PENDING) pthread_cond_wait(&a_done, &a_mu);
     pthread_mutex_unlock(&a_mu);
