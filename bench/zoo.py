@@ -281,7 +281,15 @@ class Trainer:
 
 def _block(tr, n):
     """ms a step over n steps; a graft block ends when everything it queued has run (a step's
-    loss is readable before its backward pass and optimizer have run: early outputs)."""
+    loss is readable before its backward pass and optimizer have run: early outputs). Each block
+    starts on a quiet machine: the other side's threads stop spinning first (PyTorch's OpenMP
+    workers spin ~10 ms after a parallel op, graft's executor up to GRAFT_POLL_US; either took a
+    core from the block after it, as no user's process running only one of them sees)."""
+    time.sleep(0.05)
+    for _ in range(2):  # and warm again: what a loop that runs on sees
+        tr.step()
+    if tr.dev != "cpu":
+        graft.wait()
     t0 = time.perf_counter()
     for _ in range(n):
         tr.step()
@@ -308,7 +316,7 @@ def run_model(name, blocks):
     eager.step()
     eager.step()
     first = _block(eager, 1)
-    per = max(1, min(10, int(300 / max(first, 1e-3))))  # ~0.3 s of eager per block
+    per = max(1, min(100, int(300 / max(first, 1e-3))))  # ~0.3 s of eager per block
     graft.reset_metrics()
     gt, et = [], []
     for _ in range(blocks):

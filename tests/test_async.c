@@ -26,6 +26,16 @@ static void set_async(const char *v) {
   else unsetenv("GRAFT_ASYNC");
 }
 
+/* GRAFT_INLINE=0: every graph queues. These tests' graphs are small and their inputs computed,
+ * which otherwise run on the syncing thread at once (exec.c); most tests here are about the
+ * queue. Read per sync, so set with the executor idle, as GRAFT_ASYNC. */
+static void set_inline(const char *v) {
+  graft_wait();
+  graft_wait_compiles();
+  if (v) setenv("GRAFT_INLINE", v, 1);
+  else unsetenv("GRAFT_INLINE");
+}
+
 static void train(const char *async, float *w_out, float *loss_out, int steps) {
   set_async(async);
   float xv[8 * 4], yv[8], wv[4] = {0.1f, -0.2f, 0.3f, 0.05f};
@@ -57,13 +67,21 @@ static void train(const char *async, float *w_out, float *loss_out, int steps) {
 }
 
 TEST(results_equal_the_synchronous_modes) {
-  float ws[4], wa[4], ls[12], la[12];
+  float ws[4], wa[4], ls[12], la[12], wi[4], li[12];
   train("0", ws, ls, 12);
+  set_inline("0");
   graft_metrics_reset();
   train("1", wa, la, 12);
   graft_metrics m = M();
   CHECK(m.async_steps == 12);       /* every step was queued */
-  CHECK(m.executions == 12);
+  CHECK(m.executions == 12 && m.inline_runs == 0);
+  set_inline(NULL);
+  graft_metrics_reset();
+  train("1", wi, li, 12);           /* small steps of computed inputs: each runs at once */
+  m = M();
+  CHECK(m.async_steps == 0 && m.inline_runs == 12 && m.executions == 12);
+  CHECK(memcmp(wi, wa, sizeof wi) == 0 || getenv("GRAFT_COMPILE"));
+  for (int i = 0; i < 4; i++) CHECK_NEAR(wi[i], ws[i], 1e-5);
   /* Bit for bit on one tier; under GRAFT_COMPILE=async a step may run on the first tier in one
    * mode and natively in the other (the compiles land at other times), which rounds apart. */
   const char *c = getenv("GRAFT_COMPILE");
@@ -78,6 +96,7 @@ TEST(results_equal_the_synchronous_modes) {
 
 /* A gather whose index is out of range fails inside the queued step. */
 TEST(an_error_surfaces_at_the_next_sync_and_training_continues) {
+  set_inline("0");
   float v[3] = {1, 2, 3};
   int64_t bad[2] = {0, 5}, good[2] = {2, 0}, n2 = 2, n3 = 3;
   graft_tensor *a = graft_from_host(v, GRAFT_F32, 1, &n3, 0);
@@ -109,6 +128,7 @@ TEST(an_error_surfaces_at_the_next_sync_and_training_continues) {
   CHECK(graft_to_host(g2, out, sizeof out) == GRAFT_OK && out[0] == 6 && out[1] == 2);
   CHECK(graft_wait() == GRAFT_OK);
   graft_release(a), graft_release(ib), graft_release(ig), graft_release(g2);
+  set_inline(NULL);
 }
 
 /* A failure a read has already raised (directly, or through a later step that needed the lost
@@ -116,6 +136,7 @@ TEST(an_error_surfaces_at_the_next_sync_and_training_continues) {
 TEST(a_failure_a_read_reported_is_not_raised_again) {
   float v[3] = {1, 2, 3}, out[2];
   int64_t bad[2] = {0, 5}, n2 = 2, n3 = 3;
+  set_inline("0");
   for (int derived = 0; derived < 2; derived++) {
     graft_tensor *a = graft_from_host(v, GRAFT_F32, 1, &n3, 0);
     graft_tensor *ib = graft_from_host(bad, GRAFT_I64, 1, &n2, 0);
@@ -130,6 +151,7 @@ TEST(a_failure_a_read_reported_is_not_raised_again) {
     CHECK(graft_step() == GRAFT_OK);
     graft_release(a), graft_release(ib), graft_release(g), graft_release(h);
   }
+  set_inline(NULL);
 }
 
 /* A read waits for the step that computes it; the wait is counted. */
@@ -222,6 +244,43 @@ TEST(a_small_output_is_readable_while_its_step_runs) {
   graft_release(x);
 }
 
+/* A small graph whose inputs are computed runs on the syncing thread at once, while a queued
+ * step still runs (here held by a host function: a graph with one always queues); its failure
+ * is that sync's own error, raised there and not again by the next wait. */
+TEST(a_small_graph_of_computed_inputs_does_not_wait_for_the_queue) {
+  int64_t n = 4096, n2 = 2, n3 = 3, bad[2] = {0, 5};
+  float v[4096], w[3] = {1, 2, 3};
+  for (int i = 0; i < n; i++) v[i] = (float)(i % 5);
+  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  graft_tensor *a = graft_from_host(w, GRAFT_F32, 1, &n3, 0);
+  graft_tensor *ib = graft_from_host(bad, GRAFT_I64, 1, &n2, 0);
+  static atomic_int seen_open; /* the key's ctx: valid for the process */
+  atomic_store(&seen_open, -1);
+  atomic_store(&gate_open, 0);
+  atomic_store(&gate_fails, 0);
+  graft_metrics_reset();
+  graft_tensor *held = graft_host_call(gate_held, &seen_open, 0x67617466ull, 1, &x, GRAFT_F32, 1, &n);
+  CHECK(held && graft_step() == GRAFT_OK); /* queued (M() would wait for it: not read here) */
+  double s = 0;
+  graft_tensor *sum = graft_sum(graft_mul_scalar(x, 3), NULL, 0, false);
+  double want = 0;
+  for (int i = 0; i < n; i++) want += 3.0 * v[i];
+  CHECK(graft_item(sum, &s) == GRAFT_OK && s == want);
+  graft_tensor *g = graft_gather(a, 0, ib);
+  CHECK(graft_sync(&g, 1) == GRAFT_ERR_ARG && strstr(graft_last_error(), "out of range"));
+  graft_clear_error();
+  CHECK(atomic_load(&seen_open) == -1); /* both returned while the step was held */
+  atomic_store(&gate_open, 1);
+  graft_metrics m = M(); /* reading the metrics drains the queue: after the gate opens */
+  CHECK(m.inline_runs == 2 && m.async_steps == 1);
+  CHECK(atomic_load(&seen_open) == 1);
+  CHECK(graft_wait() == GRAFT_OK); /* the gather's failure was raised by its own sync */
+  float h[4096];
+  CHECK(graft_to_host(held, h, sizeof h) == GRAFT_OK && h[7] == v[7]);
+  graft_release(x), graft_release(a), graft_release(ib), graft_release(held);
+  graft_release(sum), graft_release(g);
+}
+
 int main(void) {
   RUN(results_equal_the_synchronous_modes);
   RUN(an_error_surfaces_at_the_next_sync_and_training_continues);
@@ -229,6 +288,7 @@ int main(void) {
   RUN(a_read_waits_for_its_step);
   RUN(shutdown_runs_what_is_queued);
   RUN(a_small_output_is_readable_while_its_step_runs);
+  RUN(a_small_graph_of_computed_inputs_does_not_wait_for_the_queue);
   graft_shutdown();
   return CHECK_DONE();
 }

@@ -498,6 +498,7 @@ static void gates_install(void) {
   graft_metrics_get(&reset); /* registers the built-in backends */
   set_env("GRAFT_COMPILE", "async");
   unset_env("GRAFT_COMPILE_QUICK");
+  set_env("GRAFT_INLINE", "0"); /* these small graphs must queue, not run on this thread */
   real_first = backend_find("cpu", BACKEND_FIRST_TIER);
   real_compiler = backend_find("cpu", BACKEND_COMPILER);
   CHECK(real_first && real_compiler && real_compiler->compile_quick);
@@ -517,6 +518,7 @@ static void gates_remove(void) {
   atomic_store(&quick_open, 1);
   atomic_store(&first_sleep_ms, 0);
   graft_shutdown(); /* drop the cache while the stand-ins' vtables are registered */
+  unset_env("GRAFT_INLINE");
   backend_register("cpu", BACKEND_FIRST_TIER, real_first);
   backend_register("cpu", BACKEND_COMPILER, real_compiler);
 }

@@ -38,6 +38,7 @@ static pthread_cond_t a_work = PTHREAD_COND_INITIALIZER; /* a job was queued, or
 static pthread_cond_t a_done = PTHREAD_COND_INITIALIZER; /* a job finished */
 static async_job *a_head, *a_tail;
 static int a_busy, a_stop, a_started;
+static const cache_entry *a_running; /* the graph the executor runs (a_mu) */
 static pthread_t a_thread;
 static uint64_t a_seq;                 /* jobs queued (the step number in messages) */
 static buffer_failure *a_unreported;   /* the first failure no sync has reported yet */
@@ -76,6 +77,16 @@ static buffer_failure *job_failed_input(const async_job *j) {
       return nf;
     }
   return NULL;
+}
+
+/* Whether no queued or running job runs e's graph: a syncing thread may run it too (a backend's
+ * per-executable profile is not shared between threads). */
+bool async_entry_idle(const cache_entry *e) {
+  pthread_mutex_lock(&a_mu);
+  bool idle = a_running != e;
+  for (const async_job *q = a_head; q && idle; q = q->next) idle = q->e != e;
+  pthread_mutex_unlock(&a_mu);
+  return idle;
 }
 
 /* How many queued jobs run e's graph (executor thread). */
@@ -117,6 +128,22 @@ static void job_output_final(void *ctx, int k, exec_buffer *b) {
   pthread_mutex_unlock(&a_mu);
 }
 
+/* A run's figures in the metrics: the executor and a syncing thread running a small graph
+ * inline (exec.c) both count, so under a lock of their own. */
+static pthread_mutex_t a_count_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void async_count_run(const exec_program *p, double ms, bool native, bool ok) {
+  pthread_mutex_lock(&a_count_mu);
+  metrics.m.execute_ms += ms;
+  if (ok) {
+    metrics.m.executions++;
+    if (native) metrics.m.compiled_executions++;
+    metrics.m.last_graph_nodes = (uint64_t)p->ninstr;
+    if ((uint64_t)p->ninstr > metrics.m.max_graph_nodes) metrics.m.max_graph_nodes = (uint64_t)p->ninstr;
+  }
+  pthread_mutex_unlock(&a_count_mu);
+}
+
 /* Runs the job's graph (executor thread); returns the failure, or NULL on success with the
  * backend's outputs in bufs[nparams..]. */
 static buffer_failure *job_execute(async_job *j) {
@@ -140,17 +167,11 @@ static buffer_failure *job_execute(async_job *j) {
     trace_span("step", native ? "step (native)" : "step (first tier)", s0, trace_now(), args);
   }
   double ms = metrics_now_ms() - x0;
-  metrics.m.execute_ms += ms;
+  async_count_run(p, ms, native != NULL, rc == 0);
   if (!native && !rc) j->e->first_tier_ms = ms;
   for (int k = 0; k < p->nparams; k++)
     if (!j->donated[k]) buffer_release(j->bufs[k]); /* the backend released the donated ones */
-  if (!rc) {
-    metrics.m.executions++;
-    if (native) metrics.m.compiled_executions++;
-    metrics.m.last_graph_nodes = (uint64_t)p->ninstr;
-    if ((uint64_t)p->ninstr > metrics.m.max_graph_nodes) metrics.m.max_graph_nodes = (uint64_t)p->ninstr;
-    return NULL;
-  }
+  if (!rc) return NULL;
   char msg[1024];
   snprintf(msg, sizeof msg, "step %llu (graph %016llx, run asynchronously) failed: %.900s",
            (unsigned long long)j->seq, (unsigned long long)j->hash,
@@ -259,11 +280,13 @@ static void *async_worker(void *arg) {
     a_head = j->next;
     if (!a_head) a_tail = NULL;
     a_busy = 1;
+    a_running = j->e;
     pthread_mutex_unlock(&a_mu);
     job_run(j);
     job_free(j);
     pthread_mutex_lock(&a_mu);
     a_busy = 0;
+    a_running = NULL;
     pthread_cond_broadcast(&a_done);
   }
   pthread_mutex_unlock(&a_mu);
@@ -279,6 +302,7 @@ void async_fork_prepare(void) {
 void async_fork_parent(void) { pthread_mutex_unlock(&a_mu); }
 void async_fork_child(void) { /* the parent's waiters do not exist here */
   a_started = a_busy = a_stop = a_polling = 0; /* no executor here, polling or not */
+  a_running = NULL;
   pthread_cond_init(&a_work, NULL);
   pthread_cond_init(&a_done, NULL);
   pthread_mutex_unlock(&a_mu);

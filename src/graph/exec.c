@@ -215,64 +215,139 @@ static graft_status exec_failed_input(exec_buffer *const *bufs, int nparams) {
   return GRAFT_OK;
 }
 
-/* One graph per device: roots holds the pending nodes of one device. */
-static graft_status exec_device_run(tensor_slot *const *ts, ir_node **roots, int n) {
-  double t0 = metrics_now_ms();
+/* The cached executable of cap's graph, built (first tier) on a miss; *tc: ms spent building.
+ * NULL with the error set. */
+static cache_entry *exec_lookup(double *tc) {
   bool tr = trace_on();
-  uint64_t s0 = tr ? trace_now() : 0;
-  if (capture_run(&cap, roots, n)) return graft_last_status();
   uint64_t s1 = tr ? trace_now() : 0;
   cache_entry *e = cache_lookup(&cap);
-  double tc = 0;
-  if (tr) {
-    uint64_t s2 = trace_now();
-    trace_span("graph", "capture and hash", s0, s1, NULL);
-    trace_span("graph", e ? "cache hit" : "cache miss", s1, s2, NULL);
-  }
+  *tc = 0;
+  if (tr) trace_span("graph", e ? "cache hit" : "cache miss", s1, trace_now(), NULL);
   if (e) {
     metrics.m.cache_hits++;
     tier_hit(e);
-  } else {
-    double c0 = metrics_now_ms();
-    char reason[METRICS_REASON_BYTES];
-    cache_reason(&cap, reason, sizeof reason);
-    exec_program *p = capture_lower(&cap);
-    if (!p) return graft_last_status();
-    passes_stats ps;
-    if (passes_run(p, &ps)) {
-      program_free(p);
-      return graft_last_status();
-    }
-    const backend *be = tier_first_backend(p->device);
-    void *exe = be->compile(p);
-    if (!exe) {
-      program_free(p);
-      return graft_last_status();
-    }
-    e = cache_insert(p, &cap, be, exe);
-    if (!e) {
-      if (be->free_exe) be->free_exe(exe);
-      program_free(p);
-      return graft_last_status();
-    }
-    tier_submit(e);
-    if (e->varying) { /* the reason's shapes say which dims differ from the nearest graph */
-      size_t k = strlen(reason);
-      snprintf(reason + k, sizeof reason - k, "; a new size of a cached graph: its kernels take "
-               "the sizes that vary as run-time values (size-generic), compiled once for every size");
-    }
-    metrics_add_reason(reason);
-    dump_graph(&cap, p, reason, &ps);
-    metrics.m.graphs_compiled++;
-    tc = metrics_now_ms() - c0;
-    metrics.m.compile_ms += tc;
-    if (tr) {
-      char args[METRICS_REASON_BYTES + 64];
-      trace_args_reason(args, sizeof args, e->prog->hash, reason);
-      uint64_t now = trace_now();
-      trace_span("compile", "lower and plan (first tier)", now - (uint64_t)(tc * 1e6), now, args);
-    }
+    return e;
   }
+  double c0 = metrics_now_ms();
+  char reason[METRICS_REASON_BYTES];
+  cache_reason(&cap, reason, sizeof reason);
+  exec_program *p = capture_lower(&cap);
+  if (!p) return NULL;
+  passes_stats ps;
+  if (passes_run(p, &ps)) {
+    program_free(p);
+    return NULL;
+  }
+  const backend *be = tier_first_backend(p->device);
+  void *exe = be->compile(p);
+  if (!exe) {
+    program_free(p);
+    return NULL;
+  }
+  e = cache_insert(p, &cap, be, exe);
+  if (!e) {
+    if (be->free_exe) be->free_exe(exe);
+    program_free(p);
+    return NULL;
+  }
+  tier_submit(e);
+  if (e->varying) { /* the reason's shapes say which dims differ from the nearest graph */
+    size_t k = strlen(reason);
+    snprintf(reason + k, sizeof reason - k, "; a new size of a cached graph: its kernels take "
+             "the sizes that vary as run-time values (size-generic), compiled once for every size");
+  }
+  metrics_add_reason(reason);
+  dump_graph(&cap, p, reason, &ps);
+  metrics.m.graphs_compiled++;
+  *tc = metrics_now_ms() - c0;
+  metrics.m.compile_ms += *tc;
+  if (tr) {
+    char args[METRICS_REASON_BYTES + 64];
+    trace_args_reason(args, sizeof args, e->prog->hash, reason);
+    uint64_t now = trace_now();
+    trace_span("compile", "lower and plan (first tier)", now - (uint64_t)(*tc * 1e6), now, args);
+  }
+  return e;
+}
+
+/* A small graph whose inputs are all computed runs on the syncing thread at once instead of
+ * queueing behind the steps in flight: a mask check (nn.Transformer compares its causal mask
+ * with torch.equal mid-step), a shape test, an .item() of data already there would otherwise
+ * wait for the whole previous step (~1 ms each on a small model). Its errors are the sync's
+ * own, as a synchronous run's; failures of queued steps are still reported by a later sync.
+ * CPU graphs only (an accelerator's queue orders its work itself), none with a host call (a
+ * user's function may block on the caller), and not while a queued step runs the same
+ * executable. GRAFT_INLINE=0: every graph queues (the A/B switch; tests of the queue). */
+enum { EXEC_INLINE_INSTR = 64, EXEC_INLINE_BYTES = 256 << 10 };
+
+static bool exec_inline_enabled(void) { /* read per sync, as GRAFT_ASYNC */
+  const char *v = getenv("GRAFT_INLINE");
+  return !(v && !strcmp(v, "0"));
+}
+
+static bool exec_runs_inline(const cache_entry *e, exec_buffer *const *bufs) {
+  const exec_program *p = e->prog;
+  if (p->ninstr > EXEC_INLINE_INSTR || !exec_inline_enabled() || strcmp(device_kind(p->device), "cpu"))
+    return false;
+  size_t bytes = 0;
+  for (int i = 0; i < p->ninstr; i++) {
+    if (p->instr[i].op == IR_HOST_CALL) return false;
+    bytes += (size_t)p->instr[i].numel * graft_dtype_size(p->instr[i].dtype);
+  }
+  if (bytes > EXEC_INLINE_BYTES) return false;
+  for (int k = 0; k < p->nparams; k++)
+    if (buffer_get_state(bufs[k]) != BUFFER_READY) return false;
+  return async_entry_idle(e);
+}
+
+/* Runs e's program on this thread (checked against the reference kernels when checking) and
+ * binds the synced tensors; *tx: ms of execution. */
+static graft_status exec_run_here(cache_entry *e, exec_buffer **bufs, tensor_slot *const *ts,
+                                  ir_node **roots, int n, int *out_index, bool checking, double *tx) {
+  const exec_program *p = e->prog;
+  check_mode cm = check_get_mode();
+  bool fast = e->tier == TIER_READY;
+  exec_buffer **ref = checking ? check_reference(p, bufs) : NULL;
+  if (cm != CHECK_STRICT) exec_donate(p, bufs, roots, n);
+  exec_buffer **outs = bufs + p->nparams;
+  for (int k = 0; k < p->noutputs; k++) outs[k] = NULL;
+  exec_out_index(out_index, n);
+  double x0 = metrics_now_ms();
+  uint64_t s0 = trace_on() ? trace_now() : 0;
+  int rc = fast ? e->fast->execute(e->fast_exe, p, bufs, outs) : e->be->execute(e->exe, p, bufs, outs);
+  *tx = metrics_now_ms() - x0;
+  if (s0) trace_span("step", fast ? "step here (native)" : "step here (first tier)", s0, trace_now(), NULL);
+  int bad = 0;
+  if (checking && !ref) check_unchecked(p, fast ? e->fast->name : e->be->name, rc);
+  if (ref && !rc) {
+    char msg[1024];
+    metrics.m.checked_executions++;
+    bad = check_compare(e, fast, outs, ref, msg, sizeof msg); /* frees ref */
+    if (bad && cm == CHECK_STRICT) {
+      err_set(GRAFT_ERR_INTERNAL, "GRAFT_CHECK=strict: %s (%d output%s differ; report on "
+              "stderr)", msg, bad, bad > 1 ? "s" : "");
+      for (int k = 0; k < p->noutputs; k++) buffer_release(outs[k]);
+    }
+  } else if (ref) { /* the backend failed: nothing to compare */
+    for (int k = 0; k < p->noutputs; k++) buffer_release(ref[k]);
+    free(ref);
+  }
+  async_count_run(p, *tx, fast, !rc && !(bad && cm == CHECK_STRICT));
+  if (rc) return graft_last_status() ? graft_last_status() : GRAFT_ERR_INTERNAL;
+  if (bad && cm == CHECK_STRICT) return GRAFT_ERR_INTERNAL; /* the synced tensors stay pending */
+  graft_status st = exec_bind_roots(ts, n, outs, out_index);
+  for (int k = 0; k < p->noutputs; k++) buffer_release(outs[k]);
+  return st;
+}
+
+/* One graph per device: roots holds the pending nodes of one device. */
+static graft_status exec_device_run(tensor_slot *const *ts, ir_node **roots, int n) {
+  double t0 = metrics_now_ms(), tc = 0, tx = 0;
+  uint64_t s0 = trace_on() ? trace_now() : 0;
+  if (capture_run(&cap, roots, n)) return graft_last_status();
+  if (s0) trace_span("graph", "capture and hash", s0, trace_now(), NULL);
+  cache_entry *e = exec_lookup(&tc);
+  if (!e) return graft_last_status();
   const exec_program *p = e->prog;
   exec_buffer **bufs = malloc(sizeof *bufs * ((size_t)p->nparams + (size_t)p->noutputs + 1));
   int *out_index = malloc(sizeof(int) * ((size_t)cap.n + 1));
@@ -297,61 +372,19 @@ static graft_status exec_device_run(tensor_slot *const *ts, ir_node **roots, int
    * itself. Under GRAFT_CHECK=strict nothing is donated, so a sync that a mismatch fails leaves
    * its tensors pending and usable, as after any failed step. */
   check_mode cm = check_get_mode();
-  bool fast = e->tier == TIER_READY;
-  bool checking = cm && (fast || e->be != graph_backend(p->device, BACKEND_REFERENCE));
+  bool checking = cm && (e->tier == TIER_READY || e->be != graph_backend(p->device, BACKEND_REFERENCE));
   /* Checking reads the inputs here, a memory limit makes running out of memory an expected,
    * recoverable error, and collectives call MPI: all run in this thread, after what is queued. */
-  if (async_enabled() && !checking && !buffer_get_limit() && !p->has_collective) {
-    graft_status st = exec_queue(e, bufs, ts, roots, n, out_index);
-    free(bufs);
-    free(out_index);
-    metrics.m.syncs++;
-    metrics.m.sync_overhead_ms += metrics_now_ms() - t0 - tc;
-    return st;
-  }
-  async_drain();
-  graft_status bad_in = exec_failed_input(bufs, p->nparams);
-  if (bad_in != GRAFT_OK) {
-    free(bufs);
-    free(out_index);
-    return bad_in;
-  }
-  exec_buffer **ref = checking ? check_reference(p, bufs) : NULL;
-  if (cm != CHECK_STRICT) exec_donate(p, bufs, roots, n);
-  exec_buffer **outs = bufs + p->nparams;
-  for (int k = 0; k < p->noutputs; k++) outs[k] = NULL;
-  exec_out_index(out_index, n);
-  double x0 = metrics_now_ms();
-  int rc = fast ? e->fast->execute(e->fast_exe, p, bufs, outs) : e->be->execute(e->exe, p, bufs, outs);
-  if (fast) metrics.m.compiled_executions++;
-  double tx = metrics_now_ms() - x0;
-  metrics.m.execute_ms += tx;
-  graft_status st = GRAFT_OK;
-  int bad = 0;
-  if (checking && !ref) check_unchecked(p, fast ? e->fast->name : e->be->name, rc);
-  if (ref && !rc) {
-    char msg[1024];
-    metrics.m.checked_executions++;
-    bad = check_compare(e, fast, outs, ref, msg, sizeof msg); /* frees ref */
-    if (bad && cm == CHECK_STRICT) {
-      err_set(GRAFT_ERR_INTERNAL, "GRAFT_CHECK=strict: %s (%d output%s differ; report on "
-              "stderr)", msg, bad, bad > 1 ? "s" : "");
-      for (int k = 0; k < p->noutputs; k++) buffer_release(outs[k]);
-    }
-  } else if (ref) { /* the backend failed: nothing to compare */
-    for (int k = 0; k < p->noutputs; k++) buffer_release(ref[k]);
-    free(ref);
-  }
-  if (rc) {
-    st = graft_last_status() ? graft_last_status() : GRAFT_ERR_INTERNAL;
-  } else if (bad && cm == CHECK_STRICT) {
-    st = GRAFT_ERR_INTERNAL; /* the synced tensors stay pending */
+  bool queue = async_enabled() && !checking && !buffer_get_limit() && !p->has_collective;
+  graft_status st;
+  bool here = queue && exec_runs_inline(e, bufs);
+  if (queue && !here) {
+    st = exec_queue(e, bufs, ts, roots, n, out_index);
   } else {
-    metrics.m.executions++;
-    metrics.m.last_graph_nodes = (uint64_t)p->ninstr;
-    if ((uint64_t)p->ninstr > metrics.m.max_graph_nodes) metrics.m.max_graph_nodes = (uint64_t)p->ninstr;
-    st = exec_bind_roots(ts, n, outs, out_index);
-    for (int k = 0; k < p->noutputs; k++) buffer_release(outs[k]);
+    if (here) metrics.m.inline_runs++;
+    else async_drain(); /* inline: the inputs are computed already */
+    st = exec_failed_input(bufs, p->nparams);
+    if (st == GRAFT_OK) st = exec_run_here(e, bufs, ts, roots, n, out_index, checking, &tx);
   }
   free(bufs);
   free(out_index);

@@ -149,6 +149,10 @@ int async_job_submit(async_job *j);
 void async_job_discard(async_job *j);
 /* Waits until every queued job has run (lock may be held: the executor never takes it). */
 void async_drain(void);
+/* Whether no queued or running step runs e's graph. */
+bool async_entry_idle(const cache_entry *e);
+/* Counts a run of p (ms of execution; native code or the first tier; ok) in the metrics. */
+void async_count_run(const exec_program *p, double ms, bool native, bool ok);
 /* Waits until b is not pending; the error of the step that failed to compute it, as fn's. */
 graft_status async_wait_buffer(const exec_buffer *b, const char *fn);
 /* The first failure of a queued step numbered up to `upto` that no sync has reported yet, as

@@ -265,7 +265,8 @@ static int cpu_run_fallback(cpu_run *r, const cpu_step *st) {
   int rc = cpu_run_alloc(r, i);
   if (!rc && !program_instr_empty(ins)) rc = host ? host(ins, a, r->S[i]) : ref_kernels[ins->op](ins, a, r->S[i]);
   if (a != args) free(a);
-  if (!host) cpu_stats.fallback[ins->op]++; /* only true reference runs count */
+  if (!host) /* only true reference runs count; a syncing thread may run a graph too */
+    __atomic_fetch_add(&cpu_stats.fallback[ins->op], 1, __ATOMIC_RELAXED);
   return rc;
 }
 
