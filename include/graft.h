@@ -476,7 +476,7 @@ void graft_empty_cache(void);
   X(uint64_t, async_steps, "async steps", "graphs queued for asynchronous execution (GRAFT_ASYNC)") \
   X(uint64_t, async_waits, "async waits", "reads that waited for a queued graph to finish")      \
   X(double, async_wait_ms, "async wait ms", "time those reads waited")                            \
-  X(uint64_t, inline_runs, "inline runs", "small graphs of computed inputs run by the syncing thread at once, not queued behind running steps (GRAFT_INLINE)") \
+  X(uint64_t, inline_runs, "inline runs", "reads of small graphs of computed inputs that the reading thread ran at once, not queued behind running steps (GRAFT_INLINE)") \
   X(uint64_t, collectives, "collectives", "collectives graphs ran: one per dtype per graft_dist_* call, each one MPI call in a job of more than one process") \
   X(uint64_t, collective_bytes, "collective bytes", "bytes those collectives moved from this rank") \
   X(double, collective_ms, "collective ms", "time in them, waiting for the other ranks included") \

@@ -266,7 +266,7 @@ graft_tensor *graft_to_device(graft_tensor *t, int device) {
   tensor_lock();
   graft_tensor *r = NULL;
   tensor_slot *s = tensor_check(t, fn);
-  if (s && !check_device(fn, device) && exec_sync_locked(&s, 1) == GRAFT_OK &&
+  if (s && !check_device(fn, device) && exec_read_locked(&s, 1) == GRAFT_OK &&
       async_wait_buffer(s->node->data, fn) == GRAFT_OK) {
     ir_node *n = s->node;
     exec_buffer *b = buffer_to_device(n->data, device, fn);
@@ -385,7 +385,7 @@ graft_status graft_sync(graft_tensor *const *ts, int n) {
  * set. */
 static ir_node *sync_one(graft_tensor *t, const char *fn) {
   tensor_slot *s = tensor_check(t, fn);
-  if (!s || exec_sync_locked(&s, 1) != GRAFT_OK || async_wait_buffer(s->node->data, fn))
+  if (!s || exec_read_locked(&s, 1) != GRAFT_OK || async_wait_buffer(s->node->data, fn))
     return NULL;
   return s->node;
 }

@@ -270,15 +270,20 @@ static cache_entry *exec_lookup(double *tc) {
   return e;
 }
 
-/* A small graph whose inputs are all computed runs on the syncing thread at once instead of
- * queueing behind the steps in flight: a mask check (nn.Transformer compares its causal mask
- * with torch.equal mid-step), a shape test, an .item() of data already there would otherwise
- * wait for the whole previous step (~1 ms each on a small model). Its errors are the sync's
- * own, as a synchronous run's; failures of queued steps are still reported by a later sync.
+/* A read (graft_to_host, graft_item, graft_to_device) of a small graph whose inputs are all
+ * computed runs it on the reading thread at once instead of queueing it behind the steps in
+ * flight: a mask check (nn.Transformer compares its causal mask with torch.equal mid-step), a
+ * shape test, an .item() of data already there would otherwise wait for the whole previous
+ * step (~1 ms each on a small model). A sync that reads nothing (graft_step, graft_sync) still
+ * queues: tracing goes on while it runs. A failure is the read's own error, raised there; the
+ * synced tensors then hold it, as a queued step's outputs do (reading one again says its
+ * value was lost; a later step that needs it does not run), and no later sync raises it again.
  * CPU graphs only (an accelerator's queue orders its work itself), none with a host call (a
- * user's function may block on the caller), and not while a queued step runs the same
- * executable. GRAFT_INLINE=0: every graph queues (the A/B switch; tests of the queue). */
+ * user's function may block on the reader), a product or a convolution (BLAS's thread count
+ * is the process's: the executor sets it around its own), and not while a queued step runs the
+ * same executable. GRAFT_INLINE=0: every graph queues (the A/B switch; tests of the queue). */
 enum { EXEC_INLINE_INSTR = 64, EXEC_INLINE_BYTES = 256 << 10 };
+static bool exec_reading; /* the sync is a read's (exec_read_locked; under graft's lock) */
 
 static bool exec_inline_enabled(void) { /* read per sync, as GRAFT_ASYNC */
   const char *v = getenv("GRAFT_INLINE");
@@ -287,11 +292,13 @@ static bool exec_inline_enabled(void) { /* read per sync, as GRAFT_ASYNC */
 
 static bool exec_runs_inline(const cache_entry *e, exec_buffer *const *bufs) {
   const exec_program *p = e->prog;
-  if (p->ninstr > EXEC_INLINE_INSTR || !exec_inline_enabled() || strcmp(device_kind(p->device), "cpu"))
+  if (!exec_reading || p->ninstr > EXEC_INLINE_INSTR || !exec_inline_enabled() ||
+      strcmp(device_kind(p->device), "cpu"))
     return false;
   size_t bytes = 0;
   for (int i = 0; i < p->ninstr; i++) {
-    if (p->instr[i].op == IR_HOST_CALL) return false;
+    ir_op op = p->instr[i].op;
+    if (op == IR_HOST_CALL || op == IR_DOT || op == IR_CONV2D) return false;
     bytes += (size_t)p->instr[i].numel * graft_dtype_size(p->instr[i].dtype);
   }
   if (bytes > EXEC_INLINE_BYTES) return false;
@@ -300,10 +307,33 @@ static bool exec_runs_inline(const cache_entry *e, exec_buffer *const *bufs) {
   return async_entry_idle(e);
 }
 
+/* An inline run failed with st: the synced tensors become leaves over failed buffers that
+ * hold the error (as a queued step's outputs), so that no later sync runs the graph again. The
+ * error stays set for the read that ran it; where memory for that is lacking, they stay
+ * pending. */
+static void exec_bind_failed(const exec_program *p, tensor_slot *const *ts, int n,
+                             exec_buffer **outs, const int *out_index, graft_status st) {
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", graft_last_error());
+  buffer_failure *f = buffer_failure_new(st, msg);
+  int made = 0;
+  for (; f && made < p->noutputs; made++) {
+    const exec_instr *o = &p->instr[p->output_slot[made]];
+    outs[made] = buffer_new_pending((size_t)o->numel * graft_dtype_size(o->dtype), p->device, "graft_sync");
+    if (!outs[made]) break;
+    buffer_fail(outs[made], f);
+  }
+  if (f && made == p->noutputs) exec_bind_roots(ts, n, outs, out_index);
+  for (int k = 0; k < made; k++) buffer_release(outs[k]);
+  buffer_failure_release(f);
+  err_set(st, "%s", msg);
+}
+
 /* Runs e's program on this thread (checked against the reference kernels when checking) and
- * binds the synced tensors; *tx: ms of execution. */
+ * binds the synced tensors; *tx: ms of execution. here: an inline run (exec_runs_inline). */
 static graft_status exec_run_here(cache_entry *e, exec_buffer **bufs, tensor_slot *const *ts,
-                                  ir_node **roots, int n, int *out_index, bool checking, double *tx) {
+                                  ir_node **roots, int n, int *out_index, bool checking, bool here,
+                                  double *tx) {
   const exec_program *p = e->prog;
   check_mode cm = check_get_mode();
   bool fast = e->tier == TIER_READY;
@@ -313,10 +343,10 @@ static graft_status exec_run_here(cache_entry *e, exec_buffer **bufs, tensor_slo
   for (int k = 0; k < p->noutputs; k++) outs[k] = NULL;
   exec_out_index(out_index, n);
   double x0 = metrics_now_ms();
-  uint64_t s0 = trace_on() ? trace_now() : 0;
+  uint64_t s0 = here && trace_on() ? trace_now() : 0;
   int rc = fast ? e->fast->execute(e->fast_exe, p, bufs, outs) : e->be->execute(e->exe, p, bufs, outs);
   *tx = metrics_now_ms() - x0;
-  if (s0) trace_span("step", fast ? "step here (native)" : "step here (first tier)", s0, trace_now(), NULL);
+  if (s0) trace_span("step", fast ? "step inline (native)" : "step inline (first tier)", s0, trace_now(), NULL);
   int bad = 0;
   if (checking && !ref) check_unchecked(p, fast ? e->fast->name : e->be->name, rc);
   if (ref && !rc) {
@@ -333,7 +363,11 @@ static graft_status exec_run_here(cache_entry *e, exec_buffer **bufs, tensor_slo
     free(ref);
   }
   async_count_run(p, *tx, fast, !rc && !(bad && cm == CHECK_STRICT));
-  if (rc) return graft_last_status() ? graft_last_status() : GRAFT_ERR_INTERNAL;
+  if (rc) {
+    graft_status st = graft_last_status() ? graft_last_status() : GRAFT_ERR_INTERNAL;
+    if (here) exec_bind_failed(p, ts, n, outs, out_index, st);
+    return st;
+  }
   if (bad && cm == CHECK_STRICT) return GRAFT_ERR_INTERNAL; /* the synced tensors stay pending */
   graft_status st = exec_bind_roots(ts, n, outs, out_index);
   for (int k = 0; k < p->noutputs; k++) buffer_release(outs[k]);
@@ -384,7 +418,7 @@ static graft_status exec_device_run(tensor_slot *const *ts, ir_node **roots, int
     if (here) metrics.m.inline_runs++;
     else async_drain(); /* inline: the inputs are computed already */
     st = exec_failed_input(bufs, p->nparams);
-    if (st == GRAFT_OK) st = exec_run_here(e, bufs, ts, roots, n, out_index, checking, &tx);
+    if (st == GRAFT_OK) st = exec_run_here(e, bufs, ts, roots, n, out_index, checking, here, &tx);
   }
   free(bufs);
   free(out_index);
@@ -424,6 +458,13 @@ static void exec_collect(tensor_slot *t, void *ctx) {
  * So while a collective is pending, every sync runs everything pending: a step. */
 graft_status exec_sync_locked(tensor_slot *const *ts, int n) {
   return ir_collective_count() ? exec_step_locked() : exec_sync_some(ts, n);
+}
+
+graft_status exec_read_locked(tensor_slot *const *ts, int n) {
+  exec_reading = true;
+  graft_status st = exec_sync_locked(ts, n);
+  exec_reading = false;
+  return st;
 }
 
 graft_status exec_step_locked(void) {

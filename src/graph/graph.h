@@ -104,6 +104,8 @@ int check_compare(cache_entry *e, bool fast, exec_buffer *const *outs, exec_buff
 /* Materializes the given tensors (lock held); while a collective is pending, every pending
  * tensor (a step). Returns GRAFT_OK or an error status. */
 graft_status exec_sync_locked(tensor_slot *const *ts, int n);
+/* The same for a read of ts's values: a small graph of computed inputs runs here at once. */
+graft_status exec_read_locked(tensor_slot *const *ts, int n);
 /* Materializes every live tensor that holds pending IR: a step (lock held). */
 graft_status exec_step_locked(void);
 /* A new graph (lock held): compiled at once with GRAFT_COMPILE=sync or when the first tier would

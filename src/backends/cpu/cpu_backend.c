@@ -88,7 +88,8 @@ static void cpu_backend_stats(backend_stats *out) {
   out->disk_refused = __atomic_load_n(&cpu_stats.disk_refused, __ATOMIC_RELAXED);
   out->kernel_choices = __atomic_load_n(&cpu_stats.choices, __ATOMIC_RELAXED);
   out->kernels_demoted = __atomic_load_n(&cpu_stats.demoted, __ATOMIC_RELAXED);
-  memcpy(out->fallbacks, cpu_stats.fallback, sizeof out->fallbacks);
+  for (int op = 0; op < IR_OP_COUNT; op++) /* runs on two threads add to them */
+    out->fallbacks[op] = __atomic_load_n(&cpu_stats.fallback[op], __ATOMIC_RELAXED);
   pthread_mutex_unlock(&cpu_compile_mu);
 }
 
@@ -399,7 +400,8 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
   for (int s = 0; s < n; s++)
     if (run.B[s] && (!is_param[s] || run.B[s]->donated)) buffer_release(run.B[s]);
   for (int k = 0; k < p->noutputs && !rc; k++) /* a donated input's buffer an output shares */
-    outs[k]->donated = 0;                      /* is the output's now, no longer donated */
+    if (outs[k]->donated) outs[k]->donated = 0; /* is the output's now, no longer donated (a */
+                                                /* plain input another run reads is not written) */
   free(is_param);
   free(run.B);
   free(run.S);

@@ -63,7 +63,8 @@ int ref_run(const exec_program *p, exec_buffer *const *params, exec_buffer **out
   for (int k = 0; k < p->noutputs && !rc; k++) {
     outs[k] = slot[p->output_slot[k]];
     buffer_retain(outs[k]);
-    outs[k]->donated = 0; /* a donated input's buffer a reshape passed on is the output's now */
+    if (outs[k]->donated) /* a donated input's buffer a reshape passed on is the output's now; */
+      outs[k]->donated = 0; /* a plain input another thread's run reads is not written */
   }
   for (int i = 0; i < p->ninstr; i++) buffer_release(slot[i]);
   free(slot);
