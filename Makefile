@@ -231,7 +231,7 @@ demo-c: deps build/examples/mlp
 
 bench: deps build/bench/bench_core build/bench/bench_compiler build/bench/bench_gemm build/bench/bench_opencl build/examples/train_mlp torch $(if $(LIBS_MPI),build/bench/bench_dist)
 	./build/bench/bench_core
-	./build/bench/bench_compiler
+	GRAFT_BENCH_PY=$(PY) ./build/bench/bench_compiler
 	./build/bench/bench_gemm
 	./build/bench/bench_opencl
 	$(PY) bench/train_mlp_peer.py

@@ -5,8 +5,8 @@
  * the cache lookup, buffer binding and the buffer pool; steady state = after the first sync
  * and graft_wait_compiles() (the step then runs compiled code: checked, `compiled=1`).
  * overhead_ms = the per-step sync overhead outside execution (metrics sync_overhead_ms).
- * Eager figures come from bench/eager_peer.py (run through /usr/bin/python3 with
- * OMP_WAIT_POLICY=PASSIVE; GRAFT_EAGER=0 skips it). Roofline = bytes that must move / copy
+ * Eager figures come from bench/eager_peer.py (run through GRAFT_BENCH_PY, default the venv's
+ * Python, at PyTorch's defaults; GRAFT_EAGER=0 skips it). Roofline = bytes that must move / copy
  * bandwidth measured here with the same thread count. blas_ms = a direct cblas_sgemm call. */
 #include "graft.h"
 #include "../src/backends/cpu/cpu.h"
@@ -168,7 +168,12 @@ static void line(const char *name, double g, double bytes, double gbps, const ch
 int main(void) {
   const char *ge = getenv("GRAFT_EAGER");
   if (!ge || strcmp(ge, "0")) {
-    FILE *f = popen("OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/eager_peer.py 2>/dev/null", "r");
+    /* The venv's Python (make bench passes it): Debian's has no torch, and in the repository
+     * root `import torch` there finds graft's torch/ folder (the eager figures were missing). */
+    const char *py = getenv("GRAFT_BENCH_PY");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s bench/eager_peer.py 2>/dev/null", py && *py ? py : ".venv/bin/python");
+    FILE *f = popen(cmd, "r");
     char ln[256];
     while (f && fgets(ln, sizeof ln, f) && neager < 16)
       if (sscanf(ln, "EAGER %63s %lf", eager_names[neager], &eager_ms[neager]) == 2) neager++;

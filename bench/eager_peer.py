@@ -1,5 +1,5 @@
 """Eager PyTorch peer for bench_compiler.c: prints `EAGER <name> <ms>` (median, best over
-intra-op thread settings). Run with OMP_WAIT_POLICY=PASSIVE (see shared/notes/benchmarking.md)."""
+intra-op thread settings), at PyTorch's OpenMP defaults."""
 import time, sys
 import torch
 import torch.nn.functional as F

@@ -4,8 +4,9 @@
     .venv/bin/python bench/torch_bench.py [--quick] [--only NAME]
 
 Each benchmark runs the same PyTorch code on graft's device (graft.step() per step) and on eager
-CPU at its best settings (OMP_WAIT_POLICY=PASSIVE, set before torch is imported; the faster of 1
-and 2 intra-op threads; OpenBLAS uses both cores), from the same initial weights. Times are
+CPU at its best settings (PyTorch's OpenMP defaults; the faster of 1 and 2 intra-op threads),
+from the same initial weights. OMP_WAIT_POLICY=PASSIVE, which this script set until 2026-12-06,
+made torch 2's small eager steps up to 4x slower (its threads slept between parallel ops). Times are
 medians over blocks of steps after warm-up, each block at least 3 steps and ~30 ms of eager's
 time (a graft block ends with graft.wait(): steps run asynchronously; see block_steps), graft
 and eager timed in alternating blocks so that both see the same machine (it is shared; its
@@ -38,9 +39,6 @@ node), measured by tracing many small elementwise ops (tensor*tensor, tensor+sca
 16-element device tensor without syncing, divided by the number of ops.
 """
 import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import argparse
 import copy
 import statistics
