@@ -168,8 +168,8 @@ static void line(const char *name, double g, double bytes, double gbps, const ch
 int main(void) {
   const char *ge = getenv("GRAFT_EAGER");
   if (!ge || strcmp(ge, "0")) {
-    /* The venv's Python (make bench passes it): Debian's has no torch, and in the repository
-     * root `import torch` there finds graft's torch/ folder (the eager figures were missing). */
+    /* The venv's Python (make bench passes it): Debian's python3 has no torch, so the eager
+     * figures were missing (its error went to /dev/null). */
     const char *py = getenv("GRAFT_BENCH_PY");
     char cmd[512];
     snprintf(cmd, sizeof cmd, "%s bench/eager_peer.py 2>/dev/null", py && *py ? py : ".venv/bin/python");
