@@ -415,8 +415,8 @@ static graft_status exec_device_run(tensor_slot *const *ts, ir_node **roots, int
   if (queue && !here) {
     st = exec_queue(e, bufs, ts, roots, n, out_index);
   } else {
-    if (here) metrics.m.inline_runs++;
-    else async_drain(); /* inline: the inputs are computed already */
+    if (here) metrics.m.inline_runs++; /* its inputs are computed: nothing to wait for */
+    else async_drain();                /* a synchronous run: after everything queued */
     st = exec_failed_input(bufs, p->nparams);
     if (st == GRAFT_OK) st = exec_run_here(e, bufs, ts, roots, n, out_index, checking, here, &tx);
   }
