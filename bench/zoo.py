@@ -6,7 +6,8 @@
 Each model trains with a real loop's habits: AdamW (weight decay), zero_grad(set_to_none=True),
 gradient clipping (clip_grad_norm_), a learning-rate schedule, masks where the model family has
 them. graft and eager start from the same weights; eager runs at PyTorch's defaults (both
-cores). Per model:
+cores; graft gives the thread that makes its tensors one OpenMP thread, so the eager blocks,
+run on that thread, set its count back to PyTorch's for their duration). Per model:
 
     BENCH zoo_<model>_train_step graft_ms= eager_ms= speedup= compile_s= fallbacks=
 
@@ -38,11 +39,22 @@ import time
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_ROOT, "torch"))
 
+import ctypes
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import graft
+
+# graft runs the PyTorch CPU ops of the thread that makes graft tensors on one OpenMP thread
+# (GRAFT_TORCH_THREADS; their spinning workers took a core from graft's steps). Eager's blocks
+# run on this same thread at PyTorch's defaults: OpenMP's count is set per thread around them.
+EAGER_THREADS = torch.get_num_threads()
+try:
+    _omp_set_num_threads = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY).omp_set_num_threads
+except (OSError, AttributeError):
+    _omp_set_num_threads = None
 
 DEV = graft.device()
 
@@ -286,17 +298,24 @@ def _block(tr, n):
     starts on a quiet machine: the other side's threads stop spinning first (PyTorch's OpenMP
     workers spin ~10 ms after a parallel op, graft's executor up to GRAFT_POLL_US; either took a
     core from the block after it, as no user's process running only one of them sees)."""
-    time.sleep(0.05)
-    for _ in range(2):  # and warm again: what a loop that runs on sees
-        tr.step()
-    if tr.dev != "cpu":
-        graft.wait()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        tr.step()
-    if tr.dev != "cpu":
-        graft.wait()
-    return (time.perf_counter() - t0) / n * 1000
+    threads = torch.get_num_threads()  # this thread's count, as graft set it
+    if tr.dev == "cpu" and _omp_set_num_threads:
+        _omp_set_num_threads(EAGER_THREADS)
+    try:
+        time.sleep(0.05)
+        for _ in range(2):  # and warm again: what a loop that runs on sees
+            tr.step()
+        if tr.dev != "cpu":
+            graft.wait()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            tr.step()
+        if tr.dev != "cpu":
+            graft.wait()
+        return (time.perf_counter() - t0) / n * 1000
+    finally:
+        if _omp_set_num_threads:
+            _omp_set_num_threads(threads)
 
 
 def run_model(name, blocks):

@@ -99,3 +99,37 @@ def test_a_read_of_a_small_graph_of_computed_inputs_runs_at_once():
     graft.wait()                    # nothing raised again
     assert torch.allclose(w.cpu(), x.cpu() * 2)
     assert torch.allclose(y.cpu(), big.cpu() @ big.cpu() @ big.cpu(), rtol=1e-4, atol=1e-3)
+
+
+_THREADS_CODE = """
+import threading, torch, graft
+torch.set_num_threads(3)
+before = torch.get_num_threads()
+x = torch.ones(4, device=graft.device())
+after = torch.get_num_threads()
+seen = []
+t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+t.start(); t.join()
+m = torch.randn(64, 64)
+assert torch.allclose((m @ m).double(), m.double() @ m.double(), atol=1e-3)   # CPU ops still run
+print("threads", before, after, seen[0])
+"""
+
+
+@pytest.mark.parametrize("setting,want", [(None, "3 1 3"), ("2", "3 2 3"), ("0", "3 3 3")])
+def test_the_thread_that_makes_graft_tensors_runs_its_pytorch_cpu_ops_on_one_thread(setting, want):
+    """PyTorch's OpenMP workers spin after each parallel CPU op, on the cores graft's queued step
+    runs on: the thread making graft tensors gets one OpenMP thread (GRAFT_TORCH_THREADS=N: N;
+    0: PyTorch's own setting); other threads keep PyTorch's (3 here)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ,
+               PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "torch"))
+    env.pop("GRAFT_TORCH_THREADS", None)
+    if setting is not None:
+        env["GRAFT_TORCH_THREADS"] = setting
+    r = subprocess.run([sys.executable, "-c", _THREADS_CODE], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "threads " + want in r.stdout, r.stdout + r.stderr

@@ -149,6 +149,21 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
 // An op with no lowering as a host call inside the graph (hostcall.cpp); false: not taken,
 // the stack untouched.
 bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
+// The calling thread runs PyTorch's CPU ops on GRAFT_TORCH_THREADS OpenMP threads (default 1),
+// set once per thread that makes graft tensors (core.cpp says why).
+void torch_threads_once();
+// For one host call on graft's executor: GRAFT_TORCH_THREADS threads, PyTorch's own count for
+// an op of many elements; the thread's count is restored after.
+class HostThreads {
+ public:
+  explicit HostThreads(int64_t elems);
+  ~HostThreads();
+  HostThreads(const HostThreads &) = delete;
+  HostThreads &operator=(const HostThreads &) = delete;
+
+ private:
+  int prev_ = 0;
+};
 // PyTorch's two errors for writing out from the top n arguments of s: out partly overlapping
 // one of them, or an expanded out (lower.cpp).
 void check_write_overlap(const c10::OperatorHandle &op, const torch::jit::Stack &s, size_t n,

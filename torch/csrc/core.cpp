@@ -10,6 +10,10 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <ATen/Parallel.h>
+
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -100,11 +104,79 @@ static void autograd_in_place_once() {
   }();
   if (!keep) c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
 }
+
+// PyTorch's CPU ops run on an OpenMP team, and after each parallel region its workers spin for
+// milliseconds waiting for the next one (libgomp's default wait policy), each on a core that
+// graft's executor and thread pool need for the step just queued. A training loop on graft
+// still makes small CPU tensors (a causal mask, a collated batch): each one cost graft a core
+// for ~10 ms (a held-out decoder LM: 8.4-9.7 ms a step against 4.5 without the spin). So the
+// thread that makes graft tensors runs its own PyTorch CPU ops on one thread, and so do host
+// calls below kParallelHostElems on graft's executor; OpenMP's thread count is per thread (an
+// ICV of the thread's data environment), so other threads, and the default
+// torch.set_num_threads sets, are untouched. GRAFT_TORCH_THREADS=N: N threads instead of one;
+// 0 leaves PyTorch's setting alone. The OpenMP runtime is the one already loaded for
+// libtorch_cpu, found by its soname (libgomp in the wheels, libiomp5 / libomp in other builds);
+// none loaded: nothing to do.
+namespace {
+using omp_set_fn = void (*)(int);
+
+omp_set_fn omp_setter() {
+  static const omp_set_fn f = [] {
+    for (const char *name : {"libgomp.so.1", "libiomp5.so", "libomp.so", "libomp.so.5"})
+      if (void *h = dlopen(name, RTLD_LAZY | RTLD_NOLOAD))
+        if (void *sym = dlsym(h, "omp_set_num_threads")) return (omp_set_fn)sym;
+    return (omp_set_fn) nullptr;
+  }();
+  return f;
+}
+
+int wanted_threads() {
+  static const int n = [] {
+    const char *e = std::getenv("GRAFT_TORCH_THREADS");
+    return e && *e ? std::max(0, std::atoi(e)) : 1;
+  }();
+  return omp_setter() ? n : 0;
+}
+
+// PyTorch's own count for this thread, read before graft first changes it (its lazy per-thread
+// set-up runs then too, or it would undo ours later).
+thread_local int pytorch_threads = 0;
+int pytorch_threads_here() {
+  if (!pytorch_threads) pytorch_threads = std::max(1, at::get_num_threads());
+  return pytorch_threads;
+}
+
+// A host call this large runs faster on PyTorch's team than the spin after it costs (i0 over
+// 131K elements in and out: even; 524K: 15 ms against 19 on one thread).
+constexpr int64_t kParallelHostElems = int64_t(1) << 18;
+}  // namespace
+
+void torch_threads_once() {
+  static thread_local bool done = false;
+  if (done) return;
+  done = true;
+  if (!wanted_threads()) return;
+  pytorch_threads_here();
+  omp_setter()(wanted_threads());
+}
+
+HostThreads::HostThreads(int64_t elems) {
+  if (!wanted_threads()) return;
+  pytorch_threads_here();
+  prev_ = at::get_num_threads();
+  omp_setter()(elems >= kParallelHostElems ? pytorch_threads : wanted_threads());
+}
+
+HostThreads::~HostThreads() {
+  if (prev_) omp_setter()(prev_);
+}
+
 GraftImpl::GraftImpl(std::shared_ptr<GStore> s, caffe2::TypeMeta dt, c10::IntArrayRef sizes,
                      c10::IntArrayRef strides, int64_t offset, int device)
     : c10::TensorImpl(c10::DispatchKeySet(kKey), dt, c10::Device(kDevType, (c10::DeviceIndex)device)),
       store(std::move(s)) {
   autograd_in_place_once();
+  torch_threads_once();
   attach_storage();
   set_sizes_and_strides(sizes, strides);
   set_storage_offset(offset);

@@ -74,6 +74,14 @@ bool enabled() {
 int run_host_op(void *ctx, int nin, const graft_host_tensor *in, graft_host_tensor *out, char *err,
                 size_t errlen) {
   const HostOp *h = static_cast<const HostOp *>(ctx);
+  int64_t elems = 1;
+  for (int d = 0; d < out->ndim; ++d) elems *= out->shape[d];
+  for (int k = 0; k < nin; ++k) {
+    int64_t e = 1;
+    for (int d = 0; d < in[k].ndim; ++d) e *= in[k].shape[d];
+    elems += e;
+  }
+  HostThreads threads(elems);
   try {
     torch::jit::Stack s(h->args.begin(), h->args.end());
     for (const auto &o : h->out_at) s[o.first] = at::empty({0}, at::TensorOptions().dtype(o.second));
