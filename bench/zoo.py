@@ -49,12 +49,16 @@ import graft
 
 # graft runs the PyTorch CPU ops of the thread that makes graft tensors on one OpenMP thread
 # (GRAFT_TORCH_THREADS; their spinning workers took a core from graft's steps). Eager's blocks
-# run on this same thread at PyTorch's defaults: OpenMP's count is set per thread around them.
+# run on this same thread at PyTorch's defaults: OpenMP's count and MKL's local one are set per
+# thread around them, through the runtimes libtorch_cpu links (as graft finds them).
 EAGER_THREADS = torch.get_num_threads()
 try:
-    _omp_set_num_threads = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY).omp_set_num_threads
-except (OSError, AttributeError):
-    _omp_set_num_threads = None
+    _TORCH_CPU = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"),
+                             mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    _omp_set_num_threads = _TORCH_CPU.omp_set_num_threads
+    _mkl_local = getattr(_TORCH_CPU, "MKL_Set_Num_Threads_Local", None)  # MKL's C API
+except (OSError, AttributeError):  # not found: the process-wide setting (also this thread's)
+    _omp_set_num_threads, _mkl_local = torch.set_num_threads, None
 
 DEV = graft.device()
 
@@ -299,8 +303,10 @@ def _block(tr, n):
     workers spin ~10 ms after a parallel op, graft's executor up to GRAFT_POLL_US; either took a
     core from the block after it, as no user's process running only one of them sees)."""
     threads = torch.get_num_threads()  # this thread's count, as graft set it
-    if tr.dev == "cpu" and _omp_set_num_threads:
+    eager = tr.dev == "cpu"
+    if eager:
         _omp_set_num_threads(EAGER_THREADS)
+        mkl = _mkl_local(0) if _mkl_local else 0  # 0: MKL's process-wide count
     try:
         time.sleep(0.05)
         for _ in range(2):  # and warm again: what a loop that runs on sees
@@ -314,8 +320,10 @@ def _block(tr, n):
             graft.wait()
         return (time.perf_counter() - t0) / n * 1000
     finally:
-        if _omp_set_num_threads:
+        if eager:
             _omp_set_num_threads(threads)
+            if _mkl_local:
+                _mkl_local(mkl)
 
 
 def run_model(name, blocks):

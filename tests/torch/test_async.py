@@ -110,13 +110,15 @@ after = torch.get_num_threads()
 seen = []
 t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
 t.start(); t.join()
-m = torch.randn(64, 64)
+m = torch.randn(300, 300)
 assert torch.allclose((m @ m).double(), m.double() @ m.double(), atol=1e-3)   # CPU ops still run
-print("threads", before, after, seen[0])
+torch.triu(m).sum().item(); torch.nn.functional.softmax(m, 1).cumsum(0)
+print("threads", before, after, seen[0], torch.get_num_threads())   # and still set after them
 """
 
 
-@pytest.mark.parametrize("setting,want", [(None, "3 1 3"), ("2", "3 2 3"), ("0", "3 3 3")])
+@pytest.mark.parametrize("setting,want", [(None, "3 1 3 1"), ("2", "3 2 3 2"), ("0", "3 3 3 3"),
+                                          ("two", "GRAFT_TORCH_THREADS=two is not a thread count")])
 def test_the_thread_that_makes_graft_tensors_runs_its_pytorch_cpu_ops_on_one_thread(setting, want):
     """PyTorch's OpenMP workers spin after each parallel CPU op, on the cores graft's queued step
     runs on: the thread making graft tensors gets one OpenMP thread (GRAFT_TORCH_THREADS=N: N;
@@ -131,5 +133,8 @@ def test_the_thread_that_makes_graft_tensors_runs_its_pytorch_cpu_ops_on_one_thr
         env["GRAFT_TORCH_THREADS"] = setting
     r = subprocess.run([sys.executable, "-c", _THREADS_CODE], capture_output=True, text=True,
                        env=env, timeout=120)
+    if setting == "two":  # a bad setting is an error naming it, at the first graft tensor
+        assert r.returncode != 0 and want in r.stderr, r.stdout + r.stderr
+        return
     assert r.returncode == 0, r.stderr
     assert "threads " + want in r.stdout, r.stdout + r.stderr

@@ -152,8 +152,8 @@ bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
 // The calling thread runs PyTorch's CPU ops on GRAFT_TORCH_THREADS OpenMP threads (default 1),
 // set once per thread that makes graft tensors (core.cpp says why).
 void torch_threads_once();
-// For one host call on graft's executor: GRAFT_TORCH_THREADS threads, PyTorch's own count for
-// an op of many elements; the thread's count is restored after.
+// For one host call or fallback: GRAFT_TORCH_THREADS threads, PyTorch's own count for an op
+// of many elements; the thread's count is restored after.
 class HostThreads {
  public:
   explicit HostThreads(int64_t elems);
@@ -162,7 +162,7 @@ class HostThreads {
   HostThreads &operator=(const HostThreads &) = delete;
 
  private:
-  int prev_ = 0;
+  int prev_ = 0, prev_mkl_ = 0;
 };
 // PyTorch's two errors for writing out from the top n arguments of s: out partly overlapping
 // one of them, or an expanded out (lower.cpp).

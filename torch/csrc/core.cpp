@@ -111,31 +111,55 @@ static void autograd_in_place_once() {
 // still makes small CPU tensors (a causal mask, a collated batch): each one cost graft a core
 // for ~10 ms (a held-out decoder LM: 8.4-9.7 ms a step against 4.5 without the spin). So the
 // thread that makes graft tensors runs its own PyTorch CPU ops on one thread, and so do host
-// calls below kParallelHostElems on graft's executor; OpenMP's thread count is per thread (an
-// ICV of the thread's data environment), so other threads, and the default
-// torch.set_num_threads sets, are untouched. GRAFT_TORCH_THREADS=N: N threads instead of one;
-// 0 leaves PyTorch's setting alone. The OpenMP runtime is the one already loaded for
-// libtorch_cpu, found by its soname (libgomp in the wheels, libiomp5 / libomp in other builds);
-// none loaded: nothing to do.
+// calls and fallbacks below kParallelHostElems; OpenMP's thread count is per thread (an ICV of
+// the thread's data environment), and so is MKL's local count, so other threads, and the
+// default torch.set_num_threads sets, are untouched. GRAFT_TORCH_THREADS=N: N threads instead
+// of one; 0 leaves PyTorch's setting alone. The runtimes are the ones libtorch_cpu was linked
+// with: its symbols are looked up through its own handle (its dependencies: libgomp in the
+// wheels, libiomp5 / libomp in other builds; MKL inside it where built with it). No OpenMP:
+// nothing to do.
 namespace {
 using omp_set_fn = void (*)(int);
+using mkl_local_fn = int (*)(int);  // MKL_Set_Num_Threads_Local (the C API; the lower-case
+                                    // names are the Fortran one, by pointer): the previous count
 
-omp_set_fn omp_setter() {
-  static const omp_set_fn f = [] {
-    for (const char *name : {"libgomp.so.1", "libiomp5.so", "libomp.so", "libomp.so.5"})
-      if (void *h = dlopen(name, RTLD_LAZY | RTLD_NOLOAD))
-        if (void *sym = dlsym(h, "omp_set_num_threads")) return (omp_set_fn)sym;
-    return (omp_set_fn) nullptr;
+struct Runtimes {
+  omp_set_fn omp_set = nullptr;
+  mkl_local_fn mkl_local = nullptr;
+};
+
+const Runtimes &runtimes() {
+  static const Runtimes r = [] {
+    Runtimes x;
+    Dl_info info;
+    void *h = nullptr;
+    if (dladdr(reinterpret_cast<void *>(&at::get_num_threads), &info) && info.dli_fname)
+      h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) return x;
+    x.omp_set = reinterpret_cast<omp_set_fn>(dlsym(h, "omp_set_num_threads"));
+    x.mkl_local = reinterpret_cast<mkl_local_fn>(dlsym(h, "MKL_Set_Num_Threads_Local"));
+    return x;
   }();
-  return f;
+  return r;
 }
 
 int wanted_threads() {
   static const int n = [] {
     const char *e = std::getenv("GRAFT_TORCH_THREADS");
-    return e && *e ? std::max(0, std::atoi(e)) : 1;
+    if (!e || !*e) return 1;
+    char *end = nullptr;
+    long v = std::strtol(e, &end, 10);
+    TORCH_CHECK(*end == 0 && v >= 0 && v <= 4096, "graft: GRAFT_TORCH_THREADS=", e,
+                " is not a thread count (0: PyTorch's own setting)");
+    return (int)v;
   }();
-  return omp_setter() ? n : 0;
+  return runtimes().omp_set ? n : 0;
+}
+
+// This thread's OpenMP count (and MKL's local one) to n; MKL's previous local count returned.
+int set_threads(int n) {
+  runtimes().omp_set(n);
+  return runtimes().mkl_local ? runtimes().mkl_local(n) : 0;
 }
 
 // PyTorch's own count for this thread, read before graft first changes it (its lazy per-thread
@@ -157,18 +181,20 @@ void torch_threads_once() {
   done = true;
   if (!wanted_threads()) return;
   pytorch_threads_here();
-  omp_setter()(wanted_threads());
+  set_threads(wanted_threads());
 }
 
 HostThreads::HostThreads(int64_t elems) {
   if (!wanted_threads()) return;
   pytorch_threads_here();
   prev_ = at::get_num_threads();
-  omp_setter()(elems >= kParallelHostElems ? pytorch_threads : wanted_threads());
+  prev_mkl_ = set_threads(elems >= kParallelHostElems ? pytorch_threads : wanted_threads());
 }
 
 HostThreads::~HostThreads() {
-  if (prev_) omp_setter()(prev_);
+  if (!prev_) return;
+  runtimes().omp_set(prev_);
+  if (runtimes().mkl_local) runtimes().mkl_local(prev_mkl_);
 }
 
 GraftImpl::GraftImpl(std::shared_ptr<GStore> s, caffe2::TypeMeta dt, c10::IntArrayRef sizes,
@@ -697,9 +723,18 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
               "Expected all tensors to be on the same device, but found at least two devices, graft:",
               cur_device(), " and cpu! (in ", schema.operator_name(), ")");
 
+  int64_t elems = 0;  // the fallback's size picks its OpenMP threads, as a host call's
+  for (const auto &iv : args) {
+    if (iv.isTensor()) elems += iv.toTensor().numel();
+    else if (iv.isTensorList())
+      for (const at::Tensor &t : iv.toTensorList().vec()) elems += t.defined() ? t.numel() : 0;
+  }
   for (auto &iv : args) stack->push_back(std::move(iv));
   count_fallback(name);
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  {
+    HostThreads threads(elems);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
 
   for (size_t i = 0; i < nargs; ++i) {  // mutated arguments back into their graft tensors
     if (!arg_mutated(schema.arguments()[i])) continue;
