@@ -851,6 +851,77 @@ TEST(kernel_choice_by_measurement) {
   unsetenv("GRAFT_KERNEL_CHOICE");
 }
 
+/* The contents of dir's file whose name ends with suffix (malloc'd; NULL when none). */
+static char *read_dumped(const char *dir, const char *suffix, char *name, size_t n) {
+  DIR *d = opendir(dir);
+  char *text = NULL;
+  struct dirent *e;
+  while (d && !text && (e = readdir(d))) {
+    size_t l = strlen(e->d_name), ls = strlen(suffix);
+    if (l < ls || strcmp(e->d_name + l - ls, suffix)) continue;
+    snprintf(name, n, "%s/%s", dir, e->d_name);
+    FILE *f = fopen(name, "r");
+    text = f ? calloc(1, 1 << 20) : NULL;
+    if (text && !fread(text, 1, (1 << 20) - 1, f)) text[0] = 0;
+    if (f) fclose(f);
+  }
+  if (d) closedir(d);
+  return text;
+}
+
+/* GRAFT_DUMP_DIR: the compiled graph as its kernels run, in Graphviz: each generated kernel a
+ * cluster with what it writes and what it inlines, the GEMM a library call, inputs, outputs
+ * and the traced source line on the nodes; rendered to SVG by dot (installed by the set-up
+ * script) without a warning. */
+TEST(dump_draws_the_kernels) {
+  char dir[] = "/tmp/graft_pic_XXXXXX", name[600];
+  CHECK(mkdtemp(dir) != NULL);
+  setenv("GRAFT_DUMP_DIR", dir, 1);
+  graft_set_location("model.c", 42);
+  int64_t xs[2] = {64, 32}, ws[2] = {32, 16}, ys[2] = {64, 16};
+  ir_node *in[2] = {data(GRAFT_F32, 2, xs), data(GRAFT_F32, 2, ws)};
+  ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+  ir_node *z = u1(IR_TANH, b2(IR_ADD, y, bcast(data(GRAFT_F32, 1, (int64_t[]){16}), 2, ys)));
+  ir_node *r[3] = {z, reduce(IR_REDUCE_SUM, z, 0x2, 0), reduce(IR_REDUCE_MAX, z, 0x1, 0)};
+  graft_set_location(NULL, 0);
+  CHECK(compare(r, 3, 1e-4) == 0);
+  unsetenv("GRAFT_DUMP_DIR");
+  release_all();
+  char *dot = read_dumped(dir, ".kernels.dot", name, sizeof name);
+  CHECK(dot != NULL);
+  if (dot && getenv("SHOW_DOT")) fputs(dot, stderr);
+  if (dot) {
+    CHECK(strstr(dot, "subgraph cluster_k0") && strstr(dot, "subgraph cluster_k1"));
+    CHECK(strstr(dot, "library GEMM") && strstr(dot, "input 0") && strstr(dot, "output 0") &&
+          strstr(dot, "output 1"));
+    CHECK(strstr(dot, "model.c:42") != NULL);
+    char *k0 = strstr(dot, "subgraph cluster_k0"), *tanh_node = strstr(dot, " tanh\\n");
+    CHECK(tanh_node && k0 && tanh_node > k0); /* the tanh sits in a kernel's cluster */
+    CHECK(strstr(dot, "-> n") != NULL);
+  }
+  free(dot);
+  if (!system("dot -V >/dev/null 2>&1")) { /* Graphviz here: the SVG, and no complaint */
+    char *svg = read_dumped(dir, ".kernels.svg", name, sizeof name);
+    CHECK(svg && strstr(svg, "<svg") && strstr(svg, "kernel k0"));
+    free(svg);
+    char cmd[1400], said[256] = {0};
+    free(read_dumped(dir, ".kernels.dot", name, sizeof name)); /* its path into name */
+    snprintf(cmd, sizeof cmd, "dot -Tsvg -o /dev/null '%s' 2>&1", name);
+    FILE *pp = popen(cmd, "r");
+    size_t got = pp ? fread(said, 1, sizeof said - 1, pp) : 0;
+    CHECK(pp && pclose(pp) == 0 && got == 0);
+  }
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d)))
+    if (e->d_name[0] != '.') {
+      snprintf(name, sizeof name, "%s/%s", dir, e->d_name);
+      unlink(name);
+    }
+  if (d) closedir(d);
+  rmdir(dir);
+}
+
 TEST(dot_blas_and_fallback) {
   int64_t a[3] = {3, 33, 17}, b[3] = {3, 17, 45}, a2[2] = {64, 0}, b2s[2] = {0, 5};
   for (int d = 0; d < 4; d++) {
@@ -2724,6 +2795,7 @@ int main(void) {
   RUN(dot_blas_and_fallback);
   RUN(dot_avx512_gemm);
   RUN(kernel_choice_by_measurement);
+  RUN(dump_draws_the_kernels);
   RUN(profile_table);
   RUN(fallbacks_counted);
   RUN(conv_direct_input_dilated);

@@ -18,6 +18,7 @@ typedef struct {
   int *in;          /* operand slots */
   int last_use;     /* index of the last instruction reading this slot (-1: none) */
   bool is_output;
+  uint32_t loc;     /* where its node was traced (loc.h; 0: unknown): not hashed, for pictures */
 } exec_instr;
 
 typedef struct {

@@ -4,6 +4,7 @@
 #ifndef GRAFT_FUSION_H
 #define GRAFT_FUSION_H
 #include "program.h"
+#include <stdio.h>
 
 /* Roles. INLINE: computed inside its consumers' loops (elementwise, movement: index arithmetic);
  * KERNEL: a kernel of its own writes it to a buffer; REDUCE: a reduction kernel; LIBRARY: a
@@ -27,4 +28,11 @@ int fuse_plan_build(const exec_program *p, fuse_classify_fn classify, void *ctx,
 void fuse_plan_free(fuse_plan *pl);
 /* The slot a library GEMM reads for its operand s, and whether it reads it transposed. */
 int fuse_library_operand(const exec_program *p, const fuse_plan *pl, int s, int *trans);
+/* Writes p as planned, in Graphviz's language (fusion_dot.c): one cluster per kernel
+ * (kernel_of[s]: the number N of the kernel k<N> that writes slot s, -1 for none) holding the
+ * values it writes and those inlined into it; library calls, fallbacks, inputs and outputs
+ * marked; each node labelled with its slot, op, dtype and shape and the source line it was
+ * traced at. title heads the picture. 0, or -1 when f could not be written. */
+int fuse_plan_dot(FILE *f, const exec_program *p, const fuse_plan *pl, const int *kernel_of,
+                  const char *title);
 #endif

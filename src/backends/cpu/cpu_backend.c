@@ -178,7 +178,10 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
     return err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   }
   cpu_sb src = {0};
-  int rc = cpu_codegen(p, &pl, &e->code, &src, NULL);
+  const char *dump = getenv("GRAFT_DUMP_DIR");
+  int *kof = dump && *dump ? malloc(sizeof(int) * ((size_t)p->ninstr + 1)) : NULL;
+  for (int s = 0; kof && s < p->ninstr; s++) kof[s] = -1;
+  int rc = cpu_codegen(p, &pl, &e->code, &src, kof);
   e->out_buf = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
   e->final_order = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
   e->final_step = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
@@ -186,20 +189,25 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
   e->lits = calloc((size_t)e->code.nbody + 1, sizeof *e->lits);
   for (int k = 0; e->out_buf && k < p->noutputs; k++)
     e->out_buf[k] = cpu_plan_buffer_of(p, &pl, p->output_slot[k]);
-  fuse_plan_free(&pl);
-  /* a compile's source is kept even when the compiler fails (to see why); a library-only
-   * attempt's only when it builds (most of them find a kernel missing) */
+  /* a compile's source (and picture) is kept even when the compiler fails (to see why); a
+   * library-only attempt's only when it builds (most of them find a kernel missing) */
   if (!rc && src.s && !lib_only) cpu_keep_source(p, src.s);
+  if (!rc && kof && !lib_only) cpu_dump_picture(p, &pl, kof, e->code.nlaunch);
   if (!rc && (!e->out_buf || !e->final_order || !e->final_step || !e->fn || !e->lits))
     rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   if (!rc && cpu_final_steps(e, p)) rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   if (rc || cpu_klib_resolve(e->code.body, e->code.nbody, opt, lib_only,
                              atomic_load(&p->varying), e->fn, e->lits)) {
+    fuse_plan_free(&pl);
+    free(kof);
     cpu_sb_free(&src);
     cpu_free_exe(e);
     return NULL;
   }
   if (src.s && lib_only) cpu_keep_source(p, src.s);
+  if (kof && lib_only) cpu_dump_picture(p, &pl, kof, e->code.nlaunch);
+  fuse_plan_free(&pl);
+  free(kof);
   cpu_sb_free(&src);
   for (int k = 0; k < e->code.nbody; k++) { /* only the keys' hashing needed the texts */
     free(e->code.body[k].text);

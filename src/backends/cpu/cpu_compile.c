@@ -88,7 +88,7 @@ static int cpu_cc_words(char *buf, size_t n, char **w) {
 
 /* Runs argv[0] (searched in PATH) without a shell, its stdout and stderr on fd_out, stdin
  * /dev/null; returns the exit status, or -1 if it could not start or died of a signal. */
-static int cpu_spawn(char *const argv[], int fd_out) {
+int cpu_spawn(char *const argv[], int fd_out) {
   posix_spawn_file_actions_t fa;
   if (posix_spawn_file_actions_init(&fa)) return -1;
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);

@@ -94,6 +94,11 @@ void cpu_code_free(cpu_code *c);
  * sets kernel_of[s] = N for each slot s that kernel k<N> writes (other entries untouched). */
 int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, cpu_sb *src,
                 int *kernel_of);
+/* ---- cpu_picture.c ---- */
+/* With GRAFT_DUMP_DIR set: graph_<hash>.kernels.dot, the program as its kernels run
+ * (fuse_plan_dot; kernel_of from cpu_codegen), and its SVG rendering where Graphviz's dot is
+ * installed. Failures only leave the files out (a dump, not a result). */
+void cpu_dump_picture(const exec_program *p, const fuse_plan *pl, const int *kernel_of, int nkernels);
 /* The prelude every kernel object starts with (math helpers, streaming stores). */
 void cpu_gen_prelude(cpu_sb *out);
 /* Rough per-element cost of each inlined value (ops.def's cost column), its inlined inputs
@@ -115,6 +120,9 @@ int cpu_dedup_find(cpu_dedup *d, const char *def, bool *fresh);
 void cpu_dedup_free(cpu_dedup *d);
 
 /* ---- cpu_compile.c: compiler, disk cache, dlopen ---- */
+/* Runs argv[0] (searched in PATH) without a shell, its stdout and stderr on fd_out, stdin
+ * /dev/null; returns the exit status, or -1 if it could not start or died of a signal. */
+int cpu_spawn(char *const argv[], int fd_out);
 /* A loaded kernel object: n bodies' run functions and their library keys. */
 typedef struct {
   void *dl;
