@@ -149,10 +149,7 @@ void cpu_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
 // An op with no lowering as a host call inside the graph (hostcall.cpp); false: not taken,
 // the stack untouched.
 bool host_call_fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
-// The calling thread runs PyTorch's CPU ops on GRAFT_TORCH_THREADS OpenMP threads (default 1),
-// set once per thread that makes graft tensors (core.cpp says why).
-void torch_threads_once();
-// For one host call or fallback: GRAFT_TORCH_THREADS threads, PyTorch's own count for an op
+// For one host call or fallback (core.cpp says why): GRAFT_TORCH_THREADS threads, PyTorch's own count for an op
 // of many elements; the thread's count is restored after.
 class HostThreads {
  public:

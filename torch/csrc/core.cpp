@@ -94,10 +94,7 @@ static std::vector<int64_t> contig_strides(c10::IntArrayRef sizes) {
 // so the thread that makes graft tensors asks the engine to run its backward passes in place,
 // as it does for CPU tensors (torch.autograd.set_multithreading_enabled(False), for this thread
 // only). GRAFT_AUTOGRAD_THREAD=1 keeps the engine's device thread.
-static void autograd_in_place_once() {
-  static thread_local bool done = false;
-  if (done) return;
-  done = true;
+static void autograd_in_place() {
   static const bool keep = [] {
     const char *e = std::getenv("GRAFT_AUTOGRAD_THREAD");
     return e && !std::strcmp(e, "1");
@@ -175,13 +172,19 @@ int pytorch_threads_here() {
 constexpr int64_t kParallelHostElems = int64_t(1) << 18;
 }  // namespace
 
-void torch_threads_once() {
-  static thread_local bool done = false;
-  if (done) return;
-  done = true;
+static void torch_threads() {
   if (!wanted_threads()) return;
   pytorch_threads_here();
   set_threads(wanted_threads());
+}
+
+// The settings of a thread that makes graft tensors, made at its first one (one check a tensor).
+static void thread_setup_once() {
+  static thread_local bool done = false;
+  if (done) return;
+  done = true;
+  autograd_in_place();
+  torch_threads();
 }
 
 HostThreads::HostThreads(int64_t elems) {
@@ -201,8 +204,7 @@ GraftImpl::GraftImpl(std::shared_ptr<GStore> s, caffe2::TypeMeta dt, c10::IntArr
                      c10::IntArrayRef strides, int64_t offset, int device)
     : c10::TensorImpl(c10::DispatchKeySet(kKey), dt, c10::Device(kDevType, (c10::DeviceIndex)device)),
       store(std::move(s)) {
-  autograd_in_place_once();
-  torch_threads_once();
+  thread_setup_once();
   attach_storage();
   set_sizes_and_strides(sizes, strides);
   set_storage_offset(offset);
