@@ -6,7 +6,9 @@
 #     graft.distributed); pocl (OpenCL on the CPU), found through the ICD loader (ocl-icd: graft
 #     opens libOpenCL.so.1 at run time and builds against the CL headers), clinfo to list the
 #     devices, CLBlast for the OpenCL backend's contractions; Graphviz (GRAFT_DUMP_DIR's
-#     pictures of compiled graphs are rendered with its dot); python3-venv for step 2.
+#     pictures of compiled graphs are rendered with its dot); Chromium (headless: the test that
+#     graft.report's page loads with no console error, and its screenshot); python3-venv for
+#     step 2.
 #  2. A virtual environment at .venv/ in the checkout (the C library's build needs no Python):
 #     PyTorch 2 and torchvision (the whole-model parity tests' models), numpy, pytest,
 #     scikit-learn (its bundled digits data set for the demo), and graft's Python package as a
@@ -19,7 +21,7 @@
 set -e
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PKGS="gcc g++ make valgrind pkg-config zlib1g-dev libopenblas-dev libopenmpi-dev openmpi-bin"
-PKGS="$PKGS pocl-opencl-icd ocl-icd-opencl-dev opencl-c-headers clinfo libclblast-dev graphviz python3 python3-venv"
+PKGS="$PKGS pocl-opencl-icd ocl-icd-opencl-dev opencl-c-headers clinfo libclblast-dev graphviz chromium python3 python3-venv"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

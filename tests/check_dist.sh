@@ -1,7 +1,8 @@
 #!/bin/sh
 # Collectives across 2 processes under mpirun (make check-dist, part of make test):
 #   parity   data-parallel MLP and CNN == one process on the whole batch (tests/test_dist.c)
-#   dtypes   every dtype (f16/bf16 through graft's MPI ops), broadcast and all_gather
+#   dtypes   every dtype (f16/bf16 through graft's MPI ops), broadcast and all_gather; traced,
+#            each rank's collectives are spans with its rank
 #   mismatch a rank reducing another shape gets a clear error on every rank
 #   stall    a rank that stops answering is named by the other within GRAFT_DIST_TIMEOUT
 #   kill     a rank killed mid-training ends the whole job in bounded time, naming it
@@ -49,12 +50,25 @@ for model in mlp cnn; do
   fi
 done
 
-run dtypes 120 "$BIN" dtypes
+# traced per rank (GRAFT_TRACE): each rank's collectives are spans naming their rank
+run dtypes 120 sh -c 'GRAFT_TRACE="$0.$OMPI_COMM_WORLD_RANK.json" exec "$1" dtypes' "$tmp/trace" "$BIN"
 if [ $rc -ne 0 ] || [ "$(grep -c "dtypes ok" "$tmp/dtypes")" -ne 2 ]; then
   bad "every dtype, broadcast and all_gather on 2 ranks (exit $rc)" dtypes
 else
   grep -m1 "dtypes ok" "$tmp/dtypes"
 fi
+for r in 0 1; do
+  if ! python3 -c 'import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("cat") == "collective"]
+names = {e["name"].split("(")[0] for e in ev}
+assert {"all_reduce", "broadcast", "all_gather"} <= names, names
+assert all(e["args"]["rank"] == int(sys.argv[2]) and e["args"]["world"] == 2 and e["args"]["bytes"] >= 0 for e in ev)
+print("trace of rank %s: %d collectives, each a span with its rank" % (sys.argv[2], len(ev)))' "$tmp/trace.$r.json" $r > "$tmp/trace_check" 2>&1; then
+    bad "rank $r's trace lacks its collectives" trace_check
+  else
+    cat "$tmp/trace_check"
+  fi
+done
 
 run mismatch 120 "$BIN" mismatch
 if [ $rc -ne 0 ] || [ "$(grep -c "expected error: ranks disagree" "$tmp/mismatch")" -ne 2 ]; then

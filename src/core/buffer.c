@@ -2,6 +2,7 @@
  * pool of released large blocks: a steady loop allocates the same sizes every step, and a
  * fresh 64 MB block costs ~16 ms of page faults here, more than the kernel that fills it. */
 #include "buffer.h"
+#include "trace.h"
 #include "device.h"
 #include "error.h"
 #include <pthread.h>
@@ -304,6 +305,14 @@ void buffer_reset_peak(void) { atomic_store(&buf_peak, atomic_load(&buf_in_use))
 void buffer_set_limit(size_t bytes) { atomic_store(&buf_limit, bytes); }
 size_t buffer_get_limit(void) { return atomic_load(&buf_limit); }
 
+/* A copy to or from a device as a span of the trace. */
+static void buffer_trace_copy(const char *what, int device, size_t bytes, uint64_t t0) {
+  char name[96], dev[64], args[48];
+  snprintf(name, sizeof name, "%s %s", what, device_str(device, dev, sizeof dev));
+  snprintf(args, sizeof args, "\"bytes\": %zu", bytes);
+  trace_span("transfer", name, t0, trace_now(), args);
+}
+
 int buffer_upload(exec_buffer *b, const void *src, size_t bytes) {
   if (!bytes) return 0;
   if (device_is_host(b->device)) {
@@ -311,8 +320,10 @@ int buffer_upload(exec_buffer *b, const void *src, size_t bytes) {
     return 0;
   }
   const device_info *dev = device_get(b->device);
+  uint64_t t0 = trace_on() ? trace_now() : 0;
   if (dev->mem->upload(dev->ctx, b->ptr, src, bytes)) return -1;
   device_count_upload(bytes);
+  if (t0) buffer_trace_copy("upload", b->device, bytes, t0);
   return 0;
 }
 
@@ -323,8 +334,10 @@ int buffer_download(const exec_buffer *b, void *dst, size_t bytes) {
     return 0;
   }
   const device_info *dev = device_get(b->device);
+  uint64_t t0 = trace_on() ? trace_now() : 0;
   if (dev->mem->download(dev->ctx, b->ptr, dst, bytes)) return -1;
   device_count_download(bytes);
+  if (t0) buffer_trace_copy("download", b->device, bytes, t0);
   return 0;
 }
 

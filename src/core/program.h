@@ -37,6 +37,10 @@ typedef struct {
    * reads it (the tier, under graft's lock). */
   atomic_bool varying;
 } exec_program;
+/* The executor donates an input's buffer to a run (it hands over the caller's sole reference:
+ * the backend frees it at its last use) only from this size up: below it, pooled memory costs
+ * less than the bookkeeping. */
+#define EXEC_DONATE_MIN_BYTES 4096
 
 /* Frees a program and its arrays (program.c); NULL is a no-op. */
 void program_free(exec_program *p);

@@ -19,6 +19,7 @@
 #include "../core/coll.h"
 #include "../core/dtype.h"
 #include "../core/error.h"
+#include "../core/trace.h"
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -367,9 +368,16 @@ static int dist_run(ir_op op, int64_t arg, graft_dtype dt, void *buf, int64_t co
     return err_set(GRAFT_ERR_ARG, "broadcast: root %" PRId64 " is not a rank of this world of %d",
                    arg, dist.world), -1;
   dist_sig mine = {++dist.seq, sig, count, arg, (int32_t)op, (int32_t)dt};
+  uint64_t t0 = trace_on() ? trace_now() : 0;
   int rc = dist_check_sigs(&mine);
   if (!rc) rc = dist_data(op, arg, dt, buf, count, &mine);
   if (!rc && op == IR_ALL_REDUCE && arg == GRAFT_REDUCE_MEAN) dist_scale(dt, buf, count);
+  if (t0) {
+    char name[48], args[128];
+    snprintf(args, sizeof args, "\"rank\": %d, \"world\": %d, \"bytes\": %" PRId64 ", \"seq\": %" PRIu64, dist.rank,
+             dist.world, count * (int64_t)graft_dtype_size(dt), (uint64_t)mine.seq);
+    trace_span("collective", dist_op_name(op, arg, name, sizeof name), t0, trace_now(), args);
+  }
   return rc;
 }
 

@@ -155,15 +155,18 @@ static buffer_failure *job_execute(async_job *j) {
   if (w0) trace_span("wait", "wait for native code", w0, trace_now(), NULL);
   double x0 = metrics_now_ms();
   uint64_t s0 = trace_on() ? trace_now() : 0;
+  int donated = 0; /* counted before the run: the backend frees them at their last use */
+  for (int k = 0; s0 && k < p->nparams; k++) donated += j->bufs[k] && j->bufs[k]->donated;
   if (async_early_enabled()) backend_set_final_hook(job_output_final, j);
   int rc = native ? j->e->fast->execute(native, p, j->bufs, outs)
                   : j->e->be->execute(j->e->exe, p, j->bufs, outs);
   backend_set_final_hook(NULL, NULL);
   if (s0) {
     char args[160];
-    snprintf(args, sizeof args, "\"graph\": \"%016llx\", \"step\": %llu, \"tier\": \"%s\", \"ok\": %s",
+    snprintf(args, sizeof args,
+             "\"graph\": \"%016llx\", \"step\": %llu, \"tier\": \"%s\", \"ok\": %s, \"donated inputs\": %d",
              (unsigned long long)j->hash, (unsigned long long)j->seq, native ? "native" : "first",
-             rc ? "false" : "true");
+             rc ? "false" : "true", donated);
     trace_span("step", native ? "step (native)" : "step (first tier)", s0, trace_now(), args);
   }
   double ms = metrics_now_ms() - x0;

@@ -123,7 +123,7 @@ static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *cons
   bool any = false;
   if (buffer_get_limit()) return;
   for (int k = 0; k < cap.nparams && !any; k++)
-    any = exec_sole_owner(cap.params[k]->data) && cap.params[k]->data->bytes >= 4096;
+    any = exec_sole_owner(cap.params[k]->data) && cap.params[k]->data->bytes >= EXEC_DONATE_MIN_BYTES;
   if (!any) return;
   for (int i = 0; i < p->ninstr; i++)
     if (p->instr[i].op == IR_HOST_CALL ||
@@ -144,7 +144,7 @@ static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *cons
     if (cap.nodes[i]->op != IR_DATA && cap.nodes[i]->refcnt != edges[i]) return; /* held outside */
   for (int k = 0; k < cap.nparams; k++) {
     ir_node *leaf = cap.params[k];
-    if (leaf->refcnt != edges[leaf->slot] || !exec_sole_owner(leaf->data) || leaf->data->bytes < 4096)
+    if (leaf->refcnt != edges[leaf->slot] || !exec_sole_owner(leaf->data) || leaf->data->bytes < EXEC_DONATE_MIN_BYTES)
       continue;
     bufs[k]->donated = 1; /* the leaf's reference moves to the backend */
     leaf->data = NULL;
@@ -346,7 +346,12 @@ static graft_status exec_run_here(cache_entry *e, exec_buffer **bufs, tensor_slo
   uint64_t s0 = here && trace_on() ? trace_now() : 0;
   int rc = fast ? e->fast->execute(e->fast_exe, p, bufs, outs) : e->be->execute(e->exe, p, bufs, outs);
   *tx = metrics_now_ms() - x0;
-  if (s0) trace_span("step", fast ? "step inline (native)" : "step inline (first tier)", s0, trace_now(), NULL);
+  if (s0) {
+    char args[96];
+    snprintf(args, sizeof args, "\"graph\": \"%016llx\", \"tier\": \"%s\", \"ok\": %s",
+             (unsigned long long)p->hash, fast ? "native" : "first", rc ? "false" : "true");
+    trace_span("step", fast ? "step inline (native)" : "step inline (first tier)", s0, trace_now(), args);
+  }
   int bad = 0;
   if (checking && !ref) check_unchecked(p, fast ? e->fast->name : e->be->name, rc);
   if (ref && !rc) {

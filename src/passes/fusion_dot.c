@@ -21,11 +21,9 @@ static int dot_cmp_pair(const void *a, const void *b) {
   return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
 }
 
-/* The cluster each live slot is drawn in (-1: none) and, for inlined values, how many kernels'
- * clusters read it directly (readers[s]). Consumers come after their operands, so one backward
- * walk hands each inlined value its first reader's cluster; the (value, reader's cluster)
- * pairs, sorted, count the distinct readers. -1 when out of memory. */
-static int dot_homes(const exec_program *p, const fuse_plan *pl, const int *kernel_of, int *home,
+/* Consumers come after their operands, so one backward walk hands each inlined value its first
+ * reader's kernel; the (value, reader's kernel) pairs, sorted, count the distinct readers. */
+int fuse_homes(const exec_program *p, const fuse_plan *pl, const int *kernel_of, int *home,
                      int *readers) {
   int64_t edges = 0;
   for (int s = 0; s < p->ninstr; s++) home[s] = kernel_of[s], readers[s] = 0, edges += p->instr[s].nin;
@@ -48,7 +46,8 @@ static int dot_homes(const exec_program *p, const fuse_plan *pl, const int *kern
   return 0;
 }
 
-static void dot_node(FILE *f, const exec_program *p, const fuse_plan *pl, int s, int readers) {
+static void dot_node(FILE *f, const exec_program *p, const fuse_plan *pl, int s, int readers,
+                     const char *note) {
   const exec_instr *ins = &p->instr[s];
   char shp[128], where[512];
   fprintf(f, "    n%d [label=\"%%%d %s\\n%s%s", s, s, ir_ops[ins->op].name, graft_dtype_name(ins->dtype),
@@ -61,6 +60,10 @@ static void dot_node(FILE *f, const exec_program *p, const fuse_plan *pl, int s,
   if (role == FUSE_LIBRARY) fprintf(f, "\\nlibrary GEMM");
   if (role == FUSE_FALLBACK) fprintf(f, "\\nfallback kernel");
   if (readers > 1) fprintf(f, "\\ninlined into %d kernels", readers);
+  if (note && *note) {
+    fputs("\\n", f);
+    dot_put_escaped(f, note);
+  }
   if (*loc_str(ins->loc, where, sizeof where)) {
     fputs("\\n", f);
     dot_put_escaped(f, where);
@@ -75,10 +78,10 @@ static void dot_node(FILE *f, const exec_program *p, const fuse_plan *pl, int s,
 }
 
 int fuse_plan_dot(FILE *f, const exec_program *p, const fuse_plan *pl, const int *kernel_of,
-                  const char *title) {
+                  const char *const *note, const char *title) {
   int n = p->ninstr;
   int *home = malloc(sizeof(int) * ((size_t)n + 1)), *readers = malloc(sizeof(int) * ((size_t)n + 1));
-  if (!home || !readers || dot_homes(p, pl, kernel_of, home, readers)) {
+  if (!home || !readers || fuse_homes(p, pl, kernel_of, home, readers)) {
     free(home);
     free(readers);
     return -1;
@@ -95,11 +98,11 @@ int fuse_plan_dot(FILE *f, const exec_program *p, const fuse_plan *pl, const int
     if (!any) continue;
     fprintf(f, "  subgraph cluster_k%d {\n    label=\"kernel k%d\";\n    style=rounded;\n    color=steelblue;\n", c, c);
     for (int s = 0; s < n; s++)
-      if (home[s] == c && pl->role[s] != FUSE_DEAD) dot_node(f, p, pl, s, readers[s]);
+      if (home[s] == c && pl->role[s] != FUSE_DEAD) dot_node(f, p, pl, s, readers[s], note ? note[s] : NULL);
     fprintf(f, "  }\n");
   }
   for (int s = 0; s < n; s++)
-    if (home[s] < 0 && pl->role[s] != FUSE_DEAD) dot_node(f, p, pl, s, 0);
+    if (home[s] < 0 && pl->role[s] != FUSE_DEAD) dot_node(f, p, pl, s, 0, note ? note[s] : NULL);
   for (int i = 0; i < n; i++) {
     if (pl->role[i] == FUSE_DEAD) continue;
     for (int k = 0; k < p->instr[i].nin; k++)

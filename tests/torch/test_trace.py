@@ -101,3 +101,24 @@ def test_trace_errors_and_c_env(tmp_path):
     assert r.returncode == 0, r.stderr
     spans = _check_schema_and_nesting(json.loads(out.read_text()))
     assert {"sync", "native build (quick)"} & {e["name"] for e in spans}
+
+
+def test_trace_shows_copies_to_and_from_a_device(tmp_path):
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from devices import NO_OPENCL, OPENCL
+    if not OPENCL:
+        pytest.skip(NO_OPENCL)
+    dev = graft.device("opencl")
+    path = tmp_path / "t.json"
+    with graft.trace(path):
+        x = torch.arange(4096, dtype=torch.float32).to(dev)  # an upload
+        y = (x * 2).sum().item()                             # a download of the result
+    assert y == 2 * 4095 * 4096 / 2
+    spans = _check_schema_and_nesting(json.loads(path.read_text()))
+    tr = [e for e in spans if e["cat"] == "transfer"]
+    up = [e for e in tr if e["name"].startswith("upload")]
+    down = [e for e in tr if e["name"].startswith("download")]
+    assert up and down, [e["name"] for e in tr]
+    assert any(e["args"]["bytes"] == 4096 * 4 for e in up) and all(e["args"]["bytes"] > 0 for e in down)
+    assert "opencl" in up[0]["name"]

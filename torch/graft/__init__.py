@@ -264,7 +264,9 @@ class trace:
         return self
 
     def stop(self):
+        global _last_trace
         _ops.trace_end()
+        _last_trace = self.path
 
     def __enter__(self):
         return self.start()
@@ -272,6 +274,26 @@ class trace:
     def __exit__(self, *exc):
         self.stop()
         return False
+
+
+_last_trace = None
+
+
+def report(path, trace=None, dump_dir=None, title="graft report"):
+    """Writes one self-contained HTML page to path (no scripts, nothing fetched) and returns its
+    path: graft's counters, and from a timeline trace (trace=, by default the last graft.trace
+    recorded in this process) the steps, the slowest kernels with the ops each fused and their
+    source lines, the compiles with their reasons and threads, the fallbacks with their time and
+    bytes, and the waits; with the pictures of the graphs that took the time when they were
+    dumped (dump_dir=, by default GRAFT_DUMP_DIR). Also: python3 torch/graft/_report.py."""
+    from . import _report
+    trace = trace if trace is not None else _last_trace
+    if trace is None:
+        raise RuntimeError("graft.report: no trace to read: record one with graft.trace(path) first, or pass trace=")
+    if not os.path.exists(str(trace)):
+        raise RuntimeError("graft.report: the trace %s does not exist" % trace)
+    dump_dir = dump_dir if dump_dir is not None else os.environ.get("GRAFT_DUMP_DIR")
+    return _report.write(str(path), str(trace), metrics(), metrics_report(), dump_dir, title)
 
 
 from . import _decomp  # noqa: E402  (after the library: it registers kernels on graft's key)

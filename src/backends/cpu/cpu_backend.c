@@ -26,6 +26,8 @@ typedef struct {
   /* Early outputs (backend_output_final): the outputs in the order their values become final,
    * and the step after which each does (-1: before the first, an input passed through). */
   int *final_order, *final_step;
+  char **what; /* per launch (nwhat): its trace span's args (cpu_describe.c), or NULL */
+  int nwhat;
 } cpu_exe;
 
 typedef struct {
@@ -179,9 +181,11 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
   }
   cpu_sb src = {0};
   const char *dump = getenv("GRAFT_DUMP_DIR");
-  int *kof = dump && *dump ? malloc(sizeof(int) * ((size_t)p->ninstr + 1)) : NULL;
+  bool draw = dump && *dump;
+  int *kof = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
   for (int s = 0; kof && s < p->ninstr; s++) kof[s] = -1;
   int rc = cpu_codegen(p, &pl, &e->code, &src, kof);
+  if (!rc && kof && (e->what = cpu_describe_kernels(p, &pl, &e->code, kof))) e->nwhat = e->code.nlaunch;
   e->out_buf = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
   e->final_order = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
   e->final_step = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
@@ -192,7 +196,7 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
   /* a compile's source (and picture) is kept even when the compiler fails (to see why); a
    * library-only attempt's only when it builds (most of them find a kernel missing) */
   if (!rc && src.s && !lib_only) cpu_keep_source(p, src.s);
-  if (!rc && kof && !lib_only) cpu_dump_picture(p, &pl, kof, e->code.nlaunch);
+  if (!rc && kof && draw && !lib_only) cpu_dump_picture(p, &pl, &e->code, kof);
   if (!rc && (!e->out_buf || !e->final_order || !e->final_step || !e->fn || !e->lits))
     rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   if (!rc && cpu_final_steps(e, p)) rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
@@ -205,7 +209,7 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
     return NULL;
   }
   if (src.s && lib_only) cpu_keep_source(p, src.s);
-  if (kof && lib_only) cpu_dump_picture(p, &pl, kof, e->code.nlaunch);
+  if (kof && draw && lib_only) cpu_dump_picture(p, &pl, &e->code, kof);
   fuse_plan_free(&pl);
   free(kof);
   cpu_sb_free(&src);
@@ -306,7 +310,11 @@ static void cpu_trace_step(const cpu_run *r, const cpu_step *st, uint64_t t0) {
   args[0] = 0;
   if (st->kind == CPU_STEP_KERNEL) {
     const cpu_launch *l = &c->launch[st->arg];
-    snprintf(name, sizeof name, "kernel #%d", l->body);
+    snprintf(name, sizeof name, "kernel k%d", st->arg);
+    if (st->arg < r->e->nwhat && r->e->what[st->arg]) {
+      trace_span(cat, name, t0, trace_now(), r->e->what[st->arg]);
+      return;
+    }
     snprintf(args, sizeof args, "\"units\": %" PRId64, (int64_t)l->units);
   } else if (st->kind == CPU_STEP_GEMM) {
     const cpu_gemm_call *g = &c->gemm[st->arg];
@@ -317,8 +325,13 @@ static void cpu_trace_step(const cpu_run *r, const cpu_step *st, uint64_t t0) {
     snprintf(args, sizeof args, "\"batch\": %" PRId64 ", \"flops\": %.0f", (int64_t)g->batch,
              2.0 * (double)g->m * (double)g->n * (double)g->k * (double)g->batch);
   } else {
+    const exec_instr *ins = &r->p->instr[st->arg];
+    int64_t bytes = ins->numel * (int64_t)graft_dtype_size(ins->dtype);
+    for (int k = 0; k < ins->nin; k++)
+      bytes += r->p->instr[ins->in[k]].numel * (int64_t)graft_dtype_size(r->p->instr[ins->in[k]].dtype);
     cat = "fallback";
-    snprintf(name, sizeof name, "host %s", ir_ops[r->p->instr[st->arg].op].name);
+    snprintf(name, sizeof name, "host %s", ir_ops[ins->op].name);
+    snprintf(args, sizeof args, "\"bytes\": %" PRId64, bytes);
   }
   trace_span(cat, name, t0, trace_now(), args[0] ? args : NULL);
 }
@@ -506,6 +519,7 @@ static void cpu_free_exe(void *exe) {
   cpu_exe *e = exe;
   if (!e) return;
   cpu_profile_free(&e->prof);
+  cpu_describe_free(e->what, e->nwhat);
   for (int k = 0; e->lits && k < e->code.nbody; k++) free(e->lits[k]);
   free(e->lits);
   cpu_code_free(&e->code);

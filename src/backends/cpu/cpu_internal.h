@@ -96,9 +96,17 @@ int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, cpu_
                 int *kernel_of);
 /* ---- cpu_picture.c ---- */
 /* With GRAFT_DUMP_DIR set: graph_<hash>.kernels.dot, the program as its kernels run
- * (fuse_plan_dot; kernel_of from cpu_codegen), and its SVG rendering where Graphviz's dot is
+ * (fuse_plan_dot; code and kernel_of from cpu_codegen; donatable inputs say after which
+ * step their buffer goes), and its SVG rendering where Graphviz's dot is
  * installed. Failures only leave the files out (a dump, not a result). */
-void cpu_dump_picture(const exec_program *p, const fuse_plan *pl, const int *kernel_of, int nkernels);
+void cpu_dump_picture(const exec_program *p, const fuse_plan *pl, const cpu_code *code,
+                      const int *kernel_of);
+/* ---- cpu_describe.c ---- */
+/* Per launch, the args of its trace span (JSON members: units, the ops it fused, the source
+ * line, bytes, flops); NULL when out of memory (the spans then say less). */
+char **cpu_describe_kernels(const exec_program *p, const fuse_plan *pl, const cpu_code *code,
+                            const int *kernel_of);
+void cpu_describe_free(char **what, int nk);
 /* The prelude every kernel object starts with (math helpers, streaming stores). */
 void cpu_gen_prelude(cpu_sb *out);
 /* Rough per-element cost of each inlined value (ops.def's cost column), its inlined inputs

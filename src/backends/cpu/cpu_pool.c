@@ -8,6 +8,7 @@
  * a sleeping worker.
  * GRAFT_THREADS overrides the thread count (default: online CPUs, at most 64). */
 #include "cpu_internal.h"
+#include "trace.h"
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -54,9 +55,10 @@ static bool cpu_claim(uint32_t region, int nc, int *c) {
 
 /* Runs chunks of region until none is left. A region is cut in a few chunks per thread,
  * taken in turn: a thread slowed down (this machine is shared) takes fewer. */
-static void cpu_take_chunks(uint32_t region, cpu_kernel_fn fn, void **S, int64_t total, int nc) {
-  int c;
+static int cpu_take_chunks(uint32_t region, cpu_kernel_fn fn, void **S, int64_t total, int nc) {
+  int c, taken = 0;
   while (cpu_claim(region, nc, &c)) {
+    taken++;
     int64_t lo, hi;
     cpu_chunk(c, nc, total, &lo, &hi);
     if (hi > lo) fn(S, lo, hi);
@@ -66,6 +68,7 @@ static void cpu_take_chunks(uint32_t region, cpu_kernel_fn fn, void **S, int64_t
       pthread_mutex_unlock(&pool.mu);
     }
   }
+  return taken;
 }
 
 /* A graph's kernels come a few microseconds apart: a worker (or the caller waiting for the
@@ -104,7 +107,14 @@ static void *cpu_worker(void *arg) {
     int64_t total = pool.total;
     int nc = pool.nchunks;
     pthread_mutex_unlock(&pool.mu);
-    cpu_take_chunks((uint32_t)seen, fn, S, total, nc);
+    uint64_t t0 = trace_on() ? trace_now() : 0;
+    int taken = cpu_take_chunks((uint32_t)seen, fn, S, total, nc);
+    if (t0 && taken) { /* the caller's span (a kernel, a GEMM) says what it was */
+      char args[64];
+      snprintf(args, sizeof args, "\"chunks\": %d, \"of\": %d", taken, nc);
+      trace_thread_name("thread pool worker");
+      trace_span("pool", "parallel chunks", t0, trace_now(), args);
+    }
     pthread_mutex_lock(&pool.mu);
   }
   pthread_mutex_unlock(&pool.mu);

@@ -1,0 +1,111 @@
+/* What each generated kernel of a graph is, for the timeline trace: the ops it fused (the
+ * values it writes and those inlined into it, in program order), the source line most of them
+ * were traced at, the bytes of the buffers it reads and writes, and an estimate of its
+ * floating-point work (one per element per arithmetic op: a value's elements, a reduction's
+ * input's). Made once per compiled graph, as the text of a trace span's args, so a traced
+ * kernel costs a copy. */
+#include "cpu_internal.h"
+#include "loc.h"
+#include <stdlib.h>
+#include <string.h>
+
+#define DESCRIBE_MAX_OPS 24 /* ops named per kernel; the rest are counted */
+
+/* s into b as a JSON string's contents. */
+static void describe_escaped(cpu_sb *b, const char *s) {
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') cpu_sb_printf(b, "\\%c", *s);
+    else if ((unsigned char)*s < 0x20) cpu_sb_printf(b, "\\u%04x", *s);
+    else cpu_sb_printf(b, "%c", *s);
+  }
+}
+
+static int64_t describe_flops(const exec_program *p, int s) {
+  const exec_instr *ins = &p->instr[s];
+  if (ir_ops[ins->op].cost == OPS_COST_MOVE) return 0;
+  return ir_ops[ins->op].kind == IR_K_REDUCE ? p->instr[ins->in[0]].numel : ins->numel;
+}
+
+/* The source line most of a kernel's ops (mem[0..nm)) came from (0: none known). */
+static uint32_t describe_loc(const exec_program *p, const int *mem, int nm) {
+  uint32_t best = 0;
+  int best_n = 0;
+  for (int i = 0; i < nm; i++) {
+    uint32_t l = p->instr[mem[i]].loc;
+    if (!l || l == best) continue;
+    int n = 0;
+    for (int j = i; j < nm; j++) n += p->instr[mem[j]].loc == l;
+    if (n > best_n) best = l, best_n = n;
+  }
+  return best;
+}
+
+/* Kernel c's args; mem[0..nm): the slots it writes and inlines, in program order. */
+static char *describe_one(const exec_program *p, const cpu_code *code, int c, const int *mem, int nm) {
+  const cpu_launch *l = &code->launch[c];
+  cpu_sb b = {0};
+  int64_t bytes = 0, flops = 0;
+  for (int j = 0; j < l->nslot; j++) {
+    const exec_instr *x = &p->instr[code->slots[l->slot0 + j]];
+    bytes += x->numel * (int64_t)graft_dtype_size(x->dtype);
+  }
+  cpu_sb_printf(&b, "\"units\": %lld, \"fused\": \"", (long long)l->units);
+  int named = 0, more = 0;
+  for (int i = 0; i < nm; i++) {
+    int s = mem[i];
+    flops += describe_flops(p, s);
+    if (named == DESCRIBE_MAX_OPS) {
+      more++;
+      continue;
+    }
+    cpu_sb_printf(&b, "%s%s", named++ ? " " : "", ir_ops[p->instr[s].op].name);
+  }
+  if (more) cpu_sb_printf(&b, " (+%d more)", more);
+  char where[512];
+  uint32_t loc = describe_loc(p, mem, nm);
+  cpu_sb_puts(&b, "\"");
+  if (loc && *loc_str(loc, where, sizeof where)) {
+    cpu_sb_puts(&b, ", \"at\": \"");
+    describe_escaped(&b, where);
+    cpu_sb_puts(&b, "\"");
+  }
+  cpu_sb_printf(&b, ", \"bytes\": %lld, \"flops\": %lld", (long long)bytes, (long long)flops);
+  if (b.oom) {
+    cpu_sb_free(&b);
+    return NULL;
+  }
+  return b.s;
+}
+
+char **cpu_describe_kernels(const exec_program *p, const fuse_plan *pl, const cpu_code *code,
+                            const int *kernel_of) {
+  int n = p->ninstr, nk = code->nlaunch;
+  int *home = malloc(sizeof(int) * ((size_t)n + 1)), *readers = malloc(sizeof(int) * ((size_t)n + 1));
+  int *start = calloc((size_t)nk + 2, sizeof(int)), *mem = malloc(sizeof(int) * ((size_t)n + 1));
+  char **what = calloc((size_t)nk + 1, sizeof *what);
+  bool ok = home && readers && start && mem && what && !fuse_homes(p, pl, kernel_of, home, readers);
+  if (ok) { /* each kernel's slots, in program order: counted, then placed */
+    for (int s = 0; s < n; s++)
+      if (pl->role[s] != FUSE_DEAD && home[s] >= 0 && home[s] < nk) start[home[s] + 1]++;
+    for (int c = 0; c < nk; c++) start[c + 1] += start[c];
+    int *fill = readers; /* reused: the next free place of each kernel */
+    for (int c = 0; c < nk; c++) fill[c] = start[c];
+    for (int s = 0; s < n; s++)
+      if (pl->role[s] != FUSE_DEAD && home[s] >= 0 && home[s] < nk) mem[fill[home[s]]++] = s;
+    for (int c = 0; c < nk; c++) what[c] = describe_one(p, code, c, mem + start[c], start[c + 1] - start[c]);
+  }
+  free(home);
+  free(readers);
+  free(start);
+  free(mem);
+  if (!ok) {
+    free(what);
+    return NULL;
+  }
+  return what;
+}
+
+void cpu_describe_free(char **what, int nk) {
+  for (int c = 0; what && c < nk; c++) free(what[c]);
+  free(what);
+}
