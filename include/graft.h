@@ -512,6 +512,10 @@ const char *graft_last_compile_reason(void);
  *  the most recompiles. file must stay valid and unchanged (a string literal such as
  *  __FILE__); NULL clears. A wrapper calls it per op, e.g. as a macro around each call. */
 void graft_set_location(const char *file, int line);
+/** Names the framework op ("aten::convolution") the ops traced next on the calling thread come
+ *  from, for the pictures of compiled graphs and the trace's kernel spans (not hashed). name
+ *  must stay valid and unchanged, as graft_set_location's file; NULL clears. */
+void graft_set_op_name(const char *name);
 
 /* ---- functions: a traced computation called again ----
  * Tracing runs the caller's code for every op, every time (in PyTorch: Python, the dispatcher

@@ -880,8 +880,11 @@ TEST(dump_draws_the_kernels) {
   graft_set_location("model.c", 42);
   int64_t xs[2] = {64, 32}, ws[2] = {32, 16}, ys[2] = {64, 16};
   ir_node *in[2] = {data(GRAFT_F32, 2, xs), data(GRAFT_F32, 2, ws)};
+  graft_set_op_name("mylib::linear");
   ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
+  graft_set_op_name("mylib::tanh");
   ir_node *z = u1(IR_TANH, b2(IR_ADD, y, bcast(data(GRAFT_F32, 1, (int64_t[]){16}), 2, ys)));
+  graft_set_op_name(NULL);
   ir_node *r[3] = {z, reduce(IR_REDUCE_SUM, z, 0x2, 0), reduce(IR_REDUCE_MAX, z, 0x1, 0)};
   graft_set_location(NULL, 0);
   CHECK(compare(r, 3, 1e-4) == 0);
@@ -895,6 +898,14 @@ TEST(dump_draws_the_kernels) {
     CHECK(strstr(dot, "library GEMM") && strstr(dot, "input 0") && strstr(dot, "output 0") &&
           strstr(dot, "output 1"));
     CHECK(strstr(dot, "model.c:42") != NULL);
+    /* each node names the framework op it came from, those made after the name was cleared none */
+    char *dot_node = strstr(dot, " dot\\n"), *tanh_from = strstr(dot, " tanh\\n");
+    CHECK(dot_node && strstr(dot_node, "from mylib::linear") &&
+          strstr(dot_node, "from mylib::linear") < strstr(dot_node, "];"));
+    CHECK(tanh_from && strstr(tanh_from, "from mylib::tanh") &&
+          strstr(tanh_from, "from mylib::tanh") < strstr(tanh_from, "];"));
+    char *sum = strstr(dot, " reduce_sum\\n");
+    CHECK(sum && !(strstr(sum, "from ") && strstr(sum, "from ") < strstr(sum, "];")));
     char *k0 = strstr(dot, "subgraph cluster_k0"), *tanh_node = strstr(dot, " tanh\\n");
     CHECK(tanh_node && k0 && tanh_node > k0); /* the tanh sits in a kernel's cluster */
     CHECK(strstr(dot, "-> n") != NULL);

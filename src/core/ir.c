@@ -69,6 +69,7 @@ static ir_node *ir_alloc(int nin) {
   n->nin = nin;
   n->slot = -1;
   n->loc = loc_current();
+  n->opname = loc_op_current();
   n->seq = atomic_fetch_add_explicit(&ir_next_seq, 1, memory_order_relaxed);
   return n;
 }

@@ -97,6 +97,7 @@ struct ir_node {
   struct exec_buffer *data; /* IR_DATA only: the device data */
   int device;
   uint32_t loc;    /* where it was traced (loc.h; 0 unknown): not hashed */
+  uint32_t opname; /* the framework op it came from (loc_op_current; 0 unknown): not hashed */
   uint64_t seq;    /* creation order (not hashed): a sync walks its roots in this order */
   bool computed;   /* IR_DATA made by a sync from pending IR (not an upload): not hashed */
   /* scratch for graph capture; valid only under the global lock during one capture */

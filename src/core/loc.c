@@ -1,7 +1,8 @@
 /* Source locations (loc.h). The table maps (file pointer, line) to an id: callers pass strings
  * that stay valid and unchanged (__FILE__, or the bridge's interned file names), so the first
- * sight of a pair copies its text and later ones are a pointer compare. It has its own lock:
- * graft_set_location runs outside graft's global lock, on any thread. */
+ * sight of a pair copies its text and later ones are a pointer compare. Op names
+ * (graft_set_op_name) share the table, as (name pointer, LOC_OP_LINE) whose text is the name.
+ * It has its own lock: graft_set_location runs outside graft's global lock, on any thread. */
 #include "loc.h"
 #include "graft.h"
 #include <pthread.h>
@@ -25,17 +26,25 @@ static loc_entry *loc_tab;  /* [0] unused: id 0 is "unknown" */
 static uint32_t loc_n = 1, loc_cap;
 static uint32_t loc_bucket[LOC_BUCKETS];
 static unsigned loc_gen = 1; /* bumped by loc_free_all: ids a thread kept are stale */
-static _Thread_local uint32_t loc_cur;
-static _Thread_local unsigned loc_cur_gen;
-/* the last pair this thread set: the ops one line makes come in runs */
-static _Thread_local const char *loc_last_key;
-static _Thread_local int loc_last_line;
-static _Thread_local uint32_t loc_last_id;
-static _Thread_local unsigned loc_last_gen;
+#define LOC_OP_LINE (-1) /* an op name's entry */
 
-uint32_t loc_current(void) {
-  return loc_cur_gen == __atomic_load_n(&loc_gen, __ATOMIC_RELAXED) ? loc_cur : 0;
+/* A thread's current id of one kind (a location, an op name) and the last pair it set: the
+ * ops one line makes come in runs. */
+typedef struct {
+  uint32_t cur;
+  unsigned cur_gen;
+  const char *last_key;
+  int last_line;
+  uint32_t last_id;
+  unsigned last_gen;
+} loc_thread;
+static _Thread_local loc_thread loc_here, loc_op_here;
+
+static uint32_t loc_get(const loc_thread *t) {
+  return t->cur_gen == __atomic_load_n(&loc_gen, __ATOMIC_RELAXED) ? t->cur : 0;
 }
+uint32_t loc_current(void) { return loc_get(&loc_here); }
+uint32_t loc_op_current(void) { return loc_get(&loc_op_here); }
 
 static uint32_t loc_hash(const char *key, int line) {
   uint64_t h = (uint64_t)(uintptr_t)key * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uint32_t)line * 0xbf58476d1ce4e5b9ull;
@@ -58,32 +67,36 @@ static uint32_t loc_intern(const char *key, int line) {
   size_t len = strlen(key) + 16;
   char *text = malloc(len);
   if (!text) return 0;
-  snprintf(text, len, "%s:%d", key, line);
+  if (line == LOC_OP_LINE) snprintf(text, len, "%s", key);
+  else snprintf(text, len, "%s:%d", key, line);
   loc_tab[loc_n] = (loc_entry){key, line, text, 0, loc_bucket[b]};
   loc_bucket[b] = loc_n;
   return loc_n++;
 }
 
-void graft_set_location(const char *file, int line) {
-  if (!file) {
-    loc_cur = 0;
+static void loc_set(loc_thread *t, const char *key, int line) {
+  if (!key) {
+    t->cur = 0;
     return;
   }
   unsigned gen = __atomic_load_n(&loc_gen, __ATOMIC_RELAXED);
-  if (file == loc_last_key && line == loc_last_line && loc_last_gen == gen) {
-    loc_cur = loc_last_id;
-    loc_cur_gen = gen;
+  if (key == t->last_key && line == t->last_line && t->last_gen == gen) {
+    t->cur = t->last_id;
+    t->cur_gen = gen;
     return;
   }
   pthread_mutex_lock(&loc_mu);
-  uint32_t id = loc_intern(file, line);
+  uint32_t id = loc_intern(key, line);
   gen = loc_gen;
   pthread_mutex_unlock(&loc_mu);
-  loc_last_key = file;
-  loc_last_line = line;
-  loc_last_gen = loc_cur_gen = gen;
-  loc_last_id = loc_cur = id;
+  t->last_key = key;
+  t->last_line = line;
+  t->last_gen = t->cur_gen = gen;
+  t->last_id = t->cur = id;
 }
+
+void graft_set_location(const char *file, int line) { loc_set(&loc_here, file, line); }
+void graft_set_op_name(const char *name) { loc_set(&loc_op_here, name, LOC_OP_LINE); }
 
 const char *loc_str(uint32_t id, char *buf, size_t n) {
   if (n) buf[0] = 0;

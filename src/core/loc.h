@@ -10,6 +10,9 @@
 
 /* The calling thread's current location (0 when none is set). */
 uint32_t loc_current(void);
+/* The calling thread's current op name (graft_set_op_name; 0 when none): an id of the same
+ * table, whose loc_str is the name. */
+uint32_t loc_op_current(void);
 /* "file:line" of id, or "" for 0 / an unknown id. */
 const char *loc_str(uint32_t id, char *buf, size_t n);
 /* Counts one recompile at id (not 0); loc_top lists the sites with the most, "file:line (n)"

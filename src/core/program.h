@@ -19,6 +19,7 @@ typedef struct {
   int last_use;     /* index of the last instruction reading this slot (-1: none) */
   bool is_output;
   uint32_t loc;     /* where its node was traced (loc.h; 0: unknown): not hashed, for pictures */
+  uint32_t opname;  /* the framework op its node came from (loc.h; 0: unknown): not hashed */
 } exec_instr;
 
 typedef struct {

@@ -113,6 +113,7 @@ exec_program *capture_lower(const graph_capture *g) {
     ins->numel = n->numel;
     ins->attr = n->attr;
     ins->loc = n->loc;
+    ins->opname = n->opname;
     p->has_collective |= ir_ops[n->op].kind == IR_K_COLLECTIVE;
     ins->nin = n->nin;
     ins->last_use = -1;

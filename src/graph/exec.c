@@ -173,6 +173,7 @@ static graft_status exec_bind_roots(tensor_slot *const *ts, int n, exec_buffer *
       continue; /* this tensor stays pending: still correct, just not materialized */
     }
     leaf->loc = old->loc; /* made where its value was, not where the sync is */
+    leaf->opname = old->opname;
     leaf->computed = true;
     tensor_set_node(ts[r], leaf);
   }

@@ -52,6 +52,10 @@ static void dot_node(FILE *f, const exec_program *p, const fuse_plan *pl, int s,
   char shp[128], where[512];
   fprintf(f, "    n%d [label=\"%%%d %s\\n%s%s", s, s, ir_ops[ins->op].name, graft_dtype_name(ins->dtype),
           ir_shape_str(ins->ndim, ins->shape, shp, sizeof shp));
+  if (*loc_str(ins->opname, where, sizeof where)) {
+    fputs("\\nfrom ", f);
+    dot_put_escaped(f, where);
+  }
   int role = pl->role[s];
   for (int k = 0; k < p->nparams; k++)
     if (p->param_slot[k] == s) fprintf(f, "\\ninput %d", k);

@@ -837,18 +837,25 @@ extern "C" void graftpt_pyloc_capture(void);
 extern "C" void graftpt_pyloc_configure(const char *const *prefixes, int n, int on);
 
 // Ops a lowering calls (at::) come back through graft_kernel: only the outermost one, the
-// op the user's code called, looks up its Python line; leaving it clears the line, so nodes
-// made elsewhere (syncs, collectives) take their neighbours' (src/graph/cache.c).
+// op the user's code called, looks up its Python line and names the nodes' aten op; leaving
+// it clears both, so nodes made elsewhere (syncs, collectives) take their neighbours' line
+// (src/graph/cache.c). The op's name lives as long as its registration.
 static thread_local int tl_kernel_depth;
 struct KernelDepth {
   KernelDepth() { ++tl_kernel_depth; }
   ~KernelDepth() {
-    if (!--tl_kernel_depth) graft_set_location(nullptr, 0);
+    if (!--tl_kernel_depth) {
+      graft_set_location(nullptr, 0);
+      graft_set_op_name(nullptr);
+    }
   }
 };
 
 static void graft_kernel(const c10::OperatorHandle &op, torch::jit::Stack *stack) {
-  if (!tl_kernel_depth) graftpt_pyloc_capture();  // before the lock: it may take the GIL
+  if (!tl_kernel_depth) {
+    graftpt_pyloc_capture();  // before the lock: it may take the GIL
+    graft_set_op_name(op.schema().name().c_str());
+  }
   KernelDepth depth;
   std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
   DeviceScope scope(op_device(op, *stack));

@@ -69,6 +69,7 @@ def analyse(spans, threads):
         k["share"] = k["us"] / step_us if step_us else 0.0
         k["mean_us"] = k["us"] / k["calls"]
         k["fused"] = a.get("fused", "GEMM" if k["cat"] == "gemm" else "")
+        k["from"] = a.get("from", "")
         k["at"] = a.get("at", "")
         k["bytes"] = a.get("bytes")
         k["flops"] = a.get("flops")
@@ -193,17 +194,19 @@ def render(a, metrics=None, metrics_text=None, dump_dir=None, title="graft repor
 
     h.append('<h2 id="kernels">Top kernels by time</h2><p class="sub">Kernels, GEMMs of the traced steps, summed over '
              "their runs; share is of the time in steps; fused lists the ops a kernel computes (the values it writes "
-             "and those inlined into it), at the source line most of them came from.</p>")
+             "and those inlined into it), from the framework ops that made them, at the source line most of them "
+             "came from.</p>")
     top = a["kernels"][:TOP_KERNELS]
     most = top[0]["us"] if top else 1
-    h.append(_table(["#", "kernel", "graph", "fused", "source line", "calls", "total ms", "share", "", "mean us",
-                     "bytes", "GB/s", "GFLOP/s"],
+    h.append(_table(["#", "kernel", "graph", "fused", "from", "source line", "calls", "total ms", "share", "",
+                     "mean us", "bytes", "GB/s", "GFLOP/s"],
                     [[str(i + 1), "<code>%s</code>" % _e(k["name"]), "<code>%s</code>" % _e(k["graph"][:8]),
-                      '<span class="mono">%s</span>' % _e(k["fused"]), "<code>%s</code>" % _e(k["at"]),
-                      str(k["calls"]), "%.3f" % (k["us"] / 1e3), "%.1f%%" % (100 * k["share"]),
+                      '<span class="mono">%s</span>' % _e(k["fused"]), '<span class="mono">%s</span>' % _e(k["from"]),
+                      "<code>%s</code>" % _e(k["at"]), str(k["calls"]), "%.3f" % (k["us"] / 1e3),
+                      "%.1f%%" % (100 * k["share"]),
                       '<span class="bar" style="width:%dpx"></span>' % max(1, int(120 * k["us"] / most)),
                       "%.1f" % k["mean_us"], _num(k["bytes"], "%d"), _num(k["gbs"], "%.1f"), _num(k["gflops"], "%.1f")]
-                     for i, k in enumerate(top)], numeric={0, 5, 6, 7, 9, 10, 11, 12}))
+                     for i, k in enumerate(top)], numeric={0, 6, 7, 8, 10, 11, 12, 13}))
 
     h.append('<h2 id="graphs">Graphs</h2>')
     h.append(_table(["graph", "runs", "native ms (median)", "first tier ms (median)", "kernel time ms"],

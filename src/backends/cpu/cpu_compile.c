@@ -13,12 +13,12 @@
  * native code is off and that is said. */
 #include "cpu_internal.h"
 #include "../dcache.h"
+#include "../spawn.h"
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <spawn.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,11 +27,8 @@
 #include <stdbool.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-extern char **environ;
 
 /* -mprefer-vector-width=512: gcc's default on AVX-512 targets is 256-bit vectors; 512-bit ones
  * ran a 64x256x256 softmax (exp-bound) 2.56 -> 1.66 ms here (Sapphire Rapids), the kernels of a
@@ -86,24 +83,6 @@ static int cpu_cc_words(char *buf, size_t n, char **w) {
   return k;
 }
 
-/* Runs argv[0] (searched in PATH) without a shell, its stdout and stderr on fd_out, stdin
- * /dev/null; returns the exit status, or -1 if it could not start or died of a signal. */
-int cpu_spawn(char *const argv[], int fd_out) {
-  posix_spawn_file_actions_t fa;
-  if (posix_spawn_file_actions_init(&fa)) return -1;
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, fd_out, 1);
-  posix_spawn_file_actions_adddup2(&fa, fd_out, 2);
-  pid_t pid;
-  int bad = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (bad) return -1;
-  int st;
-  while (waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR) return -1;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* Compiler identity: first line of `cc --version` (cached per compiler string). */
 static void cpu_compiler_id(char *out, size_t n) {
   const char *cc = cpu_cc();
@@ -120,7 +99,7 @@ static void cpu_compiler_id(char *out, size_t n) {
       argv[k] = "--version";
       argv[k + 1] = NULL;
       char line[256] = {0};
-      if (cpu_spawn(argv, fd) == 0 && pread(fd, line, sizeof line - 1, 0) > 0) {
+      if (spawn_run(argv, fd) == 0 && pread(fd, line, sizeof line - 1, 0) > 0) {
         line[strcspn(line, "\n")] = 0;
         snprintf(cpu_cc_id, sizeof cpu_cc_id, "%s|%s", cc, line);
       }
@@ -268,7 +247,7 @@ static int cpu_run_compiler(const char *src, cpu_opt opt, const char *out, int f
   argv[k++] = (char *)out;
   argv[k++] = (char *)src;
   argv[k] = NULL;
-  return cpu_spawn(argv, fd_err);
+  return spawn_run(argv, fd_err);
 }
 
 /* Compiles cfile into out (in folder work), adding the compiler's wall time to *ms; 0, or -1

@@ -1,6 +1,6 @@
 /* What each generated kernel of a graph is, for the timeline trace: the ops it fused (the
- * values it writes and those inlined into it, in program order), the source line most of them
- * were traced at, the bytes of the buffers it reads and writes, and an estimate of its
+ * values it writes and those inlined into it, in program order), the framework ops they came
+ * from (graft_set_op_name: PyTorch's aten ops), the source line most of them were traced at, the bytes of the buffers it reads and writes, and an estimate of its
  * floating-point work (one per element per arithmetic op: a value's elements, a reduction's
  * input's). Made once per compiled graph, as the text of a trace span's args, so a traced
  * kernel costs a copy. */
@@ -62,6 +62,15 @@ static char *describe_one(const exec_program *p, const cpu_code *code, int c, co
   }
   if (more) cpu_sb_printf(&b, " (+%d more)", more);
   char where[512];
+  cpu_sb_puts(&b, "\", \"from\": \"");
+  for (int i = 0, listed = 0; i < nm && listed < DESCRIBE_MAX_OPS; i++) { /* each op name once */
+    uint32_t o = p->instr[mem[i]].opname;
+    bool seen = !o;
+    for (int j = 0; j < i && !seen; j++) seen = p->instr[mem[j]].opname == o;
+    if (seen || !*loc_str(o, where, sizeof where)) continue;
+    cpu_sb_puts(&b, listed++ ? " " : "");
+    describe_escaped(&b, where);
+  }
   uint32_t loc = describe_loc(p, mem, nm);
   cpu_sb_puts(&b, "\"");
   if (loc && *loc_str(loc, where, sizeof where)) {

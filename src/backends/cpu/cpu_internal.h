@@ -128,9 +128,6 @@ int cpu_dedup_find(cpu_dedup *d, const char *def, bool *fresh);
 void cpu_dedup_free(cpu_dedup *d);
 
 /* ---- cpu_compile.c: compiler, disk cache, dlopen ---- */
-/* Runs argv[0] (searched in PATH) without a shell, its stdout and stderr on fd_out, stdin
- * /dev/null; returns the exit status, or -1 if it could not start or died of a signal. */
-int cpu_spawn(char *const argv[], int fd_out);
 /* A loaded kernel object: n bodies' run functions and their library keys. */
 typedef struct {
   void *dl;

@@ -1,27 +1,9 @@
-/* The compiled graph as a picture, beside the other dumps: GRAFT_DUMP_DIR/graph_<hash>.kernels.dot
- * (after the passes, each generated kernel a cluster: fuse_plan_dot) and .kernels.svg, rendered
- * by Graphviz's dot where it is installed (run without a shell; what it prints goes to a
- * temporary file, said on stderr if it complains). */
+/* The compiled graph as a picture (picture_dump: GRAFT_DUMP_DIR/graph_<hash>.kernels.dot and
+ * its SVG), with this backend's word on the inputs it can give back early. */
 #include "cpu_internal.h"
-#include <inttypes.h>
+#include "../picture.h"
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-
-static void cpu_render_svg(const char *dot_path, const char *svg_path) {
-  char tmpl[] = "/tmp/graft-dot-XXXXXX";
-  int fd = mkstemp(tmpl);
-  if (fd < 0) return;
-  unlink(tmpl);
-  char *argv[] = {"dot", "-Tsvg", "-o", (char *)svg_path, (char *)dot_path, NULL};
-  int rc = cpu_spawn(argv, fd);
-  char said[512] = {0};
-  ssize_t got = rc >= 0 ? pread(fd, said, sizeof said - 1, 0) : 0;
-  close(fd);
-  if (rc > 0 || got > 0) /* -1: no dot here (not installed): the .dot stays */
-    fprintf(stderr, "graft: dot could not render %s (exit %d): %s\n", dot_path, rc, got > 0 ? said : "");
-}
 
 /* Per input slot whose buffer the code frees at its last use when the caller donated it (the
  * executor hands over a sole reference: the memory goes to the values made after), which
@@ -46,16 +28,7 @@ void cpu_dump_picture(const exec_program *p, const fuse_plan *pl, const cpu_code
                       const int *kernel_of) {
   const char *dir = getenv("GRAFT_DUMP_DIR");
   if (!dir || !*dir) return;
-  char path[4096], svg[4096], title[256];
-  snprintf(path, sizeof path, "%s/graph_%016" PRIx64 ".kernels.dot", dir, p->hash);
-  snprintf(svg, sizeof svg, "%s/graph_%016" PRIx64 ".kernels.svg", dir, p->hash);
-  snprintf(title, sizeof title, "graph %016" PRIx64 ": %d instructions after the passes, %d kernels (graph_%016" PRIx64 ".c)",
-           p->hash, p->ninstr, code->nlaunch, p->hash);
-  FILE *f = fopen(path, "w");
-  if (!f) return;
   cpu_arena ar = {0};
-  int rc = fuse_plan_dot(f, p, pl, kernel_of, (const char *const *)cpu_picture_notes(p, pl, code, &ar), title);
+  picture_dump(p, pl, kernel_of, (const char *const *)cpu_picture_notes(p, pl, code, &ar), code->nlaunch, "c");
   cpu_arena_free(&ar);
-  if (fclose(f) || rc) return;
-  cpu_render_svg(path, svg);
 }

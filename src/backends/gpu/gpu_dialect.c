@@ -32,6 +32,7 @@ static const char gpu_vprelude_opencl[] =
 
 const gpu_dialect gpu_dialect_opencl = {
     .name = "OpenCL C",
+    .ext = "cl",
     .prelude =
         "typedef long int64_t;\ntypedef ulong uint64_t;\ntypedef int int32_t;\n"
         "typedef uint uint32_t;\ntypedef uchar uint8_t;\n"

@@ -1,6 +1,7 @@
 /* Kernels and the program: one kernel per materialized instruction of the fusion plan, in
  * program order, with the steps (kernel launches, library calls, fallbacks) the runtime runs. */
 #include "gpu_cg.h"
+#include "../picture.h"
 #include "../cpu/cpu_math.h"
 #include "opmath.h"
 #include "dtype.h"
@@ -392,6 +393,24 @@ static int gpu_last_steps(const exec_program *p, gpu_program *gp) {
   return 0;
 }
 
+/* GRAFT_DUMP_DIR: the program as its kernels run, each kernel step's outputs its cluster. */
+static void gpu_dump_picture(const exec_program *p, const fuse_plan *pl, const gpu_dialect *d,
+                             const gpu_program *gp) {
+  const char *dir = getenv("GRAFT_DUMP_DIR");
+  if (!dir || !*dir) return;
+  int *kof = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
+  if (!kof) return;
+  for (int s = 0; s < p->ninstr; s++) kof[s] = -1;
+  for (int i = 0; i < gp->nsteps; i++) {
+    const gpu_step *st = &gp->steps[i];
+    if (st->kind != GPU_STEP_KERNEL) continue;
+    kof[st->slot] = st->kernel;
+    for (int j = 0; j < st->nout; j++) kof[st->args[j]] = st->kernel;
+  }
+  picture_dump(p, pl, kof, NULL, gp->nkernels, d->ext);
+  free(kof);
+}
+
 int gpu_render(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps, gpu_program *gp) {
   memset(gp, 0, sizeof *gp);
   fuse_plan pl = {0};
@@ -414,6 +433,7 @@ int gpu_render(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps
     gpu_program_free(gp);
   } else {
     gp->source = out.s;
+    gpu_dump_picture(p, &pl, d, gp);
   }
   free(g.reads);
   free(g.memo);

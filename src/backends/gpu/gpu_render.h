@@ -15,6 +15,7 @@
 /* A language's spelling of the few things that differ between GPU C dialects. */
 typedef struct gpu_dialect {
   const char *name;
+  const char *ext;          /* the generated source's file extension (dumps: graph_<hash>.<ext>) */
   const char *prelude;      /* before everything: pragmas, typedefs (int64_t...), helpers */
   const char *kernel;       /* the qualifier a kernel entry starts with */
   const char *global;       /* qualifier of a pointer to device memory */

@@ -75,7 +75,7 @@ static void ocl_dump_source(const exec_program *p, const char *source) {
   const char *dir = getenv("GRAFT_DUMP_DIR");
   if (!dir || !*dir || !source) return;
   char path[4096];
-  snprintf(path, sizeof path, "%s/graph_%016" PRIx64 ".cl", dir, p->hash);
+  snprintf(path, sizeof path, "%s/graph_%016" PRIx64 ".%s", dir, p->hash, gpu_dialect_opencl.ext);
   FILE *f = fopen(path, "w");
   if (!f) return; /* best effort, as the IR dumps */
   fputs(source, f);
