@@ -63,10 +63,15 @@ def analyse(spans, threads):
         k["us"] += e["dur"]
     steps = [e for e in spans if e["cat"] == "step"]
     step_us = sum(e["dur"] for e in steps)
+    native_us = {}  # per graph: the time of its native steps, where its kernels ran
+    for e in steps:
+        if "native" in e["name"]:
+            g = e["args"].get("graph", "?")
+            native_us[g] = native_us.get(g, 0.0) + e["dur"]
     kernels = sorted(kern.values(), key=lambda k: -k["us"])
     for k in kernels:
         a = k["args"]
-        k["share"] = k["us"] / step_us if step_us else 0.0
+        k["share"] = k["us"] / native_us[k["graph"]] if native_us.get(k["graph"]) else 0.0
         k["mean_us"] = k["us"] / k["calls"]
         k["fused"] = a.get("fused", "GEMM" if k["cat"] == "gemm" else "")
         k["from"] = a.get("from", "")
@@ -137,12 +142,32 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bot
 .sub{color:#5b6475} table{border-collapse:collapse;margin:6px 0}
 th,td{padding:3px 8px;border-bottom:1px solid #eceff4;text-align:left;vertical-align:top}
 th{background:#f3f5f9;font-weight:600} td.n{text-align:right;font-variant-numeric:tabular-nums}
-code,.mono{font-family:ui-monospace,monospace;font-size:12px}
+code,.mono{font-family:ui-monospace,monospace;font-size:12px} td .mono{display:inline-block;min-width:16em;max-width:40em}
 .cards{display:flex;flex-wrap:wrap;gap:10px} .card{border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;min-width:120px}
 .card b{display:block;font-size:20px} .bar{background:#4f7cc9;height:10px;display:inline-block}
 .bad{color:#b3261e} details{margin:6px 0} .pic{overflow:auto;max-height:900px;border:1px solid #d8dde6}
 pre{background:#f6f8fa;padding:8px;overflow:auto;font-size:12px}
 """
+
+
+def _runs(words):
+    """Ops with their repeats folded: "slice reshape slice reshape slice reshape concat" ->
+    "3x(slice reshape) concat" (the longest-saving pattern of 1-4 ops first)."""
+    w = words.split()
+    out, i = [], 0
+    while i < len(w):
+        best = (1, 1)  # (pattern length, repeats)
+        for n in range(1, 5):
+            r = 1
+            while w[i + r * n:i + (r + 1) * n] == w[i:i + n] and len(w[i + r * n:i + (r + 1) * n]) == n:
+                r += 1
+            if r > 1 and (r - 1) * n > (best[1] - 1) * best[0]:
+                best = (n, r)
+        n, r = best
+        pat = " ".join(w[i:i + n])
+        out.append(pat if r == 1 else "%dx(%s)" % (r, pat) if n > 1 else "%dx %s" % (r, pat))
+        i += n * r
+    return " ".join(out)
 
 
 def _e(x):
@@ -172,11 +197,17 @@ def _svg(dump_dir, graph):
     with open(p) as f:
         s = f.read()
     i = s.find("<svg")
-    return s[i:] if i >= 0 else None
+    if i < 0:
+        return None
+    # scaled to the page's width (an overview; the file itself is full size)
+    head, rest = s[i:].split(">", 1)
+    head = re.sub(r'\s(width|height)="[^"]*"', "", head) + ' width="100%"'
+    return head + ">" + rest
 
 
-def render(a, metrics=None, metrics_text=None, dump_dir=None, title="graft report"):
-    """The page's HTML from analyse()'s tables, graft's counters (a dict) and text report."""
+def render(a, metrics=None, metrics_text=None, dump_dir=None, title="graft report", page_dir=None):
+    """The page's HTML from analyse()'s tables, graft's counters (a dict) and text report;
+    page_dir: where the page goes (its links to the pictures are relative to it)."""
     m = metrics or {}
     cards = [("steps traced", a["steps"]), ("time in steps", "%.1f ms" % a["step_ms"]),
              ("syncs", a["syncs"]), ("cache hits / misses", "%d / %d" % (a["cache_hits"], a["cache_misses"])),
@@ -193,16 +224,18 @@ def render(a, metrics=None, metrics_text=None, dump_dir=None, title="graft repor
          '<div class="cards">' + "".join('<div class="card"><b>%s</b>%s</div>' % (_e(v), _e(k)) for k, v in cards) + "</div>"]
 
     h.append('<h2 id="kernels">Top kernels by time</h2><p class="sub">Kernels, GEMMs of the traced steps, summed over '
-             "their runs; share is of the time in steps; fused lists the ops a kernel computes (the values it writes "
+             "their runs; share is of the time its graph's native steps took; fused lists the ops a kernel computes (the values it writes "
              "and those inlined into it), from the framework ops that made them, at the source line most of them "
              "came from.</p>")
     top = a["kernels"][:TOP_KERNELS]
     most = top[0]["us"] if top else 1
-    h.append(_table(["#", "kernel", "graph", "fused", "from", "source line", "calls", "total ms", "share", "",
+    h.append(_table(["#", "kernel", "graph", "fused", "from (aten)", "source line", "calls", "total ms", "share", "",
                      "mean us", "bytes", "GB/s", "GFLOP/s"],
                     [[str(i + 1), "<code>%s</code>" % _e(k["name"]), "<code>%s</code>" % _e(k["graph"][:8]),
-                      '<span class="mono">%s</span>' % _e(k["fused"]), '<span class="mono">%s</span>' % _e(k["from"]),
-                      "<code>%s</code>" % _e(k["at"]), str(k["calls"]), "%.3f" % (k["us"] / 1e3),
+                      '<span class="mono">%s</span>' % _e(_runs(k["fused"])),
+                      '<span class="mono">%s</span>' % _e(k["from"].replace("aten::", "")),
+                      '<code title="%s">%s</code>' % (_e(k["at"]), _e(os.path.basename(k["at"]))),
+                      str(k["calls"]), "%.3f" % (k["us"] / 1e3),
                       "%.1f%%" % (100 * k["share"]),
                       '<span class="bar" style="width:%dpx"></span>' % max(1, int(120 * k["us"] / most)),
                       "%.1f" % k["mean_us"], _num(k["bytes"], "%d"), _num(k["gbs"], "%.1f"), _num(k["gflops"], "%.1f")]
@@ -248,8 +281,12 @@ def render(a, metrics=None, metrics_text=None, dump_dir=None, title="graft repor
         svg = _svg(dump_dir, g["graph"])
         if svg:
             shown += 1
-            h.append("<details%s><summary>graph <code>%s</code>: %.3f ms of kernels</summary><div class=\"pic\">%s</div></details>"
-                     % (" open" if shown == 1 else "", _e(g["graph"]), g["kernel_us"] / 1e3, svg))
+            full = os.path.join(dump_dir, "graph_%s.kernels.svg" % g["graph"])
+            if page_dir:
+                full = os.path.relpath(full, page_dir)
+            h.append("<details%s><summary>graph <code>%s</code>: %.3f ms of kernels (<a href=\"%s\">full size</a>)"
+                     "</summary><div class=\"pic\">%s</div></details>"
+                     % (" open" if shown == 1 else "", _e(g["graph"]), g["kernel_us"] / 1e3, _e(full), svg))
     if not shown:
         h.append("<p>No pictures: set <code>GRAFT_DUMP_DIR</code> (or <code>graft.set_dump_dir</code>) while the "
                  "graphs compile, with Graphviz installed.</p>")
@@ -261,7 +298,8 @@ def render(a, metrics=None, metrics_text=None, dump_dir=None, title="graft repor
 
 def write(path, trace_path, metrics=None, metrics_text=None, dump_dir=None, title="graft report"):
     spans, threads = _load(trace_path)
-    page = render(analyse(spans, threads), metrics, metrics_text, dump_dir, title)
+    page = render(analyse(spans, threads), metrics, metrics_text, dump_dir, title,
+                  os.path.dirname(os.path.abspath(path)))
     with open(path, "w") as f:
         f.write(page)
     return str(path)
