@@ -231,20 +231,26 @@ static cache_entry *exec_lookup(double *tc) {
   }
   double c0 = metrics_now_ms();
   char reason[METRICS_REASON_BYTES];
+  uint64_t t = tr ? trace_now() : 0, t_miss = t; /* each part a span of its own: where a miss's time goes */
+#define EXEC_PART(name) (tr ? (trace_span("compile", name, t, trace_now(), NULL), t = trace_now()) : 0)
   cache_reason(&cap, reason, sizeof reason);
+  EXEC_PART("recompile reason");
   exec_program *p = capture_lower(&cap);
   if (!p) return NULL;
+  EXEC_PART("lower");
   passes_stats ps;
   if (passes_run(p, &ps)) {
     program_free(p);
     return NULL;
   }
+  EXEC_PART("passes");
   const backend *be = tier_first_backend(p->device);
   void *exe = be->compile(p);
   if (!exe) {
     program_free(p);
     return NULL;
   }
+  EXEC_PART("first tier's plan");
   e = cache_insert(p, &cap, be, exe);
   if (!e) {
     if (be->free_exe) be->free_exe(exe);
@@ -252,6 +258,8 @@ static cache_entry *exec_lookup(double *tc) {
     return NULL;
   }
   tier_submit(e);
+  EXEC_PART("cache insert and submit");
+#undef EXEC_PART
   if (e->varying) { /* the reason's shapes say which dims differ from the nearest graph */
     size_t k = strlen(reason);
     snprintf(reason + k, sizeof reason - k, "; a new size of a cached graph: its kernels take "
@@ -265,8 +273,7 @@ static cache_entry *exec_lookup(double *tc) {
   if (tr) {
     char args[METRICS_REASON_BYTES + 64];
     trace_args_reason(args, sizeof args, e->prog->hash, reason);
-    uint64_t now = trace_now();
-    trace_span("compile", "lower and plan (first tier)", now - (uint64_t)(*tc * 1e6), now, args);
+    trace_span("compile", "lower and plan (first tier)", t_miss, trace_now(), args);
   }
   return e;
 }
@@ -344,14 +351,15 @@ static graft_status exec_run_here(cache_entry *e, exec_buffer **bufs, tensor_slo
   for (int k = 0; k < p->noutputs; k++) outs[k] = NULL;
   exec_out_index(out_index, n);
   double x0 = metrics_now_ms();
-  uint64_t s0 = here && trace_on() ? trace_now() : 0;
+  uint64_t s0 = trace_on() ? trace_now() : 0;
   int rc = fast ? e->fast->execute(e->fast_exe, p, bufs, outs) : e->be->execute(e->exe, p, bufs, outs);
   *tx = metrics_now_ms() - x0;
-  if (s0) {
+  if (s0) { /* inline (a read's small graph), or synchronous (checking, a memory limit, collectives) */
     char args[96];
     snprintf(args, sizeof args, "\"graph\": \"%016llx\", \"tier\": \"%s\", \"ok\": %s",
              (unsigned long long)p->hash, fast ? "native" : "first", rc ? "false" : "true");
-    trace_span("step", fast ? "step inline (native)" : "step inline (first tier)", s0, trace_now(), args);
+    trace_span("step", here ? (fast ? "step inline (native)" : "step inline (first tier)")
+                            : (fast ? "step (native)" : "step (first tier)"), s0, trace_now(), args);
   }
   int bad = 0;
   if (checking && !ref) check_unchecked(p, fast ? e->fast->name : e->be->name, rc);

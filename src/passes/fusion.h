@@ -28,12 +28,6 @@ int fuse_plan_build(const exec_program *p, fuse_classify_fn classify, void *ctx,
 void fuse_plan_free(fuse_plan *pl);
 /* The slot a library GEMM reads for its operand s, and whether it reads it transposed. */
 int fuse_library_operand(const exec_program *p, const fuse_plan *pl, int s, int *trans);
-/* The kernel each live slot belongs to (home[s]: kernel_of[s] for the values a kernel writes,
- * an inlined value's first reader's kernel, -1 for none) and, for inlined values, how many
- * kernels read it directly (readers[s]; an inlined value read by several is recomputed by
- * each). 0, or -1 when out of memory. */
-int fuse_homes(const exec_program *p, const fuse_plan *pl, const int *kernel_of, int *home,
-               int *readers);
 /* Writes p as planned, in Graphviz's language (fusion_dot.c): one cluster per kernel
  * (kernel_of[s]: the number N of the kernel k<N> that writes slot s, -1 for none) holding the
  * values it writes and those inlined into it; library calls, fallbacks, inputs and outputs

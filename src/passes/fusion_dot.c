@@ -1,6 +1,6 @@
 /* A planned program as a Graphviz picture: what ran as which kernel. Each kernel is a cluster
  * holding the values it writes and the values inlined into it (an inlined value read by
- * several kernels is recomputed by each; it sits in its first reader's cluster and says how
+ * several kernels is recomputed by each; it sits in its last reader's cluster and says how
  * many kernels read it directly); library calls (GEMM), fallbacks, inputs and outputs are marked; dead
  * instructions are left out. */
 #include "fusion.h"
@@ -21,9 +21,11 @@ static int dot_cmp_pair(const void *a, const void *b) {
   return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
 }
 
-/* Consumers come after their operands, so one backward walk hands each inlined value its first
- * reader's kernel; the (value, reader's kernel) pairs, sorted, count the distinct readers. */
-int fuse_homes(const exec_program *p, const fuse_plan *pl, const int *kernel_of, int *home,
+/* The cluster each live slot is drawn in (-1: none) and, for inlined values, how many kernels
+ * read it directly (readers[s]). Consumers come after their operands, so one backward walk
+ * hands each inlined value its last reader's cluster; the (value, reader's cluster) pairs,
+ * sorted, count the distinct readers. -1 when out of memory. */
+static int dot_homes(const exec_program *p, const fuse_plan *pl, const int *kernel_of, int *home,
                      int *readers) {
   int64_t edges = 0;
   for (int s = 0; s < p->ninstr; s++) home[s] = kernel_of[s], readers[s] = 0, edges += p->instr[s].nin;
@@ -85,7 +87,7 @@ int fuse_plan_dot(FILE *f, const exec_program *p, const fuse_plan *pl, const int
                   const char *const *note, const char *title) {
   int n = p->ninstr;
   int *home = malloc(sizeof(int) * ((size_t)n + 1)), *readers = malloc(sizeof(int) * ((size_t)n + 1));
-  if (!home || !readers || fuse_homes(p, pl, kernel_of, home, readers)) {
+  if (!home || !readers || dot_homes(p, pl, kernel_of, home, readers)) {
     free(home);
     free(readers);
     return -1;

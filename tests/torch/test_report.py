@@ -18,11 +18,9 @@ import torch.nn as nn
 import graft
 from graft import _report
 
-torchvision = pytest.importorskip("torchvision")
-
-
 @pytest.fixture(scope="module")
 def resnet_run(tmp_path_factory):
+    torchvision = pytest.importorskip("torchvision")
     d = tmp_path_factory.mktemp("report")
     dumps = d / "dumps"
     torch.manual_seed(0)
@@ -45,6 +43,8 @@ def resnet_run(tmp_path_factory):
                     graft.wait_compiles()  # then the steady graph runs natively
                 if i >= 6 and graft.metrics()["compiled_executions"] >= native0 + 4:
                     break
+            graft.step()
+            graft.wait()  # the user's wait for the queued steps: a span of its own
             loss.item()
     finally:
         graft.set_dump_dir(None)
@@ -69,7 +69,12 @@ def test_the_trace_alone_answers_a_users_questions(resnet_run):
     assert all(k["from"] and all(w.startswith("aten::") for w in k["from"].split()) for k in gen[:5]), \
         [k["from"] for k in gen[:5]]  # the aten ops the kernel's values came from
     assert [k["us"] for k in a["kernels"]] == sorted((k["us"] for k in a["kernels"]), reverse=True)
-    # each kernel span lies inside a native step of that graph, on the executor's track
+    # each kernel span lies inside a native step of its graph, on the executor's track
+    steps = [e for e in spans if e["cat"] == "step" and "native" in e["name"]]
+    for e in (e for e in spans if e["cat"] in ("kernel", "gemm")):
+        assert any(s["tid"] == e["tid"] and s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"] + 0.002
+                   for s in steps), e
+    assert threads[next(e for e in spans if e["cat"] == "kernel")["tid"]] == "executor (steps)"
     gemm = [k for k in a["kernels"] if k["cat"] == "gemm"]
     assert gemm and all(k["flops"] > 0 for k in gemm)
     # compiles: how long, on which thread, why
@@ -78,18 +83,19 @@ def test_the_trace_alone_answers_a_users_questions(resnet_run):
     plans = [c for c in a["compiles"] if c["what"] == "lower and plan (first tier)"]
     assert plans and all(c["thread"] == "tracing (syncs)" and "new graph" in c["reason"] for c in plans)
     # waits: the reads that waited for their step, and the executor's waits for native code
-    assert any(w["what"] in ("graft_item", "graft_to_host", "graft_wait") and w["thread"] == "tracing (syncs)"
-               for w in a["waits"])
+    assert any(w["what"] == "graft_wait" and w["thread"] == "tracing (syncs)" for w in a["waits"])
     assert sum(w["us"] for w in a["waits"]) > 0
-    # the thread pool's workers have their own track
-    assert "thread pool worker" in a["threads"]
+    # the thread pool's workers have their own track, with this run's work on it
+    pool = [e for e in spans if e["cat"] == "pool"]
+    if os.cpu_count() > 1:
+        assert pool and all(threads[e["tid"]] == "thread pool worker" for e in pool)
 
 
 def test_the_pictures_render_without_warnings(resnet_run):
     _, dumps, _ = resnet_run
-    dots = sorted(dumps.glob("graph_*.kernels.dot"))
+    dots = sorted(dumps.glob("graph_*.kernels.dot"), key=lambda p: p.stat().st_size)
     assert dots, os.listdir(dumps)
-    text = dots[-1].read_text()
+    text = dots[-1].read_text()  # the largest: the training step's graph
     assert "subgraph cluster_k0" in text and "library GEMM" in text and "from aten::convolution" in text
     assert "donatable: if donated, freed after" in text  # the weights the optimizer step replaces
     if shutil.which("dot") is None:
@@ -177,6 +183,6 @@ def test_opencl_builds_are_drawn_too(tmp_path):
     assert dots, os.listdir(tmp_path)
     text = "\n".join(p.read_text() for p in dots)
     assert ".cl)" in text and "subgraph cluster_k0" in text  # titled after the OpenCL source
-    assert "library GEMM" in text
+    assert "library GEMM" in text or "fallback kernel" in text  # the matmul: CLBlast's, or the host's
     if shutil.which("dot"):
         assert all(p.with_suffix(".svg").exists() for p in dots)

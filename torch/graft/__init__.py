@@ -159,7 +159,10 @@ def last_compile_reason():
 
 
 def set_dump_dir(path):
-    """Dumps each compiled graph (IR text, Graphviz, generated source) into path (None: off)."""
+    """Dumps each compiled graph (IR text, Graphviz, generated source, the picture of its
+    kernels) into path (None: off). Waits for the builds in flight first: graft's compiler
+    thread reads GRAFT_DUMP_DIR, and the environment must not change under it."""
+    _ops.wait_compiles()
     if path is None:
         os.environ.pop("GRAFT_DUMP_DIR", None)
     else:
@@ -285,7 +288,8 @@ def report(path, trace=None, dump_dir=None, title="graft report"):
     recorded in this process) the steps, the slowest kernels with the ops each fused and their
     source lines, the compiles with their reasons and threads, the fallbacks with their time and
     bytes, and the waits; with the pictures of the graphs that took the time when they were
-    dumped (dump_dir=, by default GRAFT_DUMP_DIR). Also: python3 torch/graft/_report.py."""
+    dumped (dump_dir=, by default GRAFT_DUMP_DIR as it is now: pass the folder when dumping was
+    turned off before the report). Also: python3 torch/graft/_report.py."""
     from . import _report
     trace = trace if trace is not None else _last_trace
     if trace is None:

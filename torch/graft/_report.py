@@ -21,7 +21,7 @@ PICTURES = 3  # the graphs with the most kernel time get their pictures
 
 
 def _load(trace_path):
-    with open(trace_path) as f:
+    with open(trace_path, encoding="utf-8") as f:
         doc = json.load(f)
     ev = doc["traceEvents"] if isinstance(doc, dict) else doc
     threads = {e["tid"]: e["args"]["name"] for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name"}
@@ -39,11 +39,16 @@ def _graph_of_work(spans):
     out = []
     for es in by_tid.values():
         es.sort(key=lambda e: (e["ts"], -e["dur"]))
-        step = None
+        step, nth = None, {}
         for e in es:
             if e["cat"] == "step":
-                step = e
-            elif step is not None and e["ts"] + e["dur"] <= step["ts"] + step["dur"] + 0.002:
+                step, nth = e, {}
+                continue
+            if e["cat"] == "gemm":  # a graph's GEMMs of one shape, told apart by their order
+                k = nth[e["name"]] = nth.get(e["name"], 0) + 1
+                if k > 1:
+                    e = dict(e, name="%s #%d" % (e["name"], k))
+            if step is not None and e["ts"] + e["dur"] <= step["ts"] + step["dur"] + 0.002:
                 out.append((step["args"].get("graph", "?"), e))
             else:
                 out.append(("?", e))
@@ -194,7 +199,7 @@ def _svg(dump_dir, graph):
     p = os.path.join(dump_dir, "graph_%s.kernels.svg" % graph)
     if not os.path.exists(p):
         return None
-    with open(p) as f:
+    with open(p, encoding="utf-8") as f:
         s = f.read()
     i = s.find("<svg")
     if i < 0:
@@ -228,7 +233,7 @@ def render(a, metrics=None, metrics_text=None, dump_dir=None, title="graft repor
              "and those inlined into it), from the framework ops that made them, at the source line most of them "
              "came from.</p>")
     top = a["kernels"][:TOP_KERNELS]
-    most = top[0]["us"] if top else 1
+    most = (top[0]["us"] if top else 0) or 1
     h.append(_table(["#", "kernel", "graph", "fused", "from (aten)", "source line", "calls", "total ms", "share", "",
                      "mean us", "bytes", "GB/s", "GFLOP/s"],
                     [[str(i + 1), "<code>%s</code>" % _e(k["name"]), "<code>%s</code>" % _e(k["graph"][:8]),
@@ -300,7 +305,7 @@ def write(path, trace_path, metrics=None, metrics_text=None, dump_dir=None, titl
     spans, threads = _load(trace_path)
     page = render(analyse(spans, threads), metrics, metrics_text, dump_dir, title,
                   os.path.dirname(os.path.abspath(path)))
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
         f.write(page)
     return str(path)
 

@@ -86,26 +86,58 @@ static char *describe_one(const exec_program *p, const cpu_code *code, int c, co
   return b.s;
 }
 
+/* Kernel c's slots into mem: those it writes (kernel_of) and every inlined value it computes,
+ * reached through inlined operands (a value inlined into several kernels is in each), sorted.
+ * stamp[s] == c marks those taken. Returns how many. */
+static int describe_members(const exec_program *p, const fuse_plan *pl, const int *kernel_of,
+                            const int *writes, int nw, int c, int *stamp, int *stack, int *mem) {
+  int nm = 0, sp = 0;
+  for (int k = 0; k < nw; k++) stamp[writes[k]] = c, mem[nm++] = stack[sp++] = writes[k];
+  while (sp) {
+    const exec_instr *ins = &p->instr[stack[--sp]];
+    for (int k = 0; k < ins->nin; k++) {
+      int q = ins->in[k];
+      if (stamp[q] == c || pl->role[q] != FUSE_INLINE || kernel_of[q] >= 0) continue;
+      stamp[q] = c;
+      mem[nm++] = stack[sp++] = q;
+    }
+  }
+  for (int a = 1; a < nm; a++) /* insertion sort: program order (kernels are small) */
+    for (int b = a; b > 0 && mem[b - 1] > mem[b]; b--) {
+      int t = mem[b];
+      mem[b] = mem[b - 1], mem[b - 1] = t;
+    }
+  return nm;
+}
+
 char **cpu_describe_kernels(const exec_program *p, const fuse_plan *pl, const cpu_code *code,
                             const int *kernel_of) {
   int n = p->ninstr, nk = code->nlaunch;
-  int *home = malloc(sizeof(int) * ((size_t)n + 1)), *readers = malloc(sizeof(int) * ((size_t)n + 1));
-  int *start = calloc((size_t)nk + 2, sizeof(int)), *mem = malloc(sizeof(int) * ((size_t)n + 1));
+  size_t sz = sizeof(int) * ((size_t)n + 1);
+  int *start = calloc((size_t)nk + 2, sizeof(int)), *writes = malloc(sz), *stamp = malloc(sz);
+  int *stack = malloc(sz), *mem = malloc(sz);
   char **what = calloc((size_t)nk + 1, sizeof *what);
-  bool ok = home && readers && start && mem && what && !fuse_homes(p, pl, kernel_of, home, readers);
-  if (ok) { /* each kernel's slots, in program order: counted, then placed */
-    for (int s = 0; s < n; s++)
-      if (pl->role[s] != FUSE_DEAD && home[s] >= 0 && home[s] < nk) start[home[s] + 1]++;
+  bool ok = start && writes && stamp && stack && mem && what;
+  if (ok) { /* each kernel's written slots, in program order: counted, then placed */
+    for (int s = 0; s < n; s++) {
+      stamp[s] = -1;
+      if (kernel_of[s] >= 0 && kernel_of[s] < nk) start[kernel_of[s] + 1]++;
+    }
     for (int c = 0; c < nk; c++) start[c + 1] += start[c];
-    int *fill = readers; /* reused: the next free place of each kernel */
+    int *fill = stack; /* borrowed until the walks: the next free place of each kernel */
     for (int c = 0; c < nk; c++) fill[c] = start[c];
     for (int s = 0; s < n; s++)
-      if (pl->role[s] != FUSE_DEAD && home[s] >= 0 && home[s] < nk) mem[fill[home[s]]++] = s;
-    for (int c = 0; c < nk; c++) what[c] = describe_one(p, code, c, mem + start[c], start[c + 1] - start[c]);
+      if (kernel_of[s] >= 0 && kernel_of[s] < nk) writes[fill[kernel_of[s]]++] = s;
+    for (int c = 0; c < nk; c++) {
+      int nm = describe_members(p, pl, kernel_of, writes + start[c], start[c + 1] - start[c], c,
+                                stamp, stack, mem);
+      what[c] = describe_one(p, code, c, mem, nm);
+    }
   }
-  free(home);
-  free(readers);
   free(start);
+  free(writes);
+  free(stamp);
+  free(stack);
   free(mem);
   if (!ok) {
     free(what);
