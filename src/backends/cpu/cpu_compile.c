@@ -40,7 +40,12 @@
  * chains need cpu_expr.c's own max/min form under it. */
 #define CPU_CFLAG_LIST "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno", \
                        "-fno-trapping-math", "-ffp-contract=off", "-mprefer-vector-width=512", "-w"
-static const char *const cpu_opt_flag[] = {[CPU_OPT_FULL] = "-O3", [CPU_OPT_QUICK] = "-O1"};
+/* The quick build vectorizes too: -O1 alone left every loop scalar, and a GPT block's gelu
+ * backward (erf and exp inline) ran 8.6x slower than at -O3 (8.57 vs 1.02 ns an element);
+ * with -ftree-vectorize, 1.00 ns, for ~25% more compiler time on that kernel. */
+static const char *const cpu_opt_words[][3] = {[CPU_OPT_FULL] = {"-O3"},
+                                               [CPU_OPT_QUICK] = {"-O1", "-ftree-vectorize"}};
+static const char *const cpu_opt_flag[] = {[CPU_OPT_FULL] = "-O3", [CPU_OPT_QUICK] = "-O1 -ftree-vectorize"};
 /* The flags as one string: part of the disk cache key, with the level's. */
 #define CPU_CFLAGS "-std=c11 -fPIC -shared -fopenmp-simd -fno-math-errno -fno-trapping-math " \
                    "-ffp-contract=off -mprefer-vector-width=512 -w"
@@ -236,10 +241,10 @@ static int cpu_storage_errno(const char *said, const char *work) {
 static int cpu_run_compiler(const char *src, cpu_opt opt, const char *out, int fd_err) {
   static const char *flags[] = {CPU_CFLAG_LIST};
   enum { NFLAGS = sizeof flags / sizeof *flags };
-  char buf[256], march[80], *argv[CPU_CC_MAXW + NFLAGS + 6];
+  char buf[256], march[80], *argv[CPU_CC_MAXW + NFLAGS + 8];
   int k = cpu_cc_words(buf, sizeof buf, argv);
   if (!k) return -1;
-  argv[k++] = (char *)cpu_opt_flag[opt];
+  for (int i = 0; i < 3 && cpu_opt_words[opt][i]; i++) argv[k++] = (char *)cpu_opt_words[opt][i];
   for (int i = 0; i < NFLAGS; i++) argv[k++] = (char *)flags[i];
   snprintf(march, sizeof march, "-march=%s", cpu_march());
   argv[k++] = march;
