@@ -120,11 +120,31 @@ static void tier_landed(cache_entry *e, void *exe) {
 
 /* How many times the backend's compiler has run (a build may compile nothing: its kernels
  * were all in memory or on disk). */
-static uint64_t tier_compiler_runs(const backend *b) {
+static backend_stats tier_stats(const backend *b) {
   backend_stats st;
   memset(&st, 0, sizeof st);
   if (b->stats) b->stats(&st);
-  return st.compiles;
+  return st;
+}
+static uint64_t tier_compiler_runs(const backend *b) { return tier_stats(b).compiles; }
+
+/* A native build as a span of the compiler thread: its graph, size, what it compiled and what
+ * it found compiled (the kernel library in memory, or objects from the disk cache). */
+static void tier_trace_build(const cache_entry *e, tier_level level, bool ok, const char *err,
+                             const backend_stats *before, uint64_t s0) {
+  backend_stats now = tier_stats(e->fast);
+  char args[900]; /* "reason": the compiler's error, if it failed */
+  trace_args_reason(args, sizeof args - 256, e->prog->hash, ok ? "" : err);
+  size_t k = strlen(args);
+  snprintf(args + k, sizeof args - k,
+           ", \"instructions\": %d, \"compiler runs\": %llu, \"kernels compiled\": %llu, "
+           "\"kernels reused\": %llu, \"objects from disk\": %llu, \"ok\": %s",
+           e->prog->ninstr, (unsigned long long)(now.compiles - before->compiles),
+           (unsigned long long)(now.kernels_compiled - before->kernels_compiled),
+           (unsigned long long)(now.kernels_reused - before->kernels_reused),
+           (unsigned long long)(now.disk_hits - before->disk_hits), ok ? "true" : "false");
+  trace_span("compile", level == TIER_LEVEL_QUICK ? "native build (quick)" : "native build (full)", s0,
+             trace_now(), args);
 }
 
 static void *tier_worker(void *arg) {
@@ -157,20 +177,12 @@ static void *tier_worker(void *arg) {
     char err[512];
     double t0 = metrics_now_ms();
     if (first) atomic_store(&e->build_started_ms, t0);
-    uint64_t runs = tier_compiler_runs(e->fast);
+    backend_stats before = tier_stats(e->fast);
+    uint64_t runs = before.compiles;
     uint64_t s0 = trace_on() ? trace_now() : 0;
     tier_level level = tier_build(e, quick, &exe, err, sizeof err);
     double ms = metrics_now_ms() - t0;
-    if (s0) {
-      char args[768]; /* "reason": the compiler's error, if it failed */
-      trace_args_reason(args, sizeof args - 128, e->prog->hash, exe ? "" : err);
-      size_t k = strlen(args);
-      snprintf(args + k, sizeof args - k, ", \"instructions\": %d, \"compiler runs\": %llu, \"ok\": %s",
-               e->prog->ninstr, (unsigned long long)(tier_compiler_runs(e->fast) - runs),
-               exe ? "true" : "false");
-      trace_span("compile", level == TIER_LEVEL_QUICK ? "native build (quick)" : "native build (full)",
-                 s0, trace_now(), args);
-    }
+    if (s0) tier_trace_build(e, level, exe != NULL, err, &before, s0);
     if (level == TIER_LEVEL_QUICK && exe && tier_compiler_runs(e->fast) > runs) /* it compiled */
       atomic_store(&q_build_ms_per_instr, ms / (e->prog->ninstr + 1));
     tier_landed(e, exe);

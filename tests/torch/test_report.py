@@ -80,6 +80,7 @@ def test_the_trace_alone_answers_a_users_questions(resnet_run):
     # compiles: how long, on which thread, why
     builds = [c for c in a["compiles"] if c["what"].startswith("native build")]
     assert builds and all(c["thread"] == "compiler (native builds)" and c["ms"] > 0 for c in builds)
+    assert all(c["kernels_compiled"] + c["kernels_reused"] > 0 and c["from_disk"] >= 0 for c in builds)
     plans = [c for c in a["compiles"] if c["what"] == "lower and plan (first tier)"]
     assert plans and all(c["thread"] == "tracing (syncs)" and "new graph" in c["reason"] for c in plans)
     # waits: the reads that waited for their step, and the executor's waits for native code

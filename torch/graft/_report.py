@@ -98,6 +98,8 @@ def analyse(spans, threads):
     compiles = [{"thread": threads.get(e["tid"], str(e["tid"])), "what": e["name"], "ms": e["dur"] / 1e3,
                  "graph": e["args"].get("graph", ""), "reason": e["args"].get("reason", ""),
                  "instructions": e["args"].get("instructions"), "compiler_runs": e["args"].get("compiler runs"),
+                 "kernels_compiled": e["args"].get("kernels compiled"), "kernels_reused": e["args"].get("kernels reused"),
+                 "from_disk": e["args"].get("objects from disk"),
                  "ok": e["args"].get("ok", True), "ts": e["ts"]}
                 for e in spans if e["cat"] == "compile"]
     compiles.sort(key=lambda c: c["ts"])
@@ -253,12 +255,15 @@ def render(a, metrics=None, metrics_text=None, dump_dir=None, title="graft repor
                     numeric={1, 2, 3, 4}))
 
     h.append('<h2 id="compiles">Compiles</h2><p class="sub">First-tier plans on the thread that syncs; native builds '
-             "on the compiler thread (compiler runs 0: every kernel came from the kernel library or the disk cache).</p>")
-    h.append(_table(["what", "thread", "graph", "ms", "instructions", "compiler runs", "ok", "reason"],
+             "on the compiler thread: the kernel bodies each compiled, those it found compiled (the kernel library), "
+             "the objects it loaded from the disk cache.</p>")
+    h.append(_table(["what", "thread", "graph", "ms", "instructions", "compiler runs", "kernels compiled",
+                     "kernels reused", "objects from disk", "ok", "reason"],
                     [[_e(c["what"]), _e(c["thread"]), "<code>%s</code>" % _e(c["graph"]), "%.1f" % c["ms"],
-                      _num(c["instructions"], "%d"), _num(c["compiler_runs"], "%d"),
+                      _num(c["instructions"], "%d"), _num(c["compiler_runs"], "%d"), _num(c["kernels_compiled"], "%d"),
+                      _num(c["kernels_reused"], "%d"), _num(c["from_disk"], "%d"),
                       "yes" if c["ok"] else '<span class="bad">no</span>', _e(c["reason"])]
-                     for c in a["compiles"]], numeric={3, 4, 5}))
+                     for c in a["compiles"]], numeric={3, 4, 5, 6, 7, 8}))
 
     h.append('<h2 id="fallbacks">Fallbacks</h2><p class="sub">Steps of compiled graphs that ran a host or reference '
              "kernel, with the bytes they read and wrote; then PyTorch ops graft has no lowering for (run by "
