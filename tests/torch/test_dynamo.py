@@ -3,6 +3,7 @@ match float64 per step as closely as PyTorch's float32 does (the parity rule of
 test_model_parity), with CPU tensors in and out; after the first step every forward and backward
 runs as a recorded graft function (no retrace: the compile cache's graphs are hit)."""
 import copy
+import warnings
 import os
 import sys
 
@@ -151,7 +152,7 @@ def test_backend_by_object_and_inference():
 
 def test_new_batch_sizes_train_and_a_seen_one_compiles_nothing():
     # dynamo marks the batch dim dynamic at the second size; graft records a function per size
-    # (its graph is compiled per size: dynamic dims are not lowered yet)
+    # (built from size-generic kernels: test_dynamic_sizes_compile_each_kernel_once)
     import torch._dynamo
     torch._dynamo.reset()
     torch.manual_seed(2)
@@ -163,7 +164,7 @@ def test_new_batch_sizes_train_and_a_seen_one_compiles_nothing():
         if b == 4 and graft.metrics()["graphs_compiled"] >= 4:
             graft.reset_metrics()  # 4 again: its recorded forward and backward
         if b == 5:  # dynamo's dynamic graph (made at 4) gets its second size: said once
-            with pytest.warns(UserWarning, match=r"recorded again for new sizes \(input \d+: \(4, 5\) -> \(5, 5\)\).*a graph per size"):
+            with pytest.warns(UserWarning, match=r"recorded again for new sizes \(input \d+: \(4, 5\) -> \(5, 5\)\).*size-generic"):
                 out = f(x)
         else:
             out = f(x)
@@ -174,6 +175,40 @@ def test_new_batch_sizes_train_and_a_seen_one_compiles_nothing():
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
     assert graft.metrics()["graphs_compiled"] == 0
+
+
+def test_dynamic_sizes_compile_each_kernel_once():
+    # torch.compile(dynamic=True): every new batch size is a graph of its own, built from the
+    # kernels the first sizes compiled (size-generic: the sizes that vary are run-time values);
+    # after them the compiler never runs again, and each size trains as eager does
+    import torch._dynamo
+    torch._dynamo.reset()
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(12, 48), nn.GELU(), nn.LayerNorm(48), nn.Linear(48, 5))
+    ref = copy.deepcopy(model)
+    f = torch.compile(model, backend="graft", dynamic=True)
+    sizes = [6, 11, 17, 23, 9, 30, 14, 27]
+    runs = None
+    for i, b in enumerate(sizes):
+        if i == 3:
+            graft.wait_compiles()
+            m = graft.metrics()
+            runs, built = m["compiler_runs"], m["library_builds"]
+        x, y = torch.randn(b, 12), torch.randint(0, 5, (b,))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the one notice of new sizes
+            out = f(x)
+        nn.functional.cross_entropy(out, y).backward()
+        want = ref(x)
+        nn.functional.cross_entropy(want, y).backward()
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+            p.grad = q.grad = None
+    graft.wait_compiles()
+    m = graft.metrics()
+    assert m["compiler_runs"] == runs, "a new size ran the compiler"
+    assert m["library_builds"] >= built + 2 * (len(sizes) - 3) and m["kernels_sized"] > 0
 
 
 @pytest.mark.parametrize("where", ["cpu", "graft"])

@@ -144,15 +144,16 @@ class _Function:
             else:
                 layout.append(("const", o))
         if sig is not None and out_t and all(t.device.type == "graft" for t in out_t):
-            if self.calls and not self.warned_sizes:  # dynamic dims: one graph per size, said once
+            if self.calls and not self.warned_sizes:  # dynamic dims: a graph per size, said once
                 self.warned_sizes = True
                 old = next(iter(self.calls))
                 diff = ["input %d: %s -> %s" % (k, tuple(a[0]), tuple(b[0])) for k, (a, b)
                         in enumerate(zip(old, sig)) if a[0] != "const" and a[0] != b[0]]
                 import warnings
                 warnings.warn("graft: a torch.compile graph is recorded again for new sizes (%s): "
-                              "graft compiles a graph per size (dynamic dims are not lowered yet)"
-                              % ", ".join(diff[:4]), stacklevel=3)
+                              "graft records a graph per size and builds each from size-generic "
+                              "kernels, the sizes that vary passed at run time (compiled once, "
+                              "not per size)" % ", ".join(diff[:4]), stacklevel=3)
             # later calls pass the inputs as they come (a view's value has the copy's shape)
             try:
                 self.calls[sig] = (_ops.function_capture(fresh, out_t), layout)
