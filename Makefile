@@ -111,10 +111,17 @@ DEVICE_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite t
 # A suite that asks for an OpenCL device loads pocl, which dlcloses driver modules that have
 # thread-locals; LeakSanitizer (gcc 12) then walks their stale dynamic-TLS ranges and its
 # tracer crashes at exit ("Tracer caught signal 11"), depending on memory layout.
-LEAK_ENV := ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=use_tls=0
+LEAK_ENV := ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=use_tls=0:suppressions=$(CURDIR)/tests/lsan.supp
+
+# NVRTC (CUDA's run-time compiler) from the PyTorch wheel's nvidia packages, where present:
+# test_op_coverage compiles every op's CUDA C with it (skipped, saying so, without it). Its
+# builtins library is found through the loader's path. Looked up when the recipe runs: the
+# venv may be made by this very `make test` (deps).
+NVRTC_FIND := d=$$(ls -d $(CURDIR)/.venv/lib/python3*/site-packages/nvidia/cu13/lib 2>/dev/null | head -n1); \
+  if [ -n "$$d" ]; then export GRAFT_NVRTC=$$d/libnvrtc.so.13 LD_LIBRARY_PATH=$$d$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}; fi
 
 check-asan: $(TESTS:tests/%.c=build/asan/tests/%)
-	@set -e; for t in $^; do echo "== $$t"; GRAFT_COMPILE=off $(LEAK_ENV) ./$$t; done
+	@set -e; $(NVRTC_FIND); for t in $^; do echo "== $$t"; GRAFT_COMPILE=off $(LEAK_ENV) ./$$t; done
 	@set -e; for t in $(DEVICE_TESTS:%=build/asan/tests/%); do echo "== $$t (cpu:1)"; \
 	  GRAFT_TEST_DEVICE=1 GRAFT_COMPILE=off $(LEAK_ENV) ./$$t; done
 

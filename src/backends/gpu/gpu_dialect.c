@@ -61,3 +61,36 @@ const gpu_dialect gpu_dialect_opencl = {
     .vload = "GC_V(vload)(0, %s)",
     .vstore = "GC_V(vstore)(%s, 0, %s)",
 };
+
+/* CUDA C++ (NVRTC): no headers, so the fixed-width types and limits are spelled here; every
+ * helper of the shared math text is a device function (its `static inline` becomes `static
+ * __device__ __forceinline__`); GCC's builtins map to CUDA's device math. Diagnostics 177
+ * and 550 (declared, or set, but never used) are off: a source carries every helper and each
+ * kernel names every coordinate of its index, used or not, as the CPU build's (-w) does. */
+const gpu_dialect gpu_dialect_cuda = {
+    .name = "CUDA C",
+    .ext = "cu",
+    .prelude =
+        "typedef long long int64_t;\ntypedef unsigned long long uint64_t;\ntypedef int int32_t;\n"
+        "typedef unsigned int uint32_t;\ntypedef unsigned char uint8_t;\n"
+        "#define INT32_MAX 2147483647\n#define INT32_MIN (-2147483647 - 1)\n"
+        "#define INT64_MAX 9223372036854775807LL\n#define INT64_MIN (-9223372036854775807LL - 1)\n"
+        "#pragma nv_diag_suppress 177\n#pragma nv_diag_suppress 550\n"
+        "#define inline __device__ __forceinline__\n"
+        "#define __builtin_fmaf(a, b, c) fmaf((float)(a), (float)(b), (float)(c))\n"
+        "#define __builtin_rintf(x) rintf((float)(x))\n"
+        "#define __builtin_fabsf(x) fabsf((float)(x))\n"
+        "#define __builtin_copysignf(a, b) copysignf((float)(a), (float)(b))\n"
+        "#define GC_INFF __int_as_float(0x7f800000)\n#define GC_NANF __int_as_float(0x7fc00000)\n"
+        "#define __builtin_inff() GC_INFF\n#define __builtin_nanf(s) GC_NANF\n#define INFINITY GC_INFF\n"
+        "#define __builtin_memcpy(d, s, n) memcpy(d, s, n)\n",
+    .kernel = "extern \"C\" __global__ void",
+    .global = "",
+    .restrict_ = "__restrict__",
+    .global_id = "((int64_t)blockIdx.x * blockDim.x + threadIdx.x)",
+    .local_id = "(int)threadIdx.x",
+    .group_id = "(int64_t)blockIdx.x",
+    .local_size = "(int)blockDim.x",
+    .local_decl = "  __shared__ %s %s[%d];\n",
+    .barrier = "__syncthreads()",
+};

@@ -34,6 +34,7 @@ typedef struct gpu_dialect {
 } gpu_dialect;
 
 extern const gpu_dialect gpu_dialect_opencl;
+extern const gpu_dialect gpu_dialect_cuda; /* for NVRTC: no CUDA runtime here yet (tests compile it) */
 
 /* What the runtime does at one step of a program. */
 typedef enum { GPU_STEP_KERNEL, GPU_STEP_LIBRARY, GPU_STEP_FALLBACK } gpu_step_kind;
