@@ -88,6 +88,7 @@ int main(int argc, char **argv) {
          (unsigned long long)gm.device_uploads, (unsigned long long)gm.device_downloads);
   if (train || test_seeds) print_train_summary();
   printf("\n");
+  nvrtc_summary();
   capture_free(&cap);
   if (train || test_seeds) graft_shutdown();
   cpu_pool_shutdown();

@@ -14,6 +14,7 @@
 #include "../src/backends/cpu/cpu_math.h"
 #include "../src/backends/dcache.h"
 #include "check.h"
+#include "nvrtc_check.h"
 #include "device.h"
 #include "tensor.h"
 #include <dirent.h>
@@ -186,6 +187,11 @@ static int compare_tol(ir_node **roots, int nroots, const double *tol) {
   exec_buffer *ro[64] = {0}, *co[64] = {0};
   int bad = 0;
   if (cmp_ref->execute(NULL, p, params, ro)) { program_free(p); return 1; }
+  char why[1800];
+  if (nvrtc_check(p, why, sizeof why)) { /* the same graph in CUDA C (no GPU needed) */
+    fprintf(stderr, "CUDA C: %s\n", why);
+    bad = 1;
+  }
   const backend *cc = compiled_backend(p);
   void *exe = cc->compile(p);
   if (!exe) {
@@ -2826,6 +2832,7 @@ int main(void) {
   RUN(train_seeds);
   RUN(output_view_of_a_donated_input);
   RUN(output_view_read_by_gemm_and_fallback);
+  nvrtc_summary();
   capture_free(&cap);
   graft_wait_compiles(); /* a background compile still writing the cache folder would keep it */
   cpu_pool_shutdown();

@@ -17,9 +17,8 @@
 #include "../src/graph/graph.h"
 #include "../src/backends/ref/ref.h"
 #include "../src/backends/cpu/cpu.h"
-#include "../src/backends/gpu/gpu_render.h"
 #include "check.h"
-#include <dlfcn.h>
+#include "nvrtc_check.h"
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -301,87 +300,10 @@ static void check_cpu(ir_op op, graft_dtype dt, const exec_program *p, exec_buff
   cpu_backend.free_exe(exe);
 }
 
-/* ---- CUDA C: every graph rendered by the CUDA dialect compiles with NVRTC, with nothing in
- * its log (no device needed). NVRTC is opened at run time: $GRAFT_NVRTC, else the loader's
- * libnvrtc.so.13 / .12 / .so; absent, the check is skipped and says why. ---- */
-typedef int (*nvrtc_create_fn)(void **, const char *, const char *, int, const char *const *,
-                               const char *const *);
-typedef int (*nvrtc_compile_fn)(void *, int, const char *const *);
-typedef int (*nvrtc_logsize_fn)(void *, size_t *);
-typedef int (*nvrtc_log_fn)(void *, char *);
-typedef int (*nvrtc_destroy_fn)(void **);
-static struct {
-  void *dl;
-  nvrtc_create_fn create;
-  nvrtc_compile_fn compile;
-  nvrtc_logsize_fn logsize;
-  nvrtc_log_fn log;
-  nvrtc_destroy_fn destroy;
-  char why[300];
-  int compiled;
-} nvrtc;
-
-static bool nvrtc_open(void) {
-  if (nvrtc.dl) return true;
-  const char *env = getenv("GRAFT_NVRTC"), *names[] = {env, "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
-  for (size_t i = 0; i < sizeof names / sizeof *names && !nvrtc.dl; i++)
-    if (names[i] && *names[i]) nvrtc.dl = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-  if (!nvrtc.dl) {
-    snprintf(nvrtc.why, sizeof nvrtc.why, "no NVRTC (GRAFT_NVRTC=%s; libnvrtc.so.13/.12 not found)",
-             env ? env : "");
-    return false;
-  }
-  nvrtc.create = (nvrtc_create_fn)dlsym(nvrtc.dl, "nvrtcCreateProgram");
-  nvrtc.compile = (nvrtc_compile_fn)dlsym(nvrtc.dl, "nvrtcCompileProgram");
-  nvrtc.logsize = (nvrtc_logsize_fn)dlsym(nvrtc.dl, "nvrtcGetProgramLogSize");
-  nvrtc.log = (nvrtc_log_fn)dlsym(nvrtc.dl, "nvrtcGetProgramLog");
-  nvrtc.destroy = (nvrtc_destroy_fn)dlsym(nvrtc.dl, "nvrtcDestroyProgram");
-  return nvrtc.create && nvrtc.compile && nvrtc.logsize && nvrtc.log && nvrtc.destroy;
-}
-
-/* The source compiled for arch (compute_80, compute_90); its log into log (empty: clean). */
-static int nvrtc_build(const char *src, const char *arch, char *log, size_t n) {
-  void *prog = NULL;
-  char opt[64];
-  snprintf(opt, sizeof opt, "--gpu-architecture=%s", arch);
-  const char *opts[] = {opt, "--std=c++17"};
-  log[0] = 0;
-  if (nvrtc.create(&prog, src, "graft.cu", 0, NULL, NULL)) return -1;
-  int rc = nvrtc.compile(prog, 2, opts);
-  size_t sz = 0;
-  if (!nvrtc.logsize(prog, &sz) && sz > 1) {
-    char *l = malloc(sz);
-    if (l && !nvrtc.log(prog, l)) snprintf(log, n, "%s", l);
-    free(l);
-  }
-  nvrtc.destroy(&prog);
-  return rc;
-}
-
 static void check_cuda_render(ir_op op, graft_dtype dt, const exec_program *p) {
-  if (!nvrtc_open()) return;
-  gpu_caps caps = {.fp64 = true, .have_gemm = true, .max_wg = 1024, .row_vec = 0};
-  gpu_program gp;
-  if (gpu_render(p, &gpu_dialect_cuda, &caps, &gp)) {
-    COVER_FAIL("%s on %s: the CUDA renderer failed: %s", ir_ops[op].name, graft_dtype_name(dt),
-               graft_last_error());
-    graft_clear_error();
-    return;
-  }
-  static const char *const archs[] = {"compute_80", "compute_90"};
-  for (int a = 0; a < 2 && gp.nkernels; a++) {
-    char log[2048];
-    int rc = nvrtc_build(gp.source, archs[a], log, sizeof log);
-    bool clean = !rc && strspn(log, " \n\r\t") == strlen(log);
-    if (!clean) {
-      COVER_FAIL("%s on %s: NVRTC (%s) %s: %.1500s", ir_ops[op].name, graft_dtype_name(dt), archs[a],
-                 rc ? "failed" : "warned", log);
-      if (getenv("SHOW_CUDA")) fputs(gp.source, stderr);
-      break;
-    }
-    nvrtc.compiled++;
-  }
-  gpu_program_free(&gp);
+  char why[1800];
+  if (nvrtc_check(p, why, sizeof why))
+    COVER_FAIL("%s on %s: %s", ir_ops[op].name, graft_dtype_name(dt), why);
 }
 
 static void cover_one(ir_op op, graft_dtype dt) {
@@ -456,9 +378,7 @@ TEST(every_op_on_every_backend) {
   int ops = 0, runs = 0, bad = cover_all(&ops, &runs);
   printf("  %d ops, %d op/dtype graphs on ref, first tier and compiled: %d failures\n", ops, runs,
          bad);
-  if (nvrtc.dl) printf("  CUDA C: %d sources compiled by NVRTC for compute_80 and compute_90, none warned\n",
-                       nvrtc.compiled);
-  else printf("  CUDA C: skipped: %s\n", nvrtc.why);
+  nvrtc_summary();
   CHECK(bad == 0);
 }
 

@@ -66,7 +66,9 @@ const gpu_dialect gpu_dialect_opencl = {
  * helper of the shared math text is a device function (its `static inline` becomes `static
  * __device__ __forceinline__`); GCC's builtins map to CUDA's device math. Diagnostics 177
  * and 550 (declared, or set, but never used) are off: a source carries every helper and each
- * kernel names every coordinate of its index, used or not, as the CPU build's (-w) does. */
+ * kernel names every coordinate of its index, used or not, as the CPU build's (-w) does; so
+ * is 186 (an unsigned value compared with zero): one expression serves every dtype (min(x, 0)
+ * on u8). */
 const gpu_dialect gpu_dialect_cuda = {
     .name = "CUDA C",
     .ext = "cu",
@@ -75,7 +77,7 @@ const gpu_dialect gpu_dialect_cuda = {
         "typedef unsigned int uint32_t;\ntypedef unsigned char uint8_t;\n"
         "#define INT32_MAX 2147483647\n#define INT32_MIN (-2147483647 - 1)\n"
         "#define INT64_MAX 9223372036854775807LL\n#define INT64_MIN (-9223372036854775807LL - 1)\n"
-        "#pragma nv_diag_suppress 177\n#pragma nv_diag_suppress 550\n"
+        "#pragma nv_diag_suppress 177\n#pragma nv_diag_suppress 550\n#pragma nv_diag_suppress 186\n"
         "#define inline __device__ __forceinline__\n"
         "#define __builtin_fmaf(a, b, c) fmaf((float)(a), (float)(b), (float)(c))\n"
         "#define __builtin_rintf(x) rintf((float)(x))\n"
