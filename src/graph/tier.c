@@ -118,14 +118,15 @@ static void tier_landed(cache_entry *e, void *exe) {
   pthread_mutex_unlock(&q_mu);
 }
 
-/* How many times the backend's compiler has run (a build may compile nothing: its kernels
- * were all in memory or on disk). */
+/* The backend's counters (all zero for one that keeps none). */
 static backend_stats tier_stats(const backend *b) {
   backend_stats st;
   memset(&st, 0, sizeof st);
   if (b->stats) b->stats(&st);
   return st;
 }
+/* How many times the backend's compiler has run (a build may compile nothing: its kernels
+ * were all in memory or on disk). */
 static uint64_t tier_compiler_runs(const backend *b) { return tier_stats(b).compiles; }
 
 /* A native build as a span of the compiler thread: its graph, size, what it compiled and what

@@ -185,7 +185,6 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
   int *kof = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
   for (int s = 0; kof && s < p->ninstr; s++) kof[s] = -1;
   int rc = cpu_codegen(p, &pl, &e->code, &src, kof);
-  if (!rc && kof && (e->what = cpu_describe_kernels(p, &pl, &e->code, kof))) e->nwhat = e->code.nlaunch;
   e->out_buf = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
   e->final_order = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
   e->final_step = malloc(sizeof(int) * ((size_t)p->noutputs + 1));
@@ -210,6 +209,8 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
   }
   if (src.s && lib_only) cpu_keep_source(p, src.s);
   if (kof && draw && lib_only) cpu_dump_picture(p, &pl, &e->code, kof);
+  /* described once it builds: most library-only attempts find a kernel missing */
+  if (kof && (e->what = cpu_describe_kernels(p, &pl, &e->code, kof))) e->nwhat = e->code.nlaunch;
   fuse_plan_free(&pl);
   free(kof);
   cpu_sb_free(&src);

@@ -3,7 +3,6 @@
 #include "cpu_internal.h"
 #include "../picture.h"
 #include <stdio.h>
-#include <stdlib.h>
 
 /* Per input slot whose buffer the code frees at its last use when the caller donated it (the
  * executor hands over a sole reference: the memory goes to the values made after), which
@@ -26,8 +25,6 @@ static char **cpu_picture_notes(const exec_program *p, const fuse_plan *pl, cons
 
 void cpu_dump_picture(const exec_program *p, const fuse_plan *pl, const cpu_code *code,
                       const int *kernel_of) {
-  const char *dir = getenv("GRAFT_DUMP_DIR");
-  if (!dir || !*dir) return;
   cpu_arena ar = {0};
   picture_dump(p, pl, kernel_of, (const char *const *)cpu_picture_notes(p, pl, code, &ar), code->nlaunch, "c");
   cpu_arena_free(&ar);
