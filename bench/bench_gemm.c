@@ -1,9 +1,12 @@
-/* graft's f32 GEMM against OpenBLAS on the shapes the bench's models run, both through the
+/* graft's f32 GEMM against the libraries on the shapes the bench's models run, all through the
  * path compiled graphs call (cpu_blas()->sgemm: the product split over graft's pool, each part
- * on graft's AVX-512 kernels, or on OpenBLAS with GRAFT_OWN_GEMM=0), timed in alternating
- * blocks (the machine is shared; its speed drifts):
- *   BENCH gemm_<NN|NT|TN>_<m>x<n>x<k> graft_gflops=<x> openblas_gflops=<y> speedup=<x/y>
- * On a CPU without AVX-512 both columns are OpenBLAS (speedup ~1). */
+ * single-threaded), timed in alternating blocks (the machine is shared; its speed drifts):
+ *   BENCH gemm_<NN|NT|TN>_<m>x<n>x<k> graft_gflops= own_gflops= onednn_gflops= openblas_gflops=
+ *         vs_onednn= vs_openblas=
+ * graft: the default (each class's measured choice; oneDNN first where it is installed);
+ * own: graft's AVX-512 kernels where they take the product (GRAFT_KERNEL_CHOICE=0 with
+ * GRAFT_GEMM_LIB=openblas); onednn: oneDNN on every product (GRAFT_OWN_GEMM=0; 0 when
+ * absent); openblas: OpenBLAS on every product. On a CPU without AVX-512 own is the library. */
 #define _POSIX_C_SOURCE 200809L
 #include "../src/backends/cpu/cpu.h"
 #include "../src/backends/cpu/cpu_internal.h"
@@ -40,6 +43,15 @@ static double block(const cpu_blas_fns *bl, const shape *s, const float *A, cons
   return (now_s() - t0) / reps;
 }
 
+enum { MODE_GRAFT, MODE_OWN, MODE_ONEDNN, MODE_OPENBLAS, MODES };
+
+static void bench_mode(int mode) {
+  unsetenv("GRAFT_OWN_GEMM"), unsetenv("GRAFT_GEMM_LIB"), unsetenv("GRAFT_KERNEL_CHOICE");
+  if (mode == MODE_OWN) setenv("GRAFT_GEMM_LIB", "openblas", 1), setenv("GRAFT_KERNEL_CHOICE", "0", 1);
+  if (mode == MODE_ONEDNN || mode == MODE_OPENBLAS) setenv("GRAFT_OWN_GEMM", "0", 1);
+  if (mode == MODE_OPENBLAS) setenv("GRAFT_GEMM_LIB", "openblas", 1);
+}
+
 static void bench_shape(const cpu_blas_fns *bl, const shape *s) {
   size_t na = (size_t)s->m * s->k, nb = (size_t)s->k * s->n, nc = (size_t)s->m * s->n;
   float *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *C = malloc(nc * sizeof *C);
@@ -49,22 +61,28 @@ static void bench_shape(const cpu_blas_fns *bl, const shape *s) {
   }
   for (size_t i = 0; i < na; i++) A[i] = (float)(i % 97) / 97.0f - 0.5f;
   for (size_t i = 0; i < nb; i++) B[i] = (float)(i % 89) / 89.0f - 0.5f;
-  double flops = 2.0 * s->m * s->n * s->k, t[2][ROUNDS];
+  double flops = 2.0 * s->m * s->n * s->k, t[MODES][ROUNDS], gf[MODES] = {0};
   int reps = (int)(4e9 / flops) + 1; /* ~20 ms at 200 GF/s */
+  bool dnnl = cpu_gemm_lib_dnnl();
   block(bl, s, A, B, C, 1);
   for (int r = 0; r < ROUNDS; r++)
-    for (int own = 1; own >= 0; own--) {
-      if (own) unsetenv("GRAFT_OWN_GEMM");
-      else setenv("GRAFT_OWN_GEMM", "0", 1);
+    for (int mode = 0; mode < MODES; mode++) {
+      if (mode == MODE_ONEDNN && !dnnl) continue;
+      bench_mode(mode);
       block(bl, s, A, B, C, 1); /* warm: caches, the pool's threads */
-      t[own][r] = block(bl, s, A, B, C, reps);
+      t[mode][r] = block(bl, s, A, B, C, reps);
     }
-  unsetenv("GRAFT_OWN_GEMM");
-  qsort(t[0], ROUNDS, sizeof(double), cmp);
-  qsort(t[1], ROUNDS, sizeof(double), cmp);
-  double g = flops / t[1][ROUNDS / 2] / 1e9, o = flops / t[0][ROUNDS / 2] / 1e9;
-  printf("BENCH gemm_%c%c_%dx%dx%d graft_gflops=%.1f openblas_gflops=%.1f speedup=%.2f (%s)\n",
-         s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->m, s->n, s->k, g, o, g / o, s->what);
+  bench_mode(MODE_GRAFT);
+  for (int mode = 0; mode < MODES; mode++) {
+    if (mode == MODE_ONEDNN && !dnnl) continue;
+    qsort(t[mode], ROUNDS, sizeof(double), cmp);
+    gf[mode] = flops / t[mode][ROUNDS / 2] / 1e9;
+  }
+  printf("BENCH gemm_%c%c_%dx%dx%d graft_gflops=%.1f own_gflops=%.1f onednn_gflops=%.1f "
+         "openblas_gflops=%.1f vs_onednn=%.2f vs_openblas=%.2f (%s)\n",
+         s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->m, s->n, s->k, gf[MODE_GRAFT], gf[MODE_OWN],
+         gf[MODE_ONEDNN], gf[MODE_OPENBLAS], dnnl ? gf[MODE_GRAFT] / gf[MODE_ONEDNN] : 0.0,
+         gf[MODE_GRAFT] / gf[MODE_OPENBLAS], s->what);
   fflush(stdout);
   free(A);
   free(B);
@@ -95,11 +113,12 @@ int main(void) {
       {8, 1024, 1024, 0, 1, "a linear layer at batch 8 (few rows)"},
       {16, 81, 4096, 0, 1, "a 3-D conv's weight gradient, 16 outputs (few rows)"},
       {32, 1024, 1024, 0, 1, "a linear layer at batch 32 (few rows)"},
+      {384, 3072, 768, 0, 1, "a transformer's MLP up-projection, 384 tokens"},
+      {96, 768, 256, 0, 1, "a projection of the varying-length LM at 96 tokens"},
   };
-  printf("# bench_gemm: %s; pool of %d threads\n",
-         cpu_own_gemm() ? "graft's AVX-512 kernels against OpenBLAS"
-                        : "no AVX-512: both columns are OpenBLAS",
-         cpu_pool_threads());
+  printf("# bench_gemm: %s; oneDNN %s; pool of %d threads\n",
+         cpu_own_gemm() ? "graft's AVX-512 kernels" : "no AVX-512: own is the library",
+         cpu_gemm_lib_dnnl() ? "loaded" : "absent (its column 0)", cpu_pool_threads());
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) bench_shape(bl, &shapes[i]);
   cpu_pool_shutdown();
   return 0;

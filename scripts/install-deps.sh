@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs what graft needs; idempotent (does nothing when all is present).
 #  1. Debian packages (the same names on Debian 12 and 13): the C toolchain and checkers;
-#     zlib (CRC-32 of saved functions); OpenBLAS for matmul; Open MPI for the collectives of
+#     zlib (CRC-32 of saved functions); OpenBLAS for matmul, and oneDNN (libdnnl) whose f32
+#     GEMM is the library kernel beside graft's own where installed; Open MPI for the collectives of
 #     data-parallel training (src/dist,
 #     graft.distributed); pocl (OpenCL on the CPU), found through the ICD loader (ocl-icd: graft
 #     opens libOpenCL.so.1 at run time and builds against the CL headers), clinfo to list the
@@ -20,7 +21,7 @@
 #     exist'). TORCH_SPEC overrides the pair (e.g. "torch==2.13.0" for a bridge-only check).
 set -e
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PKGS="gcc g++ make valgrind pkg-config zlib1g-dev libopenblas-dev libopenmpi-dev openmpi-bin"
+PKGS="gcc g++ make valgrind pkg-config zlib1g-dev libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin"
 PKGS="$PKGS pocl-opencl-icd ocl-icd-opencl-dev opencl-c-headers clinfo libclblast-dev graphviz chromium python3 python3-venv"
 missing=""
 for p in $PKGS; do

@@ -11,6 +11,7 @@
 #include "../src/graph/graph.h"
 #include "../src/backends/ref/ref.h"
 #include "../src/backends/cpu/cpu.h"
+#include "../src/backends/cpu/cpu_internal.h"
 #include "../src/backends/cpu/cpu_math.h"
 #include "../src/backends/dcache.h"
 #include "check.h"
@@ -808,7 +809,8 @@ static ir_node *tr2(ir_node *a) {
 /* An f32 product op(A)[m,k] op(B)[k,n] (a batch of them when batch > 1, transposes as views)
  * checked against the reference, up to 520 f32 terms summed in order against its f64 sum
  * (~k * 2^-24 * |a||b|), and whether it ran on the kernel *counter counts: taken where the CPU
- * has AVX-512 and the case says so. */
+ * has AVX-512 (for oneDNN's counter: where oneDNN is installed) and the case says so. graft's
+ * own kernels are checked with OpenBLAS as the library, where they are the static default. */
 static void check_f32_product(int64_t m, int64_t k, int64_t n, bool ta, bool tb, int64_t batch,
                               const uint64_t *counter, bool taken) {
   int nd = batch > 1 ? 3 : 2, o = nd - 2;
@@ -823,10 +825,13 @@ static void check_f32_product(int64_t m, int64_t k, int64_t n, bool ta, bool tb,
                     tb ? mk(IR_TRANSPOSE, 1, &B, &tp, 0, 0, NULL) : B};
   ir_node *y = mk(IR_DOT, 2, in, NULL, 0, 0, NULL);
   uint64_t before = *counter;
+  bool onednn = counter == &cpu_stats.onednn_gemms;
   setenv("GRAFT_KERNEL_CHOICE", "0", 1); /* the static rule's kernel, not a measured one */
+  if (!onednn) setenv("GRAFT_GEMM_LIB", "openblas", 1);
   CHECK(compare(&y, 1, 1e-4) == 0);
   unsetenv("GRAFT_KERNEL_CHOICE");
-  CHECK((*counter > before) == (__builtin_cpu_supports("avx512f") && taken));
+  unsetenv("GRAFT_GEMM_LIB");
+  CHECK((*counter > before) == (taken && (onednn ? cpu_gemm_lib_dnnl() : __builtin_cpu_supports("avx512f"))));
   release_all();
 }
 
@@ -1094,6 +1099,28 @@ TEST(dot_avx512_gemm) {
   check_f32_product(200, 300, 60, false, false, 1, &cpu_stats.own_gemms, false);
   check_f32_product(200, 300, 16, false, false, 1, &cpu_stats.narrow_gemms, false);
   unsetenv("GRAFT_OWN_GEMM");
+}
+
+/* Where oneDNN is installed, the static rule sends f32 products to it (graft's own 12x32 and
+ * narrow kernels' classes; also without AVX-512), except the A B^T of 2-32 rows that graft's
+ * few-row kernels take; GRAFT_GEMM_LIB=openblas sends them back to graft's kernels. */
+TEST(dot_onednn_default) {
+  if (!cpu_gemm_lib_dnnl()) {
+    printf("  dot_onednn_default: skipped: oneDNN (libdnnl.so.2/.3) is not installed\n");
+    return;
+  }
+  static const int64_t cases[][7] = {
+      {200, 300, 60, 0, 0, 1, 1}, {130, 520, 150, 1, 1, 1, 1}, {48, 50, 64, 0, 1, 6, 1},
+      {130, 300, 16, 0, 0, 1, 1}, {61, 96, 9, 1, 0, 1, 1},     {4, 128, 512, 0, 1, 1, 0}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    const int64_t *q = cases[c];
+    uint64_t own = cpu_stats.own_gemms + cpu_stats.narrow_gemms;
+    check_f32_product(q[0], q[1], q[2], q[3], q[4], q[5], &cpu_stats.onednn_gemms, q[6]);
+    if (q[6]) CHECK(cpu_stats.own_gemms + cpu_stats.narrow_gemms == own);
+  }
+  uint64_t before = cpu_stats.own_gemms;
+  check_f32_product(200, 300, 60, false, false, 1, &cpu_stats.own_gemms, true);
+  CHECK((cpu_stats.own_gemms > before) == (bool)__builtin_cpu_supports("avx512f"));
 }
 
 /* Pooling's host kernels (max and sum reduce_window, max_pool_grad) equal the reference
@@ -2811,6 +2838,7 @@ int main(void) {
   RUN(argmax_argmin);
   RUN(dot_blas_and_fallback);
   RUN(dot_avx512_gemm);
+  RUN(dot_onednn_default);
   RUN(kernel_choice_by_measurement);
   RUN(dump_draws_the_kernels);
   RUN(profile_table);

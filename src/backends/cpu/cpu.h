@@ -30,6 +30,7 @@ typedef struct {
   uint64_t narrow_gemms;  /* f32 products with a side of 8-16 run on cpu_narrow.c's kernels */
   uint64_t fewrows_gemms; /* f32 A B^T of 2-32 rows run on cpu_fewrows.c's kernels */
   uint64_t own_gemms;     /* f32 GEMMs (or parts of one) run on cpu_sgemm.c's AVX-512 kernel */
+  uint64_t onednn_gemms;  /* f32 GEMMs (or parts of one) run on oneDNN's sgemm */
   uint64_t choices;       /* classes of products/convolutions whose kernel was chosen by measurement */
   uint64_t demoted;       /* of those, classes that left the default kernel (cpu_choice.c) */
 } cpu_counters;

@@ -1,6 +1,14 @@
 /* OpenBLAS, loaded at run time so libgraft has no link-time BLAS dependency: a machine without
  * it runs dot on the reference kernel. GRAFT_BLAS=0 disables it.
  *
+ * oneDNN (libdnnl, also loaded at run time where present) is the f32 library kernel when it is
+ * there: its JIT-generated AVX-512 kernels ran the products of the bench's models at 165-180
+ * GF/s a core where OpenBLAS's Haswell kernels (and graft's own, which lose 12-28% to packing
+ * op(B) on products with few rows) ran 110-155. It is called single-threaded on each of the
+ * pool's parts, its OpenMP thread count set to 1 for the call and restored after (OpenMP
+ * threads of its own would spin after each call and fight the pool's next kernel for the
+ * cores). GRAFT_GEMM_LIB=openblas keeps OpenBLAS as the library (the A/B).
+ *
  * GEMMs are split by rows (or columns, when short and wide) over graft's own thread pool, each
  * part a single-threaded call: cpu_sgemm.c's AVX-512 kernel for f32 where the CPU has it and
  * the part suits its tiles, OpenBLAS otherwise. OpenBLAS's own threads spin (sched_yield)
@@ -23,7 +31,14 @@ typedef void (*cpu_dgemm_fn)(int, int, int, int, int, int, double, const double 
 enum { CPU_GEMM_KB = 256 };
 #define CPU_GEMM_SMALL_MNK (64.0 * 64.0 * 64.0)
 
+/* oneDNN's row-major sgemm: transposes as 'N'/'T', dims and leading dimensions int64 */
+typedef int (*cpu_dnnl_sgemm_fn)(char, char, int64_t, int64_t, int64_t, float, const float *,
+                                 int64_t, const float *, int64_t, float, float *, int64_t);
+
 static cpu_blas_fns cpu_blas_tab;
+static cpu_dnnl_sgemm_fn dnnl_sgemm;
+static void (*omp_set_threads)(int);
+static int (*omp_get_threads)(void);
 static cpu_sgemm_fn raw_sgemm;
 static cpu_dgemm_fn raw_dgemm;
 static void (*set_threads)(int);
@@ -41,13 +56,24 @@ typedef struct {
 
 
 /* One single-threaded f32 product: graft's AVX-512 kernel where it takes it (unless lib), else
- * OpenBLAS. True when graft's kernel ran. */
+ * the library's. True when graft's kernel ran. */
 static bool cpu_sgemm_one(int ta, int tb, int m, int n, int k, float alpha, const float *a,
                           int lda, const float *b, int ldb, float beta, float *c, int ldc,
                           bool lib) {
   if (!lib && alpha == 1.0f && beta == 0.0f &&
       cpu_sgemm_avx512(ta != CPU_CBLAS_NO_TRANS, tb != CPU_CBLAS_NO_TRANS, m, n, k, a, lda, b, ldb, c, ldc))
     return true;
+  if (cpu_gemm_lib_dnnl()) {
+    int saved = omp_get_threads();
+    if (saved != 1) omp_set_threads(1);
+    int st = dnnl_sgemm(ta == CPU_CBLAS_NO_TRANS ? 'N' : 'T', tb == CPU_CBLAS_NO_TRANS ? 'N' : 'T', m, n, k,
+                        alpha, a, lda, b, ldb, beta, c, ldc);
+    if (saved != 1) omp_set_threads(saved);
+    if (st == 0) {
+      __atomic_fetch_add(&cpu_stats.onednn_gemms, 1, __ATOMIC_RELAXED);
+      return false;
+    } /* else (out of memory for its packing): OpenBLAS below */
+  }
   /* OpenBLAS's kernel for small products sums a long k in one chain: alexnet's [4,4096] x
    * [4096,10] head came out at 3-12x float32's usual error. Such a product is summed in blocks
    * of CPU_GEMM_KB terms carried through C, as its kernels for larger products and graft's
@@ -96,7 +122,10 @@ static void cpu_gemm_part(void **S, int64_t lo, int64_t hi) {
 static bool cpu_gemm_split(cpu_gemm_job *j);
 
 /* An f32 product's kernels are a measured choice per class of (transposes, sizes): graft's own
- * (the default) or OpenBLAS's (cpu_choice.c). */
+ * or the library's (cpu_choice.c). The default: oneDNN where it is present, except for the
+ * products graft's few-row kernels take (1.7-2.2x oneDNN on bench_gemm's 8x1024x1024 and
+ * 16x81x4096; its narrow kernels lost to oneDNN by 1.3-1.5x on 9- and 16-wide products);
+ * graft's own where the library is OpenBLAS. */
 static void cpu_gemm_run(cpu_gemm_job *j) {
   if (j->dbl || j->alpha != 1.0 || j->beta != 0.0 || !cpu_own_gemm()) {
     cpu_gemm_split(j);
@@ -106,13 +135,16 @@ static void cpu_gemm_run(cpu_gemm_job *j) {
   /* the kernel of graft's that would run is part of the class: sizes a half octave apart
    * may fall on either side of a kernel's bounds */
   int64_t own = cpu_narrow_takes(ta, tb, j->m, j->n, j->k) * 2 + cpu_fewrows_takes(ta, tb, j->m, j->n, j->k);
-  int64_t dims[6] = {ta, tb, own, j->m, j->n, j->k};
+  bool lib_first = !(own & 1) && cpu_gemm_lib_dnnl();
+  int64_t dims[7] = {ta, tb, own, lib_first, j->m, j->n, j->k};
   cpu_choice_ticket t;
-  j->lib = cpu_choice_begin("sgemm (transposes, kernel, m, n, k)", dims, 6, 3, 2, &t) == 1;
+  int pick = cpu_choice_begin("sgemm (transposes, kernel, library first, m, n, k)", dims, 7, 4, 2, &t);
+  j->lib = pick == (lib_first ? 0 : 1);
   bool ran = !j->lib && (cpu_narrow_gemm(ta, tb, j->m, j->n, j->k, j->A, j->lda, j->B, j->ldb, j->C, j->ldc) ||
                          cpu_fewrows_gemm(ta, tb, j->m, j->n, j->k, j->A, j->lda, j->B, j->ldb, j->C, j->ldc));
   if (!ran) ran = cpu_gemm_split(j);
-  if (!j->lib && !ran) cpu_choice_only(&t); /* no kernel of graft's takes this class */
+  /* no kernel of graft's takes this class: its default stays (the library ran either way) */
+  if (!j->lib && !ran) cpu_choice_only(&t);
   cpu_choice_end(&t);
 }
 
@@ -166,6 +198,7 @@ typedef struct {
 
 static void cpu_batch_part(void **S, int64_t lo, int64_t hi) {
   const cpu_batch_job *j = (const cpu_batch_job *)S;
+  bool lib = cpu_gemm_lib_dnnl(); /* the default of cpu_gemm_run's choice for such products */
   for (int64_t q = lo; q < hi; q++) {
     if (j->dbl)
       raw_dgemm(CPU_CBLAS_ROW_MAJOR, j->ta, j->tb, j->m, j->n, j->k, 1.0, (const double *)j->A + q * j->sa,
@@ -174,7 +207,7 @@ static void cpu_batch_part(void **S, int64_t lo, int64_t hi) {
     else
       cpu_sgemm_one(j->ta, j->tb, j->m, j->n, j->k, 1.0f, (const float *)j->A + q * j->sa, j->lda,
                     (const float *)j->B + q * j->sb, j->ldb, 0.0f, (float *)j->C + q * j->sc,
-                    j->ldc, false);
+                    j->ldc, lib);
   }
 }
 
@@ -200,9 +233,35 @@ static void cpu_gemm_batch(int dbl, int ta, int tb, int m, int n, int k, const v
   if (saved > 1) set_threads(saved);
 }
 
+/* oneDNN's sgemm and its OpenMP's thread-count calls, where the library is installed. */
+static void cpu_dnnl_load(void) {
+  static const char *names[] = {"libdnnl.so.3", "libdnnl.so.2"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) continue;
+    /* looked up in the library and what it loaded (its OpenMP runtime) */
+    void *f = dlsym(h, "dnnl_sgemm"), *st = dlsym(h, "omp_set_num_threads"),
+         *gt = dlsym(h, "omp_get_max_threads");
+    if (f && st && gt) {
+      memcpy(&dnnl_sgemm, &f, sizeof f);
+      memcpy(&omp_set_threads, &st, sizeof st);
+      memcpy(&omp_get_threads, &gt, sizeof gt);
+      return; /* kept loaded for the life of the process */
+    }
+    dlclose(h);
+  }
+}
+
+bool cpu_gemm_lib_dnnl(void) {
+  cpu_blas();
+  const char *e = getenv("GRAFT_GEMM_LIB"); /* read per product, as GRAFT_OWN_GEMM is */
+  return dnnl_sgemm && !(e && !strcmp(e, "openblas"));
+}
+
 static void cpu_blas_load(void) {
   const char *e = getenv("GRAFT_BLAS");
   if (e && !strcmp(e, "0")) return;
+  cpu_dnnl_load();
   static const char *names[] = {"libopenblas.so.0", "libopenblas.so", "libblas.so.3"};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);

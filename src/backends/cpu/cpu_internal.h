@@ -196,6 +196,7 @@ typedef struct {
                const void *b, int ldb, int64_t sb, void *c, int ldc, int64_t sc, int64_t batch);
 } cpu_blas_fns;
 const cpu_blas_fns *cpu_blas(void); /* NULL fields when OpenBLAS cannot be loaded */
+bool cpu_gemm_lib_dnnl(void);      /* oneDNN is the f32 library kernel (else OpenBLAS) */
 
 /* ---- cpu_sgemm.c ---- */
 /* Whether graft's own f32 GEMM kernels (these and cpu_narrow.c's) run: the CPU has AVX-512
