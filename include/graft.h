@@ -98,6 +98,15 @@ void graft_shutdown(void);
 /** A tensor holding a copy of host data (device data; a graph parameter). device is 0..3. */
 graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const int64_t *shape,
                               int device);
+/** A tensor over host memory without a copy: the caller keeps data valid and unchanged until
+ *  graft calls release(ctx), once, from any thread, when it no longer reads it (with the last
+ *  reference to the tensor and to every result that aliases it). graft never writes, frees or
+ *  reuses it. data must be 64-byte aligned (graft's kernels assume it; graft_from_host copies
+ *  from any address) and device a host device (cpu:N). On an error nothing is taken: NULL is
+ *  returned and release is not called. A framework's tensor passed to a compiled function
+ *  without its copy (the PyTorch bridge's torch.compile on CPU tensors) comes in this way. */
+graft_tensor *graft_from_host_borrowed(void *data, graft_dtype dt, int ndim, const int64_t *shape,
+                                       int device, void (*release)(void *ctx), void *ctx);
 /** A 0-d tensor holding a user scalar: a parameter, so changing the value never recompiles. */
 graft_tensor *graft_scalar(double value, graft_dtype dt);
 /** graft_scalar on a device (0..3). Every creator has such an _on form; the plain form is cpu:0.

@@ -125,6 +125,36 @@ graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const 
   return t;
 }
 
+graft_tensor *graft_from_host_borrowed(void *data, graft_dtype dt, int ndim, const int64_t *shape,
+                                       int device, void (*release)(void *ctx), void *ctx) {
+  const char *fn = "graft_from_host_borrowed";
+  if (check_dtype(fn, dt) || check_device(fn, device)) return NULL;
+  if (!device_is_host(device)) {
+    char d[64];
+    return err_set(GRAFT_ERR_DEVICE, "%s: %s is not a host device (graft_from_host copies to it)", fn,
+                   device_str(device, d, sizeof d));
+  }
+  if (ndim < 0 || ndim > GRAFT_MAX_DIMS)
+    return err_set(GRAFT_ERR_SHAPE, "%s: ndim %d out of range [0, %d]", fn, ndim, GRAFT_MAX_DIMS);
+  if (ndim && !shape) return err_set(GRAFT_ERR_NULL, "%s: shape is NULL", fn);
+  if (!release) return err_set(GRAFT_ERR_NULL, "%s: release is NULL", fn);
+  int64_t numel = ir_numel(ndim, shape);
+  if (numel < 0) return err_set(GRAFT_ERR_SHAPE, "%s: invalid shape (negative or too large)", fn);
+  if (!data) return err_set(GRAFT_ERR_NULL, "%s: data is NULL", fn);
+  if ((uintptr_t)data % 64)
+    return err_set(GRAFT_ERR_ARG, "%s: data %p is not 64-byte aligned (graft_from_host copies it)", fn, data);
+  tensor_lock();
+  exec_buffer *b = buffer_borrow(data, (size_t)numel * graft_dtype_size(dt), device, release, ctx);
+  graft_tensor *t = NULL;
+  if (b) {
+    t = tensor_wrap(ir_make_data(b, dt, ndim, shape, device));
+    if (!t) b->release = NULL, b->ptr = NULL, b->bytes = 0; /* nothing taken: the record alone goes */
+  }
+  buffer_release(b);
+  tensor_unlock();
+  return t;
+}
+
 /* The creators below each have a cpu:0 form (the original API) and an _on form taking the
  * device; both share one body that names the function the user called in its errors. */
 
@@ -432,7 +462,8 @@ const void *graft_host_view(graft_tensor *t, graft_host_ref **ref, int *shared) 
   } else if (n) {
     static const char empty[64];
     /* other tensors of this value, or other values over its buffer (a reshape's output) */
-    if (shared) *shared = __atomic_load_n(&n->refcnt, __ATOMIC_ACQUIRE) > 1 || buffer_refs(n->data) > 1;
+    if (shared) /* borrowed memory is its owner's: a view of it would alias their tensor */
+      *shared = __atomic_load_n(&n->refcnt, __ATOMIC_ACQUIRE) > 1 || buffer_refs(n->data) > 1 || n->data->release;
     buffer_retain(n->data); /* a buffer with another reference is never donated (exec.c) */
     *ref = (graft_host_ref *)n->data;
     p = n->data->ptr ? n->data->ptr : empty;

@@ -195,6 +195,8 @@ exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what) {
   while (now > peak && !atomic_compare_exchange_weak(&buf_peak, &peak, now)) {
   }
   b->refcnt = 1;
+  b->release = NULL;
+  b->release_ctx = NULL;
   b->donated = 0;
   b->state = BUFFER_READY;
   b->held = bytes;
@@ -225,7 +227,7 @@ exec_buffer *buffer_new_pending(size_t bytes, int device, const char *what) {
 
 int buffer_fill(exec_buffer *b, exec_buffer *src) {
   void *p = NULL;
-  if (buffer_refs(src) == 1) { /* ours alone: the memory moves, and its accounting with it */
+  if (buffer_refs(src) == 1 && !src->release) { /* ours alone: the memory moves, with its accounting */
     p = src->ptr;
     src->ptr = NULL;
     src->held = src->bytes = 0;
@@ -284,6 +286,11 @@ void buffer_fail(exec_buffer *b, buffer_failure *f) {
 void buffer_release(exec_buffer *b) {
   if (!b || __atomic_sub_fetch(&b->refcnt, 1, __ATOMIC_ACQ_REL) != 0) return;
   buffer_failure_release(b->failure);
+  if (b->release) { /* the owner's memory: given back, not freed */
+    b->release(b->release_ctx);
+    free(b);
+    return;
+  }
   atomic_fetch_sub(&buf_in_use, b->held);
   if (!device_is_host(b->device)) {
     const device_info *dev = device_get(b->device);
@@ -297,6 +304,19 @@ void buffer_release(exec_buffer *b) {
   if (POOL_FILL && b->ptr && rounded >= POOL_MIN_BYTES) memset(b->ptr, POOL_FILL_BYTE, rounded);
   if (!b->ptr || rounded < POOL_MIN_BYTES || !pool_put(b->ptr, rounded)) free(b->ptr);
   free(b);
+}
+
+exec_buffer *buffer_borrow(void *ptr, size_t bytes, int device, void (*release)(void *), void *ctx) {
+  exec_buffer *b = calloc(1, sizeof *b);
+  if (!b) return err_set(GRAFT_ERR_OOM, "out of memory: a borrowed buffer's record");
+  b->refcnt = 1;
+  b->state = BUFFER_READY;
+  b->device = device;
+  b->bytes = bytes;
+  b->ptr = ptr;
+  b->release = release;
+  b->release_ctx = ctx;
+  return b;
 }
 
 size_t buffer_bytes_in_use(void) { return atomic_load(&buf_in_use); }

@@ -31,6 +31,10 @@ typedef struct exec_buffer {
   int state; /* buffer_state; read with buffer_get_state (another thread may set it) */
   size_t held; /* bytes counted as in use for it: bytes, or 0 for a placeholder not yet filled */
   buffer_failure *failure; /* BUFFER_FAILED only */
+  /* Host memory graft does not own (graft_from_host_borrowed): never written, moved, donated or
+   * pooled; release(release_ctx) at the last reference instead of a free. NULL: graft's own. */
+  void (*release)(void *ctx);
+  void *release_ctx;
 } exec_buffer;
 
 /* Allocates bytes (zero-filled only if zero is set). NULL with GRAFT_ERR_OOM set on failure;
@@ -52,6 +56,10 @@ void buffer_fail(exec_buffer *b, buffer_failure *f);
 buffer_failure *buffer_failure_new(int status, const char *msg);
 void buffer_failure_release(buffer_failure *f);
 void buffer_release(exec_buffer *b);
+/* A ready buffer over bytes of host memory at ptr that the caller owns (see exec_buffer's
+ * release); not counted as graft's memory. NULL with GRAFT_ERR_OOM when its record cannot be
+ * allocated (release is then not called). */
+exec_buffer *buffer_borrow(void *ptr, size_t bytes, int device, void (*release)(void *), void *ctx);
 /* Copies bytes of host memory into b / b into host memory (a device with its own memory: a
  * transfer, counted in device_traffic). Returns 0, or -1 with the error set. */
 int buffer_upload(exec_buffer *b, const void *src, size_t bytes);

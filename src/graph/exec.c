@@ -116,7 +116,7 @@ static bool exec_index_in_range(const exec_program *p, exec_buffer **bufs, int i
  * before any later one, so b is then the later step's alone). */
 static bool exec_sole_owner(const exec_buffer *b) {
   int queued = buffer_get_state(b) == BUFFER_PENDING;
-  return buffer_refs(b) == 1 + queued;
+  return buffer_refs(b) == 1 + queued && !b->release; /* borrowed memory is never graft's to reuse */
 }
 
 static void exec_donate(const exec_program *p, exec_buffer **bufs, ir_node *const *roots, int n) {

@@ -150,6 +150,39 @@ def test_backend_by_object_and_inference():
         torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
 
 
+def test_cpu_inputs_are_read_in_place():
+    """torch.compile's CPU tensors reach graft without a copy where their layout allows
+    (graft_from_host_borrowed): no bytes move to the device, the values graft computes from them
+    are right, and graft never writes them (an input only the graph holds is not donated to an
+    output); a strided or unaligned tensor is copied instead; the tensor PyTorch lent stays
+    alive while graft reads it."""
+    borrow = torch.ops.graft.host_borrow
+    x = torch.randn(256, 1024)
+    keep = x.clone()
+    before = graft.metrics()
+    g = borrow(x, 0)
+    y = g * 2 + 1  # x's graft value dies inside this graph: a donation candidate
+    del g
+    got = y.cpu()
+    after = graft.metrics()
+    assert after["bytes_to_device"] == before["bytes_to_device"], (before, after)
+    torch.testing.assert_close(got, keep * 2 + 1)
+    assert torch.equal(x, keep)  # never written
+    for other in (x.t(), x.view(-1)[1:1025].view(1, 1024)):  # strided; 4 bytes off alignment
+        before = graft.metrics()
+        got = (borrow(other, 0) + 0).cpu()
+        assert graft.metrics()["bytes_to_device"] > before["bytes_to_device"]
+        torch.testing.assert_close(got, other)
+    z = torch.arange(4096, dtype=torch.float32)
+    gz = borrow(z, 0)
+    del z  # graft's reference keeps the storage alive
+    import gc
+    gc.collect()
+    torch.testing.assert_close((gz + 1).cpu()[-1], torch.tensor(4096.0))
+    with pytest.raises(RuntimeError, match="takes a CPU tensor"):
+        borrow(gz, 0)
+
+
 def test_new_batch_sizes_train_and_a_seen_one_compiles_nothing():
     # dynamo marks the batch dim dynamic at the second size; graft records a function per size
     # (built from size-generic kernels: test_dynamic_sizes_compile_each_kernel_once)

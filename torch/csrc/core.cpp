@@ -548,6 +548,55 @@ static at::Tensor py_host_view(const at::Tensor &t) {
   }
 }
 
+// torch.compile's CPU tensors handed to graft without a copy (graft_from_host_borrowed): each
+// holds its PyTorch tensor until graft lets go. graft may let go on its executor's thread; the
+// tensor is destroyed later, on the thread of a bridge call (a storage's deleter may take the
+// GIL, which a thread of graft's must not wait for).
+static std::mutex &released_mu() {
+  static std::mutex m;
+  return m;
+}
+static std::vector<at::Tensor *> &released() {
+  static std::vector<at::Tensor *> v;
+  return v;
+}
+static void borrowed_release(void *ctx) {
+  std::lock_guard<std::mutex> lk(released_mu());
+  released().push_back(static_cast<at::Tensor *>(ctx));
+}
+static void drain_released() {
+  std::vector<at::Tensor *> v;
+  {
+    std::lock_guard<std::mutex> lk(released_mu());
+    v.swap(released());
+  }
+  for (auto *t : v) delete t;
+}
+
+// A graft tensor on host device `device` over t's memory, without a copy, where graft can read
+// it in place (contiguous, 64-byte aligned, a plain dense CPU tensor); else a copy. The caller
+// must not write t while graft may read it (torch.compile's CPU calls wait for their results).
+static at::Tensor py_host_borrow(const at::Tensor &t, int64_t device) {
+  std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  drain_released();
+  TORCH_CHECK(t.device().is_cpu(), "graft: host_borrow takes a CPU tensor (got ", t.device(), ")");
+  const char *kind = graft_device_kind((int)device);
+  TORCH_CHECK(kind, "graft: host_borrow: no graft device ", device);
+  bool in_place = !strcmp(kind, "cpu") && t.layout() == at::kStrided && t.is_contiguous() &&
+                  t.numel() > 0 && !t._is_zerotensor() && !t.is_conj() && !t.is_neg() &&
+                  reinterpret_cast<uintptr_t>(t.data_ptr()) % 64 == 0;
+  if (!in_place) return wrap(from_cpu(t, (int)device));
+  auto *keep = new at::Tensor(t.detach());  // the storage, not the autograd graph behind t
+  auto sz = t.sizes().vec();
+  graft_tensor *g = graft_from_host_borrowed(t.data_ptr(), to_gdt(t.scalar_type()), (int)sz.size(),
+                                             sz.data(), (int)device, borrowed_release, keep);
+  if (!g) {
+    delete keep;
+    chk_status(graft_last_status(), "host_borrow");
+  }
+  return wrap(G(g));
+}
+
 G from_cpu(const at::Tensor &cpu, int device) {
   graft_dtype dt = to_gdt(cpu.scalar_type());
   auto sz = cpu.sizes().vec();
@@ -1148,6 +1197,7 @@ static int64_t py_function_capture(const std::vector<at::Tensor> &inputs,
 
 static std::vector<at::Tensor> py_function_call(int64_t id, const std::vector<at::Tensor> &inputs) {
   std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  drain_released();
   auto it = functions().find(id);
   TORCH_CHECK(it != functions().end(), "graft: no function ", id, " (freed?)");
   std::vector<graft_tensor *> in;
@@ -1218,6 +1268,7 @@ static void py_trace_end() {
 
 TORCH_LIBRARY(graft, m) {
   m.def("host_view(Tensor t) -> Tensor", &py_host_view);
+  m.def("host_borrow(Tensor t, int device) -> Tensor", &py_host_borrow);
   m.def("function_save(int id, str path) -> ()", &py_function_save);
   m.def("function_load(str path, int device) -> int", &py_function_load);
   m.def("function_capture(Tensor[] inputs, Tensor[] outputs) -> int", &py_function_capture);

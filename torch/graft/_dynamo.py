@@ -8,9 +8,10 @@ the recorded graph again over the new inputs, with no per-op Python, dispatcher 
 the compile cache finds its compiled code. Calls stay asynchronous like the lazy device's ops: a
 result is read when the caller reads it.
 
-Tensors on a graft device are used as they are. CPU tensors are copied to graft's cpu:0 device and
-the results copied back (each call then waits for its results): a model on graft's device avoids
-both. Guards, recompiles and graph breaks stay dynamo's; graft's metrics count its compiles.
+Tensors on a graft device are used as they are. CPU tensors are read in place by graft's cpu:0
+device where their layout allows (contiguous and 64-byte aligned, as PyTorch allocates them; else
+copied), and the results are handed back without a copy, so each such call waits for its results:
+a model on graft's device also runs its optimizer in graft and never waits. Guards, recompiles and graph breaks stay dynamo's; graft's metrics count its compiles.
 """
 import torch
 
@@ -86,8 +87,8 @@ class _Function:
         gargs = []
         for a in args:
             if isinstance(a, Tensor) and a.device.type != "graft":
-                on_cpu = True
-                a = a.to(dev)
+                on_cpu = True  # read in place where graft can (no copy): the call waits below
+                a = _ops.host_borrow(a, dev.index or 0) if a.device.type == "cpu" else a.to(dev)
             gargs.append(a)
         tens = [a for a in gargs if isinstance(a, Tensor)]
         hit = self.last  # dynamo guards the graph's shapes: the last signature, as a rule
