@@ -194,16 +194,7 @@ exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what) {
   size_t peak = atomic_load(&buf_peak);
   while (now > peak && !atomic_compare_exchange_weak(&buf_peak, &peak, now)) {
   }
-  b->refcnt = 1;
-  b->release = NULL;
-  b->release_ctx = NULL;
-  b->donated = 0;
-  b->state = BUFFER_READY;
-  b->held = bytes;
-  b->failure = NULL;
-  b->device = device;
-  b->bytes = bytes;
-  b->ptr = p;
+  *b = (exec_buffer){.refcnt = 1, .device = device, .bytes = bytes, .ptr = p, .state = BUFFER_READY, .held = bytes};
   return b;
 }
 
@@ -307,15 +298,10 @@ void buffer_release(exec_buffer *b) {
 }
 
 exec_buffer *buffer_borrow(void *ptr, size_t bytes, int device, void (*release)(void *), void *ctx) {
-  exec_buffer *b = calloc(1, sizeof *b);
+  exec_buffer *b = malloc(sizeof *b);
   if (!b) return err_set(GRAFT_ERR_OOM, "out of memory: a borrowed buffer's record");
-  b->refcnt = 1;
-  b->state = BUFFER_READY;
-  b->device = device;
-  b->bytes = bytes;
-  b->ptr = ptr;
-  b->release = release;
-  b->release_ctx = ctx;
+  *b = (exec_buffer){.refcnt = 1, .device = device, .bytes = bytes, .ptr = ptr, .state = BUFFER_READY,
+                     .release = release, .release_ctx = ctx}; /* held 0: not graft's memory */
   return b;
 }
 
