@@ -103,8 +103,10 @@ graft_tensor *graft_from_host(const void *data, graft_dtype dt, int ndim, const 
  *  reference to the tensor and to every result that aliases it). graft never writes, frees or
  *  reuses it. data must be 64-byte aligned (graft's kernels assume it; graft_from_host copies
  *  from any address) and device a host device (cpu:N). On an error nothing is taken: NULL is
- *  returned and release is not called. A framework's tensor passed to a compiled function
- *  without its copy (the PyTorch bridge's torch.compile on CPU tensors) comes in this way. */
+ *  returned and release is not called. release must not call graft (it may run inside graft,
+ *  under its locks, on graft's executor thread). A framework's tensor passed to a compiled
+ *  function without its copy (the PyTorch bridge's torch.compile on CPU tensors) comes in this
+ *  way. */
 graft_tensor *graft_from_host_borrowed(void *data, graft_dtype dt, int ndim, const int64_t *shape,
                                        int device, void (*release)(void *ctx), void *ctx);
 /** A 0-d tensor holding a user scalar: a parameter, so changing the value never recompiles. */

@@ -165,22 +165,35 @@ def test_cpu_inputs_are_read_in_place():
     del g
     got = y.cpu()
     after = graft.metrics()
-    assert after["bytes_to_device"] == before["bytes_to_device"], (before, after)
+    moved = after["bytes_to_device"] - before["bytes_to_device"]
+    assert moved < x.nbytes, moved  # the scalars 2 and 1 at most
+    assert after["donated_buffers"] == before["donated_buffers"], (before, after)
     torch.testing.assert_close(got, keep * 2 + 1)
     assert torch.equal(x, keep)  # never written
+    # the same graph over a copy gives the input's memory to its output: the case guarded above
+    before = graft.metrics()
+    g2 = x.to(graft.device())
+    y2 = g2 * 2 + 1
+    del g2
+    torch.testing.assert_close(y2.cpu(), keep * 2 + 1)
+    assert graft.metrics()["donated_buffers"] > before["donated_buffers"]
     for other in (x.t(), x.view(-1)[1:1025].view(1, 1024)):  # strided; 4 bytes off alignment
         before = graft.metrics()
         got = (borrow(other, 0) + 0).cpu()
         assert graft.metrics()["bytes_to_device"] > before["bytes_to_device"]
         torch.testing.assert_close(got, other)
     z = torch.arange(4096, dtype=torch.float32)
+    st = z.untyped_storage()
+    uses = torch._C._storage_Use_Count(st._cdata)
     gz = borrow(z, 0)
-    del z  # graft's reference keeps the storage alive
-    import gc
-    gc.collect()
+    assert torch._C._storage_Use_Count(st._cdata) == uses + 1  # graft holds the storage
+    del z
     torch.testing.assert_close((gz + 1).cpu()[-1], torch.tensor(4096.0))
+    del gz
+    graft.wait()  # lets the bridge destroy what graft let go of
+    assert torch._C._storage_Use_Count(st._cdata) == uses - 1  # z's own reference is gone too
     with pytest.raises(RuntimeError, match="takes a CPU tensor"):
-        borrow(gz, 0)
+        borrow(y, 0)
 
 
 def test_new_batch_sizes_train_and_a_seen_one_compiles_nothing():

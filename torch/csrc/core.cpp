@@ -553,12 +553,12 @@ static at::Tensor py_host_view(const at::Tensor &t) {
 // tensor is destroyed later, on the thread of a bridge call (a storage's deleter may take the
 // GIL, which a thread of graft's must not wait for).
 static std::mutex &released_mu() {
-  static std::mutex m;
-  return m;
+  static auto *m = new std::mutex;  // never destroyed: graft's threads may release at exit
+  return *m;
 }
 static std::vector<at::Tensor *> &released() {
-  static std::vector<at::Tensor *> v;
-  return v;
+  static auto *v = new std::vector<at::Tensor *>;
+  return *v;
 }
 static void borrowed_release(void *ctx) {
   std::lock_guard<std::mutex> lk(released_mu());
@@ -586,10 +586,11 @@ static at::Tensor py_host_borrow(const at::Tensor &t, int64_t device) {
                   t.numel() > 0 && !t._is_zerotensor() && !t.is_conj() && !t.is_neg() &&
                   reinterpret_cast<uintptr_t>(t.data_ptr()) % 64 == 0;
   if (!in_place) return wrap(from_cpu(t, (int)device));
-  auto *keep = new at::Tensor(t.detach());  // the storage, not the autograd graph behind t
+  graft_dtype dt = to_gdt(t.scalar_type());
   auto sz = t.sizes().vec();
-  graft_tensor *g = graft_from_host_borrowed(t.data_ptr(), to_gdt(t.scalar_type()), (int)sz.size(),
-                                             sz.data(), (int)device, borrowed_release, keep);
+  auto *keep = new at::Tensor(t.detach());  // the storage, not the autograd graph behind t
+  graft_tensor *g = graft_from_host_borrowed(t.data_ptr(), dt, (int)sz.size(), sz.data(), (int)device,
+                                             borrowed_release, keep);
   if (!g) {
     delete keep;
     chk_status(graft_last_status(), "host_borrow");
@@ -1073,6 +1074,7 @@ static void py_step() {
 
 static void py_sync(const std::vector<at::Tensor> &ts) {
   std::lock_guard<std::recursive_mutex> lk(bridge_mutex());
+  drain_released();
   std::vector<G> vals;
   std::vector<graft_tensor *> ptrs;
   for (auto &t : ts) {
@@ -1119,6 +1121,7 @@ static void py_wait_compiles() {
 static void py_wait() {
   // Not under the bridge lock: the executor thread never needs it.
   chk_status(graft_wait(), "wait");
+  drain_released();  // what the finished steps let go of
 }
 
 static int64_t py_device_count() { return graft_device_count(); }

@@ -120,6 +120,9 @@ class _Function:
                         and o.device.type == "graft"]
             back = [i for i in on_graft if not (i < len(self.saved) and self.saved[i])]
             _ops.sync([outs[i] for i in on_graft])
+            # every output, saved ones too: until the graph has run it may read the inputs lent
+            # to it (a small output is filled early, before the rest of the graph runs)
+            _ops.wait()
             for i in back:  # graft's buffers, no copy (host_view copies bytes others read)
                 outs[i] = _ops.host_view(outs[i])
         return tuple(outs)

@@ -239,9 +239,13 @@ static void cpu_dnnl_load(void) {
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!h) continue;
-    /* looked up in the library and what it loaded (its OpenMP runtime) */
-    void *f = dlsym(h, "dnnl_sgemm"), *st = dlsym(h, "omp_set_num_threads"),
-         *gt = dlsym(h, "omp_get_max_threads");
+    /* the OpenMP runtime oneDNN's own calls resolve to: the process's first (PyTorch's
+     * bundled libgomp.so.1 where torch was imported first), else the one it loaded */
+    void *self = dlopen(NULL, RTLD_NOW); /* the process's global scope */
+    void *f = dlsym(h, "dnnl_sgemm"), *st = self ? dlsym(self, "omp_set_num_threads") : NULL,
+         *gt = self ? dlsym(self, "omp_get_max_threads") : NULL;
+    if (self) dlclose(self);
+    if (!st || !gt) st = dlsym(h, "omp_set_num_threads"), gt = dlsym(h, "omp_get_max_threads");
     if (f && st && gt) {
       memcpy(&dnnl_sgemm, &f, sizeof f);
       memcpy(&omp_set_threads, &st, sizeof st);
@@ -261,7 +265,6 @@ bool cpu_gemm_lib_dnnl(void) {
 static void cpu_blas_load(void) {
   const char *e = getenv("GRAFT_BLAS");
   if (e && !strcmp(e, "0")) return;
-  cpu_dnnl_load();
   static const char *names[] = {"libopenblas.so.0", "libopenblas.so", "libblas.so.3"};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
@@ -278,6 +281,7 @@ static void cpu_blas_load(void) {
       cpu_blas_tab.sgemm = cpu_sgemm;
       cpu_blas_tab.dgemm = cpu_dgemm;
       cpu_blas_tab.gemm = cpu_gemm_batch;
+      cpu_dnnl_load(); /* its products come through the same split, so only beside a BLAS */
       return; /* kept loaded for the life of the process */
     }
     dlclose(h);
