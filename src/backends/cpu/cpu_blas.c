@@ -50,20 +50,21 @@ typedef struct {
   double alpha, beta;
   const void *A, *B;
   void *C;
-  bool lib;     /* OpenBLAS for every part (the measured choice of cpu_choice.c) */
+  bool lib;     /* the library for every part (the measured choice of cpu_choice.c) */
+  bool dnnl;    /* the library is oneDNN (cpu_gemm_lib_dnnl, read once per product) */
   int own_ran;  /* a part ran on graft's own kernel (atomic: parts run on the pool) */
 } cpu_gemm_job;
 
 
 /* One single-threaded f32 product: graft's AVX-512 kernel where it takes it (unless lib), else
- * the library's. True when graft's kernel ran. */
+ * the library's (oneDNN where dnnl, else OpenBLAS). True when graft's kernel ran. */
 static bool cpu_sgemm_one(int ta, int tb, int m, int n, int k, float alpha, const float *a,
                           int lda, const float *b, int ldb, float beta, float *c, int ldc,
-                          bool lib) {
+                          bool lib, bool dnnl) {
   if (!lib && alpha == 1.0f && beta == 0.0f &&
       cpu_sgemm_avx512(ta != CPU_CBLAS_NO_TRANS, tb != CPU_CBLAS_NO_TRANS, m, n, k, a, lda, b, ldb, c, ldc))
     return true;
-  if (cpu_gemm_lib_dnnl()) {
+  if (dnnl) {
     int saved = omp_get_threads();
     if (saved != 1) omp_set_threads(1);
     int st = dnnl_sgemm(ta == CPU_CBLAS_NO_TRANS ? 'N' : 'T', tb == CPU_CBLAS_NO_TRANS ? 'N' : 'T', m, n, k,
@@ -113,7 +114,7 @@ static void cpu_gemm_part(void **S, int64_t lo, int64_t hi) {
                 j->lda, (const double *)j->B + boff, j->ldb, j->beta, (double *)j->C + coff, j->ldc);
     else if (cpu_sgemm_one(j->ta, j->tb, m, n, j->k, (float)j->alpha, (const float *)j->A + aoff,
                            j->lda, (const float *)j->B + boff, j->ldb, (float)j->beta,
-                           (float *)j->C + coff, j->ldc, j->lib))
+                           (float *)j->C + coff, j->ldc, j->lib, j->dnnl))
       __atomic_store_n(&((cpu_gemm_job *)j)->own_ran, 1, __ATOMIC_RELAXED);
   }
 }
@@ -135,7 +136,7 @@ static void cpu_gemm_run(cpu_gemm_job *j) {
   /* the kernel of graft's that would run is part of the class: sizes a half octave apart
    * may fall on either side of a kernel's bounds */
   int64_t own = cpu_narrow_takes(ta, tb, j->m, j->n, j->k) * 2 + cpu_fewrows_takes(ta, tb, j->m, j->n, j->k);
-  bool lib_first = !(own & 1) && cpu_gemm_lib_dnnl();
+  bool lib_first = !(own & 1) && j->dnnl;
   int64_t dims[7] = {ta, tb, own, lib_first, j->m, j->n, j->k};
   cpu_choice_ticket t;
   int pick = cpu_choice_begin("sgemm (transposes, kernel, library first, m, n, k)", dims, 7, 4, 2, &t);
@@ -172,7 +173,7 @@ static void cpu_sgemm(int order, int ta, int tb, int m, int n, int k, float alph
     raw_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  cpu_gemm_job j = {0, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, alpha, beta, a, b, c, false, 0};
+  cpu_gemm_job j = {0, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, alpha, beta, a, b, c, false, cpu_gemm_lib_dnnl(), 0};
   cpu_gemm_run(&j);
 }
 
@@ -183,7 +184,7 @@ static void cpu_dgemm(int order, int ta, int tb, int m, int n, int k, double alp
     raw_dgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  cpu_gemm_job j = {1, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, alpha, beta, a, b, c, false, 0};
+  cpu_gemm_job j = {1, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, alpha, beta, a, b, c, false, false, 0};
   cpu_gemm_run(&j);
 }
 
@@ -194,11 +195,11 @@ typedef struct {
   int64_t sa, sb, sc;
   const void *A, *B;
   void *C;
+  bool dnnl; /* the library is oneDNN: its default for such products, as in cpu_gemm_run */
 } cpu_batch_job;
 
 static void cpu_batch_part(void **S, int64_t lo, int64_t hi) {
   const cpu_batch_job *j = (const cpu_batch_job *)S;
-  bool lib = cpu_gemm_lib_dnnl(); /* the default of cpu_gemm_run's choice for such products */
   for (int64_t q = lo; q < hi; q++) {
     if (j->dbl)
       raw_dgemm(CPU_CBLAS_ROW_MAJOR, j->ta, j->tb, j->m, j->n, j->k, 1.0, (const double *)j->A + q * j->sa,
@@ -207,7 +208,7 @@ static void cpu_batch_part(void **S, int64_t lo, int64_t hi) {
     else
       cpu_sgemm_one(j->ta, j->tb, j->m, j->n, j->k, 1.0f, (const float *)j->A + q * j->sa, j->lda,
                     (const float *)j->B + q * j->sb, j->ldb, 0.0f, (float *)j->C + q * j->sc,
-                    j->ldc, lib);
+                    j->ldc, j->dnnl, j->dnnl);
   }
 }
 
@@ -216,19 +217,20 @@ static void cpu_gemm_batch(int dbl, int ta, int tb, int m, int n, int k, const v
                            int64_t sc, int64_t batch) {
   size_t es = dbl ? sizeof(double) : sizeof(float);
   int nt = cpu_pool_threads();
+  bool dnnl = !dbl && cpu_gemm_lib_dnnl();
   /* Items big enough to split well by rows keep the row split (one item at a time). */
   if (batch < nt || 2.0 * m * n * k >= 64e6) {
     for (int64_t q = 0; q < batch; q++) {
       cpu_gemm_job j = {dbl, ta, tb, m, n, k, lda, ldb, ldc, 1, 0, 1.0, 0.0,
                         (const char *)a + (size_t)(q * sa) * es, (const char *)b + (size_t)(q * sb) * es,
-                        (char *)c + (size_t)(q * sc) * es, false, 0};
+                        (char *)c + (size_t)(q * sc) * es, false, dnnl, 0};
       cpu_gemm_run(&j);
     }
     return;
   }
   int saved = get_threads && set_threads ? get_threads() : 0;
   if (saved > 1) set_threads(1);
-  cpu_batch_job j = {dbl, ta, tb, m, n, k, lda, ldb, ldc, sa, sb, sc, a, b, c};
+  cpu_batch_job j = {dbl, ta, tb, m, n, k, lda, ldb, ldc, sa, sb, sc, a, b, c, dnnl};
   cpu_parallel_run(cpu_batch_part, (void **)&j, batch);
   if (saved > 1) set_threads(saved);
 }
