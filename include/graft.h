@@ -39,7 +39,7 @@ extern "C" {
 
 #define GRAFT_MAX_DIMS 8
 #define GRAFT_CPU_DEVICES 4  /* ids 0..3: virtual CPU devices cpu:0..cpu:3 (host memory) */
-#define GRAFT_MAX_DEVICES 16 /* device ids: the CPUs, then accelerators found (OpenCL) */
+#define GRAFT_MAX_DEVICES 16 /* device ids: the CPUs, then accelerators found (OpenCL, CUDA) */
 #define GRAFT_VERSION "0.1.0"
 
 typedef struct graft_tensor graft_tensor;
@@ -145,10 +145,13 @@ graft_tensor *graft_rand_normal_on(graft_dtype dt, int ndim, const int64_t *shap
 /** Devices known: the GRAFT_CPU_DEVICES CPUs, then accelerators (the first call looks for them:
  *  OpenCL platforms). Ids run 0..count-1. */
 int graft_device_count(void);
-/** The id of the ordinal-th device of kind ("cpu", "opencl"), or -1 with GRAFT_ERR_DEVICE set
+/** The id of the ordinal-th device of kind ("cpu", "opencl", "cuda"), or -1 with GRAFT_ERR_DEVICE set
  *  (the message says what was looked for and which devices exist). */
 int graft_device_find(const char *kind, int ordinal);
-/** The device's kind ("cpu", "opencl"), or NULL for no such device. */
+/** Why no device of kind ("opencl", "cuda") is listed: "no CUDA driver: libcuda.so.1 could not
+ *  be opened (...)", "GRAFT_CUDA=0 hides CUDA devices"; NULL when one is (runs discovery). */
+const char *graft_device_absent(const char *kind);
+/** The device's kind ("cpu", "opencl", "cuda"), or NULL for no such device. */
 const char *graft_device_kind(int device);
 /** The device's name (for OpenCL: platform and device), or NULL for no such device. */
 const char *graft_device_name(int device);

@@ -46,15 +46,19 @@ static int check_passed, check_failed;
     }                                                                                       \
   } while (0)
 /* The device the device-parametrized tests (test_ops_*, test_composite, test_grad, and
- * fuzz_graphs) make their inputs on: GRAFT_TEST_DEVICE=n runs them on device n, =opencl on the
- * first OpenCL device (the Makefile runs them on cpu:0, test_composite and test_grad on cpu:1
- * too, and all of them on opencl:0 in make check-opencl, where graft finds one). */
+ * fuzz_graphs) make their inputs on: GRAFT_TEST_DEVICE=n runs them on device n, =opencl (=cuda,
+ * =cuda:1) on that kind's first (that) device (the Makefile runs them on cpu:0, test_composite
+ * and test_grad on cpu:1 too, all of them on opencl:0 in make check-opencl, where graft finds
+ * one; scripts/gpu-check.sh on cuda). */
 static inline int check_test_device(void) {
   const char *e = getenv("GRAFT_TEST_DEVICE");
   if (!e || !*e) return 0;
-  if (strcmp(e, "opencl")) return atoi(e);
-  int d = graft_device_find("opencl", 0); /* -1: the suite reports no such device */
-  return d;
+  if (*e >= '0' && *e <= '9') return atoi(e);
+  char kind[16];
+  const char *colon = strchr(e, ':');
+  size_t n = colon ? (size_t)(colon - e) : strlen(e);
+  snprintf(kind, sizeof kind, "%.*s", (int)(n < sizeof kind ? n : sizeof kind - 1), e);
+  return graft_device_find(kind, colon ? atoi(colon + 1) : 0); /* -1: the suite says why */
 }
 
 /* How graft's errors name device id: "cpu:1", "opencl:0". */

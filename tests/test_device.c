@@ -295,12 +295,59 @@ TEST(opencl_hidden_by_env) {
   pid_t pid = fork();
   if (pid == 0) {
     setenv("GRAFT_OPENCL", "0", 1);
+    setenv("GRAFT_CUDA", "0", 1);
     execl("/proc/self/exe", "test_device", "--hidden-opencl", (char *)NULL);
     _exit(127);
   }
   int st = 0;
   CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* ---- CUDA's discovery (src/backends/cuda): without a driver or device, graft says why ---- */
+
+/* Run as `--cuda-absent TEXT`: no CUDA device is listed, and both graft_device_absent and
+ * graft_device_find's error say why, with TEXT in it. */
+static int cuda_absent_checks(const char *text) {
+  const char *why = graft_device_absent("cuda");
+  CHECK(why && strstr(why, text));
+  if (why) printf("  cuda: %s\n", why);
+  CHECK(graft_device_find("cuda", 0) == -1);
+  CHECK(err_is(GRAFT_ERR_DEVICE, "no cuda device 0", text));
+  CHECK(graft_device_count() == GRAFT_CPU_DEVICES + (ocl_dev >= 0)); /* OpenCL unaffected */
+  return check_failed_in_test;
+}
+
+/* This program again as `--cuda-absent text` with the variable set. */
+static bool cuda_absent_with(const char *var, const char *value, const char *text) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv(var, value, 1);
+    execl("/proc/self/exe", "test_device", "--cuda-absent", text, (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+TEST(cuda_discovery) {
+  const char *why = graft_device_absent("cuda");
+  int d = graft_device_find("cuda", 0);
+  if (!why) { /* a GPU machine: the device is listed, with its memory */
+    CHECK(d >= GRAFT_CPU_DEVICES && !strcmp(graft_device_kind(d), "cuda") && graft_device_memory(d) > 0);
+    printf("  cuda:0: %s, %zu MiB\n", graft_device_name(d), graft_device_memory(d) >> 20);
+  } else {
+    CHECK(d == -1 && err_is(GRAFT_ERR_DEVICE, "no cuda device 0", why));
+    CHECK(strstr(why, "no CUDA driver") || strstr(why, "the CUDA driver lists no device"));
+    printf("  no CUDA device here: %s\n", why);
+  }
+  CHECK(graft_device_absent("opencl") == NULL || ocl_dev < 0);
+  CHECK(!graft_device_absent(NULL) && err_is(GRAFT_ERR_NULL, "kind is NULL", NULL));
+  CHECK(cuda_absent_with("GRAFT_CUDA", "0", "GRAFT_CUDA=0 hides CUDA devices"));
+  CHECK(cuda_absent_with("GRAFT_CUDA_DRIVER", "/nonexistent/libcuda.so.1", "/nonexistent/libcuda.so.1 could not be opened"));
+  /* a library that is not NVIDIA's driver */
+  CHECK(cuda_absent_with("GRAFT_CUDA_DRIVER", "libdl.so.2", "libdl.so.2 lacks cuInit"));
 }
 
 /* ---- the vector row form (CPU-type OpenCL devices: src/backends/gpu/gpu_row.c) ---- */
@@ -560,6 +607,13 @@ int main(int argc, char **argv) {
     graft_shutdown();
     return failed != 0;
   }
+  if (argc == 3 && !strcmp(argv[1], "--cuda-absent")) {
+    ocl_dev = graft_device_find("opencl", 0);
+    graft_clear_error();
+    int failed = cuda_absent_checks(argv[2]);
+    graft_shutdown();
+    return failed != 0;
+  }
   if (argc == 3 && !strcmp(argv[1], "--row-form")) {
     ocl_dev = graft_device_find("opencl", 0);
     int failed = ocl_dev < 0 || row_form_checks(argv[2]);
@@ -580,6 +634,7 @@ int main(int argc, char **argv) {
   RUN(build_failure_names_the_log);
   RUN(opencl_hidden_by_env);
   RUN(opencl_row_form);
+  RUN(cuda_discovery);
   RUN(no_live_tensors);
   graft_shutdown();
   return CHECK_DONE();

@@ -5,6 +5,7 @@
 #include "trace.h"
 #include "../graph/graph.h"
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 graft_tensor *api_node(ir_node *n) {
@@ -74,16 +75,23 @@ int graft_device_find(const char *kind, int ordinal) {
     if (!strcmp(d->kind, kind) && d->ordinal == ordinal) return i;
   }
   char list[256];
-  int known = strcmp(kind, "cpu") && strcmp(kind, "opencl");
+  const char *why = device_absent(kind);
+  char fewer[64];
+  int have = 0;
+  for (int i = 0; i < device_count(); i++) have += !strcmp(device_get(i)->kind, kind);
+  snprintf(fewer, sizeof fewer, "%d %s device%s listed", have, kind, have == 1 ? "" : "s");
+  int known = strcmp(kind, "cpu") && strcmp(kind, "opencl") && strcmp(kind, "cuda");
   err_set(GRAFT_ERR_DEVICE, "graft_device_find: no %s device %d (%s; devices: %s)", kind, ordinal,
-          known ? "kinds are cpu, opencl"
-                : !strcmp(kind, "opencl") && getenv("GRAFT_OPENCL") && !strcmp(getenv("GRAFT_OPENCL"), "0")
-                ? "GRAFT_OPENCL=0 hides OpenCL devices"
-                : !strcmp(kind, "opencl") ? "an OpenCL device needs an OpenCL runtime "
-                  "(libOpenCL.so.1, e.g. Debian's ocl-icd-libopencl1) and a driver that lists a "
-                  "device (e.g. pocl-opencl-icd; check with clinfo -l)" : "cpu devices are 0..3",
+          known ? "kinds are cpu, opencl, cuda"
+          : !strcmp(kind, "cpu") ? "cpu devices are 0..3"
+          : why ? why : fewer,
           device_list_str(list, sizeof list));
   return -1;
+}
+
+const char *graft_device_absent(const char *kind) {
+  if (!kind) return err_set(GRAFT_ERR_NULL, "graft_device_absent: kind is NULL"), NULL;
+  return device_absent(kind);
 }
 
 const char *graft_device_kind(int device) {

@@ -3,6 +3,7 @@
 #include "backend.h"
 #include "device.h"
 #include "cpu/cpu.h"
+#include "cuda/cuda_backend.h"
 #include "opencl/ocl_backend.h"
 #include "ref/ref.h"
 
@@ -14,6 +15,12 @@ void backend_register_builtin(void) {
   backend_register("opencl", BACKEND_REFERENCE, &ocl_ref_backend);
   backend_register("opencl", BACKEND_FIRST_TIER, &ocl_first_backend);
   backend_register("opencl", BACKEND_COMPILER, &ocl_backend);
+  backend_register("cuda", BACKEND_REFERENCE, &cuda_ref_backend);
+  backend_register("cuda", BACKEND_FIRST_TIER, &cuda_first_backend);
+  backend_register("cuda", BACKEND_COMPILER, &cuda_backend);
 }
 
-void device_discover_builtin(void) { ocl_discover(); }
+void device_discover_builtin(void) {
+  ocl_discover();
+  cuda_discover();
+}

@@ -64,6 +64,30 @@ int device_register(const char *kind, const char *name, size_t memory, const dev
   return GRAFT_CPU_DEVICES + ndevices++;
 }
 
+#define DEVICE_KINDS 4
+static struct {
+  const char *kind;
+  char why[400];
+} absent[DEVICE_KINDS];
+
+void device_note_absent(const char *kind, const char *why) {
+  for (int i = 0; i < DEVICE_KINDS; i++)
+    if (!absent[i].kind || !strcmp(absent[i].kind, kind)) {
+      absent[i].kind = kind;
+      snprintf(absent[i].why, sizeof absent[i].why, "%s", why);
+      return;
+    }
+}
+
+const char *device_absent(const char *kind) {
+  device_count();
+  for (int i = 0; i < ndevices; i++)
+    if (!strcmp(devices[GRAFT_CPU_DEVICES + i].kind, kind)) return NULL;
+  for (int i = 0; i < DEVICE_KINDS && absent[i].kind; i++)
+    if (!strcmp(absent[i].kind, kind)) return absent[i].why;
+  return NULL;
+}
+
 const char *device_str(int id, char *buf, size_t n) {
   const device_info *d = device_get(id);
   if (!d) snprintf(buf, n, "device %d", id);

@@ -43,6 +43,11 @@ int device_count_known(void);
 /* Registers a device with its own memory (discovery only); returns its id or -1 (table full). */
 int device_register(const char *kind, const char *name, size_t memory, const device_mem *mem,
                     void *ctx);
+/* Discovery records why a kind it looks for lists no device ("no CUDA driver: ..."); the last
+ * word per kind wins. device_absent runs discovery and returns that text, or NULL when the kind
+ * has a device or was never looked for. */
+void device_note_absent(const char *kind, const char *why);
+const char *device_absent(const char *kind);
 /* Runs the accelerator backends' discovery (defined in src/backends/builtin.c, like
  * backend_register_builtin: an explicit call from here, once). */
 void device_discover_builtin(void);

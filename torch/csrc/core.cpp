@@ -1145,6 +1145,12 @@ static std::tuple<std::string, std::string, int64_t> py_device_info(int64_t id) 
   return {kind ? kind : "", name ? name : "", (int64_t)graft_device_memory((int)id)};
 }
 
+// Why no device of kind is listed; "" when one is.
+static std::string py_device_absent(const std::string &kind) {
+  const char *why = graft_device_absent(kind.c_str());
+  return why ? why : "";
+}
+
 static std::string py_last_compile_reason() { return graft_last_compile_reason(); }
 
 static void py_locations(const std::vector<std::string> &internal, bool on) {
@@ -1299,4 +1305,5 @@ TORCH_LIBRARY(graft, m) {
   m.def("set_device(int id) -> ()", &py_set_device);
   m.def("device_find(str kind, int ordinal) -> int", &py_device_find);
   m.def("device_info(int id) -> (str, str, int)", &py_device_info);
+  m.def("device_absent(str kind) -> str", &py_device_absent);
 }

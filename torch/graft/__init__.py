@@ -64,27 +64,45 @@ def _record_locations():
 _record_locations()
 
 DEVICE_TYPE = "graft"  # graft device N is torch.device("graft", N)
-CPU_DEVICES = 4  # graft devices 0..3 are virtual CPU devices; accelerators (OpenCL) follow
+CPU_DEVICES = 4  # graft devices 0..3 are virtual CPU devices; accelerators (OpenCL, CUDA) follow
 
 
 class Device(collections.namedtuple("Device", "index kind ordinal name memory device")):
-    """One graft device: index (graft's device id), kind ("cpu", "opencl"), ordinal (among its
-    kind), name, memory (bytes of its own memory; 0 for the CPUs) and its torch.device."""
+    """One graft device: index (graft's device id), kind ("cpu", "opencl", "cuda"), ordinal (among
+    its kind), name, memory (bytes of its own memory; 0 for the CPUs) and its torch.device."""
+
+
+ACCELERATOR_KINDS = ("opencl", "cuda")
+
+
+class Devices(list):
+    """graft.devices()'s answer: the devices, and in .absent why each accelerator kind that lists
+    no device has none ({"cuda": "no CUDA driver: libcuda.so.1 could not be opened ..."})."""
+
+    def __init__(self, items, absent):
+        super().__init__(items)
+        self.absent = absent
+
+    def __repr__(self):
+        notes = "".join("\n  no %s device: %s" % kv for kv in self.absent.items())
+        return list.__repr__(self) + notes
 
 
 def devices():
-    """Every graft device (asking looks for accelerators once: it loads the OpenCL runtime)."""
+    """Every graft device (asking looks for accelerators once: it loads the OpenCL and CUDA
+    drivers where present); .absent says why a kind has none."""
     out, seen = [], {}
     for i in range(_ops.device_count()):
         kind, name, memory = _ops.device_info(i)
         out.append(Device(i, kind, seen.get(kind, 0), name, memory, torch.device(DEVICE_TYPE, i)))
         seen[kind] = seen.get(kind, 0) + 1
-    return out
+    absent = {k: _ops.device_absent(k) for k in ACCELERATOR_KINDS}
+    return Devices(out, {k: v for k, v in absent.items() if v})
 
 
 def device(kind=0, ordinal=None):
     """The torch.device of a graft device. device() / device(i): graft device i (0..3: the CPU
-    devices). device("opencl"), device("opencl", 1), device("cpu", 2), device("opencl:1"): the
+    devices). device("opencl"), device("cuda"), device("opencl", 1), device("cpu", 2), device("opencl:1"): the
     ordinal-th device of that kind. A missing device raises RuntimeError saying what is missing."""
     if isinstance(kind, int) and ordinal is None:
         if not 0 <= kind < CPU_DEVICES and not _ops.device_info(kind)[0]:
@@ -92,7 +110,7 @@ def device(kind=0, ordinal=None):
                 kind, ", ".join("%d %s:%d" % (d.index, d.kind, d.ordinal) for d in devices())))
         return torch.device(DEVICE_TYPE, kind)
     if not isinstance(kind, str):
-        raise TypeError("graft.device: kind is a string ('cpu', 'opencl') or a device id, got %r" % (kind,))
+        raise TypeError("graft.device: kind is a string ('cpu', 'opencl', 'cuda') or a device id, got %r" % (kind,))
     if ":" in kind:
         if ordinal is not None:
             raise ValueError("graft.device(%r, %r): the ordinal is given twice" % (kind, ordinal))

@@ -29,7 +29,7 @@ bool ocl_blas_available(void) {
   return ocl_blas_fn.s != NULL;
 }
 
-int ocl_blas_gemm(ocl_device *d, bool f64, const ocl_gemm *g, cl_mem a, cl_mem b, cl_mem c) {
+int ocl_blas_gemm(ocl_device *d, const gpu_gemm *g, cl_mem a, cl_mem b, cl_mem c) {
   if (!ocl_blas_available()) {
     err_set(GRAFT_ERR_INTERNAL, "opencl: CLBlast is not available");
     return -1;
@@ -39,7 +39,7 @@ int ocl_blas_gemm(ocl_device *d, bool f64, const ocl_gemm *g, cl_mem a, cl_mem b
   size_t lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
   size_t sa = g->m * g->k, sb = g->k * g->n, sc = g->m * g->n;
   CLBlastStatusCode st =
-      f64 ? ocl_blas_fn.d(CLBlastLayoutRowMajor, ta, tb, g->m, g->n, g->k, 1.0, a, 0, lda, sa, b, 0,
+      g->f64 ? ocl_blas_fn.d(CLBlastLayoutRowMajor, ta, tb, g->m, g->n, g->k, 1.0, a, 0, lda, sa, b, 0,
                           ldb, sb, 0.0, c, 0, g->n, sc, g->batch, &d->queue, NULL)
           : ocl_blas_fn.s(CLBlastLayoutRowMajor, ta, tb, g->m, g->n, g->k, 1.0f, a, 0, lda, sa, b, 0,
                           ldb, sb, 0.0f, c, 0, g->n, sc, g->batch, &d->queue, NULL);
@@ -47,7 +47,7 @@ int ocl_blas_gemm(ocl_device *d, bool f64, const ocl_gemm *g, cl_mem a, cl_mem b
   err_set(st == CLBlastOpenCLOutOfResources || st == CLBlastOpenCLOutOfHostMemory ? GRAFT_ERR_OOM
                                                                                   : GRAFT_ERR_INTERNAL,
           "opencl device %d (%s): CLBlast %cgemm [%zu x %zu x %zu, batch %zu] failed with status %d",
-          d->id, d->name, f64 ? 'd' : 's', g->m, g->k, g->n, g->batch, (int)st);
+          d->id, d->name, g->f64 ? 'd' : 's', g->m, g->k, g->n, g->batch, (int)st);
   return -1;
 }
 #else

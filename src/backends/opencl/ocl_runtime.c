@@ -10,7 +10,7 @@
 #include <string.h>
 
 #ifndef GRAFT_HAVE_OPENCL_HEADERS
-void ocl_discover(void) {}
+void ocl_discover(void) { device_note_absent("opencl", "graft was built without OpenCL's headers (CL/cl.h)"); }
 void ocl_shutdown(void) {}
 #else
 #include <dlfcn.h>
@@ -147,16 +147,27 @@ static void ocl_add(cl_platform_id plat, cl_device_id dev) {
 
 void ocl_discover(void) {
   const char *env = getenv("GRAFT_OPENCL");
-  if ((env && !strcmp(env, "0")) || !ocl_load()) return;
+  if (env && !strcmp(env, "0")) {
+    device_note_absent("opencl", "GRAFT_OPENCL=0 hides OpenCL devices");
+    return;
+  }
+  if (!ocl_load()) {
+    device_note_absent("opencl", "no OpenCL runtime: libOpenCL.so.1 (e.g. Debian's ocl-icd-libopencl1) "
+                                 "could not be opened, or lacks OpenCL 1.2's entry points");
+    return;
+  }
   cl_platform_id plats[8];
   cl_uint np = 0;
-  if (ocl.clGetPlatformIDs(8, plats, &np) != CL_SUCCESS) return;
+  if (ocl.clGetPlatformIDs(8, plats, &np) != CL_SUCCESS) np = 0;
   for (cl_uint p = 0; p < np && p < 8; p++) {
     cl_device_id devs[8];
     cl_uint nd = 0;
     if (ocl.clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 8, devs, &nd) != CL_SUCCESS) continue;
     for (cl_uint i = 0; i < nd && i < 8 && ocl_ndevs < OCL_MAX_DEVICES; i++) ocl_add(plats[p], devs[i]);
   }
+  if (!ocl_ndevs)
+    device_note_absent("opencl", "the OpenCL runtime lists no usable device: a driver that lists one "
+                                 "is needed (e.g. pocl-opencl-icd; check with clinfo -l)");
 }
 
 void ocl_shutdown(void) {
