@@ -91,6 +91,11 @@ build/asan/tests/%: tests/%.c build/asan/libgraft.a $(TEST_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) -O1 -g $(SAN) $< build/asan/libgraft.a -o $@ $(LIBS)
 
+# Unsanitized test programs, for scripts/gpu-check.sh (a GPU driver and ASan do not mix).
+build/tests/%: tests/%.c build/libgraft.a $(TEST_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE) $(WARN) $(CFLAGS) $< build/libgraft.a -o $@ $(LIBS)
+
 build/examples/%: examples/%.c build/libgraft.a
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) $(CFLAGS) $< build/libgraft.a -o $@ $(LIBS)
