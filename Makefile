@@ -13,7 +13,7 @@ BASE    := -std=c11 -D_POSIX_C_SOURCE=200809L -Iinclude -Isrc/core -fPIC -pthrea
 LIBS     = -lm -lpthread -ldl -lz $(LIBS_MPI)
 
 SRC     := $(sort $(wildcard src/core/*.c src/graph/*.c src/passes/*.c src/backends/ref/*.c \
-             src/backends/cpu/*.c src/backends/opencl/*.c src/backends/cuda/*.c src/backends/gpu/*.c src/backends/*.c src/api/*.c src/dist/*.c))
+             src/backends/cpu/*.c src/backends/opencl/*.c src/backends/cuda/*.c src/backends/gpu/*.c src/backends/render/*.c src/backends/*.c src/api/*.c src/dist/*.c))
 
 # Open MPI (collectives, src/dist): pkg-config ompi, else mpicc's flags. Only src/dist compiles
 # against mpi.h; without Open MPI graft builds and graft_dist_available() is false. MPI=0 forces

@@ -9,7 +9,7 @@
 #ifndef GRAFT_TEST_NVRTC_CHECK_H
 #define GRAFT_TEST_NVRTC_CHECK_H
 #include "program.h"
-#include "../src/backends/gpu/gpu_render.h"
+#include "../src/backends/gpu/gpu_runner.h"
 #include "../src/backends/cuda/cuda.h"
 #include <stdbool.h>
 #include <stdio.h>
@@ -50,6 +50,7 @@ static int nvrtc_check(const exec_program *p, char *why, size_t n) {
     graft_clear_error();
     return 1;
   }
+  gpu_dump_source(p, &gpu_dialect_cuda, gp.source); /* GRAFT_DUMP_DIR: graph_<hash>.cu */
   static const char *const archs[] = {"compute_80", "compute_90"};
   int bad = 0;
   for (int a = 0; a < 2 && gp.nkernels && !bad; a++) {

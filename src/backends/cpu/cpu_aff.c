@@ -8,13 +8,13 @@
  * affine forms through broadcast, reshape, transpose and slice; anything else that reads
  * coordinates (pad, concat, iota) or an unravel that is not exact keeps the loops as they are. */
 #include "cpu_codegen.h"
-#include "../kexpr.h"
+#include "../render/render.h"
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
 static cpu_apos *aff_new(cpu_cg *g) {
-  cpu_apos *q = cpu_arena_alloc(&g->ar, sizeof *q);
+  cpu_apos *q = rd_arena_alloc(&g->ar, sizeof *q);
   if (!q) {
     if (!g->failed) snprintf(g->fail_what, sizeof g->fail_what, ": out of memory merging loops");
     g->failed = 1;
@@ -38,7 +38,7 @@ const cpu_apos *cpu_aff_root(cpu_cg *g, int nd) {
 static cpu_aff aff_flat(const cpu_cg *g, const cpu_apos *ap, int nd, const int64_t *shape) {
   if (ap->lin) return ap->c[0];
   int64_t st[GRAFT_MAX_DIMS];
-  kx_strides(nd, shape, st);
+  rd_strides(nd, shape, st);
   cpu_aff L = {{0}, 0};
   for (int d = 0; d < nd; d++) {
     L.b += ap->c[d].b * st[d];
@@ -52,7 +52,7 @@ static cpu_aff aff_flat(const cpu_cg *g, const cpu_apos *ap, int nd, const int64
 static const cpu_apos *aff_coords(cpu_cg *g, const cpu_apos *ap, int nd, const int64_t *shape) {
   if (!ap->lin) return ap;
   int64_t st[GRAFT_MAX_DIMS], numel = 1;
-  kx_strides(nd, shape, st);
+  rd_strides(nd, shape, st);
   for (int d = 0; d < nd; d++) numel *= shape[d];
   const cpu_aff *L = &ap->c[0];
   if (numel == 0 || L->b < 0 || L->b >= numel) return aff_fail(g);
@@ -140,29 +140,29 @@ const char *cpu_aff_load(cpu_cg *g, const cpu_apos *ap, int nd, const int64_t *s
     if (!g->failed) snprintf(g->fail_what, sizeof g->fail_what, ": merged loop dims disagree");
     g->failed = 1;
   }
-  cpu_sb e = {0};
-  cpu_sb_printf(&e, "(%" PRId64, L.b);
+  rd_sb e = {0};
+  rd_sb_printf(&e, "(%" PRId64, L.b);
   for (int r = 0; r < g->aff_nv; r++)
     if (L.a[r] && g->aff_n[r] > 1 && !(g->aff_gone >> r & 1))
-      cpu_sb_printf(&e, " + i%d * %" PRId64, r, L.a[r]);
-  cpu_sb_puts(&e, ")");
-  const char *s = cpu_fmt(&g->ar, "%s", e.s ? e.s : "0");
+      rd_sb_printf(&e, " + i%d * %" PRId64, r, L.a[r]);
+  rd_sb_puts(&e, ")");
+  const char *s = rd_fmt(&g->ar, "%s", e.s ? e.s : "0");
   if (e.oom) g->failed = 1;
-  cpu_sb_free(&e);
+  rd_sb_free(&e);
   return s;
 }
 
 const char *cpu_aff_key(cpu_cg *g, const cpu_apos *ap, int nd) {
-  cpu_sb e = {0};
-  cpu_sb_printf(&e, "|%c", ap->lin ? 'L' : 'C');
+  rd_sb e = {0};
+  rd_sb_printf(&e, "|%c", ap->lin ? 'L' : 'C');
   for (int d = 0; d < (ap->lin ? 1 : nd); d++) {
-    cpu_sb_printf(&e, "%" PRId64, ap->c[d].b);
-    for (int r = 0; r < g->aff_nv; r++) cpu_sb_printf(&e, ",%" PRId64, ap->c[d].a[r]);
-    cpu_sb_puts(&e, ";");
+    rd_sb_printf(&e, "%" PRId64, ap->c[d].b);
+    for (int r = 0; r < g->aff_nv; r++) rd_sb_printf(&e, ",%" PRId64, ap->c[d].a[r]);
+    rd_sb_puts(&e, ";");
   }
-  const char *s = cpu_fmt(&g->ar, "%s", e.s ? e.s : "");
+  const char *s = rd_fmt(&g->ar, "%s", e.s ? e.s : "");
   if (e.oom) g->failed = 1;
-  cpu_sb_free(&e);
+  rd_sb_free(&e);
   return s;
 }
 
@@ -178,8 +178,8 @@ int cpu_aff_plan(cpu_cg *g, int v, int nd, const int64_t *shape, const int *cand
   for (int d = 0; d < nd; d++) g->aff_n[d] = shape[d];
   for (int j = 0; j < nc; j++) g->aff_cand[j] = cand[j];
   cpu_pos pos = {.nd = nd, .shape = shape, .has_c = 1, .ap = cpu_aff_root(g, nd)};
-  for (int d = 0; d < nd; d++) pos.c[d] = shape[d] == 1 ? "0" : cpu_fmt(&g->ar, "i%d", d);
-  cpu_sb trial = {0}, *body = g->body;
+  for (int d = 0; d < nd; d++) pos.c[d] = shape[d] == 1 ? "0" : rd_fmt(&g->ar, "i%d", d);
+  rd_sb trial = {0}, *body = g->body;
   unsigned char *rc_state = g->rc_state;
   int ntmp = g->ntmp;
   g->body = &trial;
@@ -190,7 +190,7 @@ int cpu_aff_plan(cpu_cg *g, int v, int nd, const int64_t *shape, const int *cand
   g->rc_state = rc_state;
   g->ntmp = ntmp;
   g->nmemo = 0;
-  cpu_sb_free(&trial);
+  rd_sb_free(&trial);
   int k = 1;
   while (k < nc && !(g->aff_bad >> (nc - 1 - k) & 1)) k++;
   if (g->aff_fail || k < 2) {

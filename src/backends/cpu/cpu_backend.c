@@ -179,7 +179,7 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
     fuse_plan_free(&pl);
     return err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   }
-  cpu_sb src = {0};
+  rd_sb src = {0};
   const char *dump = getenv("GRAFT_DUMP_DIR");
   bool draw = dump && *dump;
   int *kof = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
@@ -203,7 +203,7 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
                              atomic_load(&p->varying), e->fn, e->lits)) {
     fuse_plan_free(&pl);
     free(kof);
-    cpu_sb_free(&src);
+    rd_sb_free(&src);
     cpu_free_exe(e);
     return NULL;
   }
@@ -213,7 +213,7 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
   if (kof && (e->what = cpu_describe_kernels(p, &pl, &e->code, kof))) e->nwhat = e->code.nlaunch;
   fuse_plan_free(&pl);
   free(kof);
-  cpu_sb_free(&src);
+  rd_sb_free(&src);
   for (int k = 0; k < e->code.nbody; k++) { /* only the keys' hashing needed the texts */
     free(e->code.body[k].text);
     e->code.body[k].text = NULL;
@@ -446,7 +446,7 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
   int *stack = malloc(sizeof(int) * ((size_t)p->ninstr + 1));
   unsigned char *seen = calloc((size_t)p->ninstr + 1, 1);
   fuse_plan pl = {0};
-  cpu_sb src = {0};
+  rd_sb src = {0};
   cpu_code code;
   pthread_mutex_lock(&cpu_compile_mu);
   const cpu_blas_fns *bl = cpu_blas();
@@ -510,7 +510,7 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
   }
 done:
   fuse_plan_free(&pl);
-  cpu_sb_free(&src);
+  rd_sb_free(&src);
   free(kof);
   free(stack);
   free(seen);

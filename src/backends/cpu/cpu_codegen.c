@@ -10,7 +10,7 @@
  * stores. */
 #include "cpu_codegen.h"
 #include "cpu_math.h"
-#include "../kexpr.h"
+#include "../render/render.h"
 #include "opmath.h"
 #include "dtype.h"
 #include <inttypes.h>
@@ -107,19 +107,19 @@ static bool cpu_is_trailing_reduce(const exec_program *p, int i, int *a) {
 }
 
 /* Loops over dims [from, nd) of shape, variables i<d>. */
-static void cpu_open_loops(cpu_sb *b, int from, int nd, const int64_t *shape, const char *pragma) {
+static void cpu_open_loops(rd_sb *b, int from, int nd, const int64_t *shape, const char *pragma) {
   for (int d = from; d < nd; d++) {
-    if (pragma && d == nd - 1) cpu_sb_printf(b, "    %s\n", pragma);
-    cpu_sb_printf(b, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d, shape[d], d);
+    if (pragma && d == nd - 1) rd_sb_printf(b, "    %s\n", pragma);
+    rd_sb_printf(b, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d, shape[d], d);
   }
 }
-static void cpu_close_loops(cpu_sb *b, int n) {
-  for (int d = 0; d < n; d++) cpu_sb_puts(b, "    }\n");
+static void cpu_close_loops(rd_sb *b, int n) {
+  for (int d = 0; d < n; d++) rd_sb_puts(b, "    }\n");
 }
 
 static cpu_pos cpu_loop_pos(cpu_cg *g, int nd, const int64_t *shape) {
   cpu_pos pos = {.nd = nd, .shape = shape, .has_c = 1};
-  for (int d = 0; d < nd; d++) pos.c[d] = shape[d] == 1 ? "0" : cpu_fmt(&g->ar, "i%d", d);
+  for (int d = 0; d < nd; d++) pos.c[d] = shape[d] == 1 ? "0" : rd_fmt(&g->ar, "i%d", d);
   return pos;
 }
 
@@ -130,11 +130,11 @@ static int64_t cpu_member_split(cpu_cg *g, int i, int a) {
   const exec_instr *ins = &g->p->instr[i];
   int L = ins->ndim - 1;
   if (L < a || ins->shape[L] < 2) return 0;
-  cpu_sb trial = {0}, *body = g->body;
+  rd_sb trial = {0}, *body = g->body;
   unsigned char *rc_state = g->rc_state;
   g->body = &trial;
   g->rc_state = NULL;
-  g->split_var = cpu_fmt(&g->ar, "i%d", L);
+  g->split_var = rd_fmt(&g->ar, "i%d", L);
   g->split_want = 0;
   g->split_f = 0;
   g->nmemo = 0;
@@ -142,7 +142,7 @@ static int64_t cpu_member_split(cpu_cg *g, int i, int a) {
   cpu_value(g, i, cpu_loop_pos(g, ins->ndim, ins->shape));
   g->body = body;
   g->rc_state = rc_state;
-  cpu_sb_free(&trial);
+  rd_sb_free(&trial);
   int64_t F = g->split_want;
   return F > 1 && ins->shape[L] % F == 0 && ins->shape[L] > F ? F : 0;
 }
@@ -157,7 +157,7 @@ static void cpu_member_kernel_merged(cpu_cg *g, int i, int a) {
     int64_t n = ins->shape[d];
     for (int e = a; e < ins->ndim && d == g->aff_inner; e++)
       if (g->aff_gone >> e & 1) n *= ins->shape[e];
-    cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d, n, d);
+    rd_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d, n, d);
     nl++;
   }
   g->nmemo = 0;
@@ -169,7 +169,7 @@ static void cpu_member_kernel_merged(cpu_cg *g, int i, int a) {
   const char *v = cpu_value(g, i, pos);
   pos.ap = NULL; /* the output: row-major, so its merged dims compose */
   pos.lin = NULL;
-  cpu_sb_printf(g->body, "      p%d[%s] = %s;\n", i, kx_lin(&g->ar, ins->ndim, ins->shape, pos.c), v);
+  rd_sb_printf(g->body, "      p%d[%s] = %s;\n", i, rd_lin(&g->ar, ins->ndim, ins->shape, pos.c), v);
   cpu_close_loops(g->body, nl);
 }
 
@@ -178,10 +178,10 @@ static void cpu_member_loops(cpu_cg *g, const exec_instr *ins, int a, int64_t F)
   int L = ins->ndim - 1;
   if (F) {
     cpu_open_loops(g->body, a, L, ins->shape, NULL);
-    cpu_sb_printf(g->body, "    for (int64_t i%dh = 0; i%dh < %" PRId64 "; i%dh++)\n", L, L,
+    rd_sb_printf(g->body, "    for (int64_t i%dh = 0; i%dh < %" PRId64 "; i%dh++)\n", L, L,
                   ins->shape[L] / F, L);
-    cpu_sb_printf(g->body, "    for (int64_t i%dl = 0; i%dl < %" PRId64 "; i%dl++) {\n", L, L, F, L);
-    cpu_sb_printf(g->body, "      const int64_t i%d = i%dh * %" PRId64 " + i%dl;\n", L, L, F, L);
+    rd_sb_printf(g->body, "    for (int64_t i%dl = 0; i%dl < %" PRId64 "; i%dl++) {\n", L, L, F, L);
+    rd_sb_printf(g->body, "      const int64_t i%d = i%dh * %" PRId64 " + i%dl;\n", L, L, F, L);
   } else {
     cpu_open_loops(g->body, a, ins->ndim, ins->shape, NULL);
   }
@@ -191,10 +191,10 @@ static void cpu_member_loops(cpu_cg *g, const exec_instr *ins, int a, int64_t F)
  * (g->row_pre: cpu_value_concat_rowsel's part pointers) and the element loop's own, written out
  * by cpu_row_body_end as the first, the loops over dims [a, ndim), the second. Returns the body
  * to restore. */
-static cpu_sb *cpu_row_body_begin(cpu_cg *g, int a) {
-  cpu_sb *outer = g->body;
-  g->body = calloc(1, sizeof(cpu_sb));
-  g->row_pre = calloc(1, sizeof(cpu_sb));
+static rd_sb *cpu_row_body_begin(cpu_cg *g, int a) {
+  rd_sb *outer = g->body;
+  g->body = calloc(1, sizeof(rd_sb));
+  g->row_pre = calloc(1, sizeof(rd_sb));
   if (!g->body || !g->row_pre) { /* generate into the outer body, nothing per row */
     free(g->body), free(g->row_pre);
     g->body = outer, g->row_pre = NULL;
@@ -206,20 +206,20 @@ static cpu_sb *cpu_row_body_begin(cpu_cg *g, int a) {
 }
 
 /* Opens the loops; the caller closes them. */
-static void cpu_row_body_end(cpu_cg *g, cpu_sb *outer, const exec_instr *ins, int a, int64_t F) {
+static void cpu_row_body_end(cpu_cg *g, rd_sb *outer, const exec_instr *ins, int a, int64_t F) {
   g->row_vars = 0;
   if (!outer) {
     cpu_member_loops(g, ins, a, F); /* (a failed generation: the text is never compiled) */
     return;
   }
-  cpu_sb *elems = g->body, *pre = g->row_pre;
+  rd_sb *elems = g->body, *pre = g->row_pre;
   g->body = outer;
   g->row_pre = NULL;
-  if (pre->n) cpu_sb_puts(outer, pre->s);
+  if (pre->n) rd_sb_puts(outer, pre->s);
   cpu_member_loops(g, ins, a, F);
-  if (elems->n) cpu_sb_puts(outer, elems->s);
+  if (elems->n) rd_sb_puts(outer, elems->s);
   if (elems->oom || pre->oom) g->failed = 1;
-  cpu_sb_free(elems), cpu_sb_free(pre);
+  rd_sb_free(elems), rd_sb_free(pre);
   free(elems), free(pre);
 }
 
@@ -236,25 +236,25 @@ static void cpu_member_concat_rows(cpu_cg *g, int i, int a, int64_t F) {
     int64_t ext = xk->shape[ax];
     if (ext == 0) continue;
     seen++;
-    if (seen == 1 && nparts > 1) cpu_sb_printf(g->body, "    if (i%d < %" PRId64 ") {\n", ax, off + ext);
-    else if (seen < nparts) cpu_sb_printf(g->body, "    } else if (i%d < %" PRId64 ") {\n", ax, off + ext);
-    else if (nparts > 1) cpu_sb_puts(g->body, "    } else {\n");
-    cpu_sb *outer = cpu_row_body_begin(g, a);
-    g->split_var = F ? cpu_fmt(&g->ar, "i%d", ins->ndim - 1) : NULL;
+    if (seen == 1 && nparts > 1) rd_sb_printf(g->body, "    if (i%d < %" PRId64 ") {\n", ax, off + ext);
+    else if (seen < nparts) rd_sb_printf(g->body, "    } else if (i%d < %" PRId64 ") {\n", ax, off + ext);
+    else if (nparts > 1) rd_sb_puts(g->body, "    } else {\n");
+    rd_sb *outer = cpu_row_body_begin(g, a);
+    g->split_var = F ? rd_fmt(&g->ar, "i%d", ins->ndim - 1) : NULL;
     g->split_f = F;
     g->nmemo = 0;
     g->self = i;
     cpu_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
     cpu_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
     for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos.c[d];
-    qk.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[ax], off) : pos.c[ax];
+    qk.c[ax] = off ? rd_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[ax], off) : pos.c[ax];
     const char *v = cpu_value(g, ins->in[k], qk);
-    cpu_sb_printf(g->body, "      p%d[%s] = %s;\n", i, cpu_pos_lin(g, &pos), v);
+    rd_sb_printf(g->body, "      p%d[%s] = %s;\n", i, cpu_pos_lin(g, &pos), v);
     cpu_row_body_end(g, outer, ins, a, F);
     cpu_close_loops(g->body, ins->ndim - a);
     off += ext;
   }
-  if (nparts > 1) cpu_sb_puts(g->body, "    }\n");
+  if (nparts > 1) rd_sb_puts(g->body, "    }\n");
   g->split_var = NULL;
   g->split_f = 0;
 }
@@ -271,8 +271,8 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a, bool lone) {
     cpu_member_concat_rows(g, i, a, F);
     return;
   }
-  cpu_sb *outer = cpu_row_body_begin(g, a);
-  g->split_var = F ? cpu_fmt(&g->ar, "i%d", L) : NULL;
+  rd_sb *outer = cpu_row_body_begin(g, a);
+  g->split_var = F ? rd_fmt(&g->ar, "i%d", L) : NULL;
   g->split_f = F;
   g->nmemo = 0;
   g->self = i;
@@ -282,14 +282,14 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a, bool lone) {
   g->split_f = 0;
   cpu_row_body_end(g, outer, ins, a, F);
   if (g->stream == i) {
-    cpu_sb_printf(g->body, "      ob%d[%s] = %s;\n", i, cpu_row_inner(g), v);
+    rd_sb_printf(g->body, "      ob%d[%s] = %s;\n", i, cpu_row_inner(g), v);
     cpu_close_loops(g->body, ins->ndim - a);
     int64_t len = cpu_row_len(g);
-    cpu_sb_printf(g->body, "    gc_stream(p%d + r * %" PRId64 ", ob%d, %" PRId64 ");\n", i, len, i,
+    rd_sb_printf(g->body, "    gc_stream(p%d + r * %" PRId64 ", ob%d, %" PRId64 ");\n", i, len, i,
                   len * (int64_t)graft_dtype_size(ins->dtype));
     return;
   }
-  cpu_sb_printf(g->body, "      p%d[%s] = %s;\n", i, cpu_pos_lin(g, &pos), v);
+  rd_sb_printf(g->body, "      p%d[%s] = %s;\n", i, cpu_pos_lin(g, &pos), v);
   cpu_close_loops(g->body, ins->ndim - a);
 }
 
@@ -299,27 +299,9 @@ static void cpu_member_reduce(cpu_cg *g, int i, bool merge) {
   const exec_instr *x = &g->p->instr[ins->in[0]];
   int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
   graft_dtype dt = ins->dtype;
-  bool fl = dt == GRAFT_F32 || dt == GRAFT_F64;
-  bool mx = ins->op == IR_REDUCE_MAX, mn = ins->op == IR_REDUCE_MIN;
-  const char *T = cpu_ctype(dt), *acc_t, *init, *red;
-  if (fl && !mx && !mn) {
-    acc_t = "double";
-    init = ins->op == IR_REDUCE_SUM ? "0.0" : "1.0";
-  } else if (fl) {
-    acc_t = T;
-    init = mx ? "-INFINITY" : "INFINITY";
-  } else if (!mx && !mn) {
-    acc_t = "uint64_t";
-    init = ins->op == IR_REDUCE_SUM ? "0" : "1";
-  } else {
-    acc_t = "int64_t";
-    static const char *mins[] = {[GRAFT_I32] = "INT32_MIN", [GRAFT_I64] = "INT64_MIN",
-                                 [GRAFT_U8] = "0", [GRAFT_BOOL] = "0"};
-    static const char *maxs[] = {[GRAFT_I32] = "INT32_MAX", [GRAFT_I64] = "INT64_MAX",
-                                 [GRAFT_U8] = "255", [GRAFT_BOOL] = "1"};
-    init = mx ? mins[dt] : maxs[dt];
-  }
-  red = ins->op == IR_REDUCE_SUM ? "+" : ins->op == IR_REDUCE_PROD ? "*" : mx ? "max" : "min";
+  rd_red R = rd_reduce(&rd_dialect_c, true, ins);
+  bool fl = R.fl, mx = R.mx, mn = R.mn;
+  const char *acc_t = R.acc_t, *init = R.init, *red = R.combine;
   int last = -1, nr = 0, cand[GRAFT_MAX_DIMS], nc = 0;
   for (int d = 0; d < x->ndim; d++)
     if (mask >> d & 1) {
@@ -338,13 +320,13 @@ static void cpu_member_reduce(cpu_cg *g, int i, bool merge) {
       if (g->aff_gone >> d & 1) run *= x->shape[d];
     nr -= __builtin_popcount(g->aff_gone);
   }
-  cpu_sb_printf(g->body, "    %s acc%d = %s; int nfa%d = 0; (void)nfa%d;\n", acc_t, i, init, i, i);
+  rd_sb_printf(g->body, "    %s acc%d = %s; int nfa%d = 0; (void)nfa%d;\n", acc_t, i, init, i, i);
   /* outer reduced loops */
   for (int d = 0; d < x->ndim; d++)
     if ((mask >> d & 1) && d != last && !(g->aff_emit && (g->aff_gone >> d & 1)))
-      cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d,
+      rd_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d,
                     x->shape[d], d);
-  const char *a2 = nr ? "a2" : cpu_fmt(&g->ar, "acc%d", i), *nf = nr ? "nf" : cpu_fmt(&g->ar, "nfa%d", i);
+  const char *a2 = nr ? "a2" : rd_fmt(&g->ar, "acc%d", i), *nf = nr ? "nf" : rd_fmt(&g->ar, "nfa%d", i);
   /* An f32 sum over a short innermost run accumulates in f32 lanes (full vector width; PyTorch
    * sums in f32 throughout), and the runs add up in double; a merged run longer than
    * CPU_F32_RUN does so in blocks of CPU_F32_RUN. */
@@ -352,18 +334,18 @@ static void cpu_member_reduce(cpu_cg *g, int i, bool merge) {
                    (run <= CPU_F32_RUN || g->aff_emit);
   bool blocks = f32_lanes && run > CPU_F32_RUN;
   if (blocks)
-    cpu_sb_printf(g->body, "    for (int64_t i%db = 0; i%db < %" PRId64 "; i%db += %d) {\n", last,
+    rd_sb_printf(g->body, "    for (int64_t i%db = 0; i%db < %" PRId64 "; i%db += %d) {\n", last,
                   last, run, last, CPU_F32_RUN);
   if (nr) {
-    cpu_sb_printf(g->body, "    %s a2 = %s; int nf = 0;\n", f32_lanes ? "float" : acc_t, init);
-    cpu_sb_printf(g->body, "    #pragma omp simd reduction(%s:a2)%s\n", red,
+    rd_sb_printf(g->body, "    %s a2 = %s; int nf = 0;\n", f32_lanes ? "float" : acc_t, init);
+    rd_sb_printf(g->body, "    #pragma omp simd reduction(%s:a2)%s\n", red,
                   fl && (mx || mn) ? " reduction(|:nf)" : "");
     if (blocks)
-      cpu_sb_printf(g->body, "    for (int64_t i%d = i%db; i%d < (i%db + %d < %" PRId64 " ? i%db + %d : %"
+      rd_sb_printf(g->body, "    for (int64_t i%d = i%db; i%d < (i%db + %d < %" PRId64 " ? i%db + %d : %"
                     PRId64 "); i%d++) {\n", last, last, last, last, CPU_F32_RUN, run, last,
                     CPU_F32_RUN, run, last);
     else
-      cpu_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", last, last,
+      rd_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", last, last,
                     run, last);
   }
   g->nmemo = 0;
@@ -375,26 +357,18 @@ static void cpu_member_reduce(cpu_cg *g, int i, bool merge) {
   }
   const char *v = cpu_value(g, ins->in[0], pos);
   cpu_aff_end(g);
-  if (f32_lanes) cpu_sb_printf(g->body, "      %s += %s;\n", a2, v);
-  else if (fl && !mx && !mn) cpu_sb_printf(g->body, "      %s %s= (double)%s;\n", a2, red, v);
-  else if (fl) cpu_sb_printf(g->body, "      %s = %s %s %s ? %s : %s; %s |= %s != %s;\n", a2, v,
-                             mx ? ">" : "<", a2, v, a2, nf, v, v);
-  else if (!mx && !mn) cpu_sb_printf(g->body, "      %s %s= (uint64_t)(int64_t)%s;\n", a2, red, v);
-  else cpu_sb_printf(g->body, "      %s = (int64_t)%s %s %s ? (int64_t)%s : %s;\n", a2, v,
-                     mx ? ">" : "<", a2, v, a2);
+  if (f32_lanes) rd_sb_printf(g->body, "      %s += %s;\n", a2, v);
+  else rd_red_step(g->body, "      ", &R, a2, nf, v);
   if (nr) {
-    cpu_sb_puts(g->body, "    }\n");
-    if (!mx && !mn) cpu_sb_printf(g->body, "    acc%d %s= a2;\n", i, red);
-    else cpu_sb_printf(g->body, "    acc%d = a2 %s acc%d ? a2 : acc%d; nfa%d |= nf;\n", i,
+    rd_sb_puts(g->body, "    }\n");
+    if (!mx && !mn) rd_sb_printf(g->body, "    acc%d %s= a2;\n", i, red);
+    else rd_sb_printf(g->body, "    acc%d = a2 %s acc%d ? a2 : acc%d; nfa%d |= nf;\n", i,
                        mx ? ">" : "<", i, i, i);
     cpu_close_loops(g->body, nr - 1 + blocks);
   }
-  const char *fin;
-  if (fl && (mx || mn)) fin = cpu_fmt(&g->ar, "nfa%d ? (%s)NAN : acc%d", i, T, i);
-  else if (fl) fin = cpu_fmt(&g->ar, "%s(acc%d)", dt == GRAFT_F32 ? "gc_f32" : "", i);
-  else if (dt == GRAFT_BOOL) fin = cpu_fmt(&g->ar, "(uint8_t)(acc%d != 0)", i);
-  else fin = cpu_fmt(&g->ar, "(%s)(uint64_t)acc%d", T, i);
-  cpu_sb_printf(g->body, "    p%d[r] = %s;\n", i, fin);
+  const char *fin = rd_red_final(&g->ar, &rd_dialect_c, ins, &R, rd_fmt(&g->ar, "acc%d", i),
+                                 rd_fmt(&g->ar, "nfa%d", i));
+  rd_sb_printf(g->body, "    p%d[r] = %s;\n", i, fin);
 }
 
 static bool cpu_is_arg(ir_op op) { return op == IR_ARGMAX || op == IR_ARGMIN; }
@@ -419,36 +393,36 @@ static void cpu_member_colsum(cpu_cg *g, int i) {
   int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
   int last = x->ndim - 1;
   int64_t W = x->shape[last];
-  cpu_sb *b = g->body;
-  cpu_sb_printf(b, "  double cacc[%d];\n", CPU_COLSUM_BLOCK);
-  cpu_sb_puts(b, "  for (int64_t r0 = lo; r0 < hi;) {\n");
-  cpu_sb_printf(b, "    const int64_t o = r0 / %" PRId64 ", w0 = r0 %% %" PRId64 ";\n", W, W);
-  cpu_sb_printf(b, "    int64_t w1 = w0 + (hi - r0);\n    if (w1 > %" PRId64 ") w1 = %" PRId64
+  rd_sb *b = g->body;
+  rd_sb_printf(b, "  double cacc[%d];\n", CPU_COLSUM_BLOCK);
+  rd_sb_puts(b, "  for (int64_t r0 = lo; r0 < hi;) {\n");
+  rd_sb_printf(b, "    const int64_t o = r0 / %" PRId64 ", w0 = r0 %% %" PRId64 ";\n", W, W);
+  rd_sb_printf(b, "    int64_t w1 = w0 + (hi - r0);\n    if (w1 > %" PRId64 ") w1 = %" PRId64
                 ";\n    if (w1 - w0 > %d) w1 = w0 + %d;\n", W, W, CPU_COLSUM_BLOCK, CPU_COLSUM_BLOCK);
   int64_t st = 1;
   for (int d = last - 1; d >= 0; d--) { /* the other kept dims, from o */
     if (mask >> d & 1) continue;
-    cpu_sb_printf(b, "    const int64_t i%d = o / %" PRId64 " %% %" PRId64 ";\n", d, st, x->shape[d]);
+    rd_sb_printf(b, "    const int64_t i%d = o / %" PRId64 " %% %" PRId64 ";\n", d, st, x->shape[d]);
     st *= x->shape[d];
   }
-  cpu_sb_puts(b, "    for (int64_t w = 0; w < w1 - w0; w++) cacc[w] = 0.0;\n");
+  rd_sb_puts(b, "    for (int64_t w = 0; w < w1 - w0; w++) cacc[w] = 0.0;\n");
   int nr = 0;
   for (int d = 0; d < last; d++)
     if (mask >> d & 1) {
-      cpu_sb_printf(b, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d, x->shape[d], d);
+      rd_sb_printf(b, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d, x->shape[d], d);
       nr++;
     }
-  cpu_sb_printf(b, "    #pragma omp simd\n    for (int64_t i%d = w0; i%d < w1; i%d++) {\n", last,
+  rd_sb_printf(b, "    #pragma omp simd\n    for (int64_t i%d = w0; i%d < w1; i%d++) {\n", last,
                 last, last);
   g->nmemo = 0;
   g->self = -1;
   cpu_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
   const char *v = cpu_value(g, ins->in[0], pos);
-  cpu_sb_printf(b, "      cacc[i%d - w0] += (double)%s;\n    }\n", last, v);
+  rd_sb_printf(b, "      cacc[i%d - w0] += (double)%s;\n    }\n", last, v);
   cpu_close_loops(b, nr);
-  cpu_sb_printf(b, "    for (int64_t w = w0; w < w1; w++) p%d[o * %" PRId64 " + w] = %s(cacc[w - w0]);\n",
+  rd_sb_printf(b, "    for (int64_t w = w0; w < w1; w++) p%d[o * %" PRId64 " + w] = %s(cacc[w - w0]);\n",
                 i, W, ins->dtype == GRAFT_F32 ? "gc_f32" : "");
-  cpu_sb_puts(b, "    r0 += w1 - w0;\n  }\n");
+  rd_sb_puts(b, "    r0 += w1 - w0;\n  }\n");
 }
 
 /* argmax/argmin root i (a standalone kernel: vars for the other dims exist; r is the output
@@ -464,54 +438,54 @@ static void cpu_member_arg(cpu_cg *g, int i) {
   cpu_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
   pos.c[ax] = "0";
   const char *v0 = cpu_value(g, ins->in[0], pos);
-  cpu_sb_printf(g->body, "    %s bv = (%s)%s; int64_t best = 0;\n", T, T, v0);
-  cpu_sb_printf(g->body, "    for (int64_t i%d = 1; i%d < %" PRId64 "; i%d++) {\n", ax, ax,
+  rd_sb_printf(g->body, "    %s bv = (%s)%s; int64_t best = 0;\n", T, T, v0);
+  rd_sb_printf(g->body, "    for (int64_t i%d = 1; i%d < %" PRId64 "; i%d++) {\n", ax, ax,
                 x->shape[ax], ax);
   g->nmemo = 0;
   pos = cpu_loop_pos(g, x->ndim, x->shape);
   const char *v = cpu_value(g, ins->in[0], pos);
   if (fl)
-    cpu_sb_printf(g->body, "      const %s v = %s;\n      if (bv == bv && (v != v || v %s bv)) "
+    rd_sb_printf(g->body, "      const %s v = %s;\n      if (bv == bv && (v != v || v %s bv)) "
                   "{ bv = v; best = i%d; }\n", T, v, mn ? "<" : ">", ax);
   else
-    cpu_sb_printf(g->body, "      const int64_t v = (int64_t)%s;\n      if (v %s bv) { bv = v; "
+    rd_sb_printf(g->body, "      const int64_t v = (int64_t)%s;\n      if (v %s bv) { bv = v; "
                   "best = i%d; }\n", v, mn ? "<" : ">", ax);
-  cpu_sb_printf(g->body, "    }\n    p%d[r] = best;\n", i);
+  rd_sb_printf(g->body, "    }\n    p%d[r] = best;\n", i);
 }
 
 /* The kernel's signature: the slots it touches are restrict-qualified parameters of k<kid>_
  * (gcc honours restrict on parameters; on locals loaded from S it versioned loops for aliasing
  * and gave up vectorizing past a few dozen pointers), called by k<kid>(S, lo, hi). */
 /* ", const float *restrict p<s>" for each slot the kernel reads or writes, in slot order. */
-static void cpu_kernel_params(cpu_cg *g, cpu_sb *out, const unsigned char *writes) {
+static void cpu_kernel_params(cpu_cg *g, rd_sb *out, const unsigned char *writes) {
   for (int s = 0; s < g->p->ninstr; s++) {
     if (!g->reads[s] && !writes[s]) continue;
-    cpu_sb_printf(out, ", %s%s *restrict p%d", writes[s] ? "" : "const ",
+    rd_sb_printf(out, ", %s%s *restrict p%d", writes[s] ? "" : "const ",
                   cpu_ctype(g->p->instr[s].dtype), s);
   }
 }
 
 /* Kernel kid's definition head: "static void k<kid>_(lo, hi, buffers) {" and the row scratch
  * and streaming buffers' declarations. */
-static void cpu_kernel_head(cpu_cg *g, cpu_sb *out, int kid, const unsigned char *writes) {
-  cpu_sb_printf(out, "static void k%d_(int64_t lo, int64_t hi", kid);
+static void cpu_kernel_head(cpu_cg *g, rd_sb *out, int kid, const unsigned char *writes) {
+  rd_sb_printf(out, "static void k%d_(int64_t lo, int64_t hi", kid);
   cpu_kernel_params(g, out, writes);
-  cpu_sb_puts(out, ") {\n");
+  rd_sb_puts(out, ") {\n");
   int64_t len = g->oshape ? cpu_row_len(g) : 0;
   for (int s = 0; s < g->p->ninstr && g->rc_state; s++)
     if (g->rc_state[s])
-      cpu_sb_printf(out, "  %s rc%d[%" PRId64 "] __attribute__((aligned(64)));\n",
+      rd_sb_printf(out, "  %s rc%d[%" PRId64 "] __attribute__((aligned(64)));\n",
                     cpu_ctype(g->p->instr[s].dtype), s, len);
   if (g->stream >= 0)
-    cpu_sb_printf(out, "  %s ob%d[%" PRId64 "] __attribute__((aligned(64)));\n",
+    rd_sb_printf(out, "  %s ob%d[%" PRId64 "] __attribute__((aligned(64)));\n",
                   cpu_ctype(g->p->instr[g->stream].dtype), g->stream, g->oshape ? len : CPU_NT_BLOCK);
 }
 
 /* Records kernel kid: its body (a new one's definition def also goes to the rendering out
  * under the name k<kid>_), and its buffers, in the body's parameter order, for the launch that
  * follows (cpu_gen_launch). */
-static void cpu_kernel_emit(cpu_cg *g, cpu_sb *out, int kid, const unsigned char *writes,
-                            const cpu_sb *def) {
+static void cpu_kernel_emit(cpu_cg *g, rd_sb *out, int kid, const unsigned char *writes,
+                            const rd_sb *def) {
   if (g->trial) return;
   bool fresh = false;
   int body = def->s ? cpu_dedup_find(&g->dedup, def->s, &fresh) : -1;
@@ -531,7 +505,7 @@ static void cpu_kernel_emit(cpu_cg *g, cpu_sb *out, int kid, const unsigned char
   g->body_kid[body] = kid;
   cpu_body b = {NULL, g->cur_nslot};
   cpu_code_body(g->code, &b); /* its text: the canonical one, moved over at the end */
-  cpu_sb_puts(out, def->s);
+  rd_sb_puts(out, def->s);
 }
 
 /* What generating a group's kernel found: done, a member read another member's output off its
@@ -543,16 +517,16 @@ enum { CPU_GEN_OK = 0, CPU_GEN_NOT_ROW_LOCAL = 1, CPU_GEN_NEEDS_COORDS = 2 };
  * and stored at L in turn, so a later member reads an earlier one's element of this iteration
  * (or its value, memoized); the member whose output streams out (the last) goes through a
  * block buffer. Returns CPU_GEN_NEEDS_COORDS when some load needs coordinates. */
-static int cpu_gen_flat(cpu_cg *g, const cpu_group *G, unsigned char *writes, cpu_sb *body) {
+static int cpu_gen_flat(cpu_cg *g, const cpu_group *G, unsigned char *writes, rd_sb *body) {
   const exec_program *p = g->p;
   bool streams = g->stream >= 0;
   if (streams) { /* blocks computed into ob<i>, streamed out */
-    cpu_sb_printf(body, "  for (int64_t L0 = lo; L0 < hi; L0 += %d) {\n", CPU_NT_BLOCK);
-    cpu_sb_printf(body, "    const int64_t L1 = L0 + %d < hi ? L0 + %d : hi;\n", CPU_NT_BLOCK,
+    rd_sb_printf(body, "  for (int64_t L0 = lo; L0 < hi; L0 += %d) {\n", CPU_NT_BLOCK);
+    rd_sb_printf(body, "    const int64_t L1 = L0 + %d < hi ? L0 + %d : hi;\n", CPU_NT_BLOCK,
                   CPU_NT_BLOCK);
-    cpu_sb_puts(body, "    for (int64_t L = L0; L < L1; L++) {\n");
+    rd_sb_puts(body, "    for (int64_t L = L0; L < L1; L++) {\n");
   } else {
-    cpu_sb_puts(body, "  for (int64_t L = lo; L < hi; L++) {\n");
+    rd_sb_puts(body, "  for (int64_t L = lo; L < hi; L++) {\n");
   }
   g->nmemo = 0;
   for (int m = 0; m < G->nm && !g->violation; m++) {
@@ -566,15 +540,15 @@ static int cpu_gen_flat(cpu_cg *g, const cpu_group *G, unsigned char *writes, cp
       if (ins->ndim == 1) pos.c[0] = ins->shape[0] == 1 ? "0" : "L";
     }
     const char *v = cpu_value(g, i, pos);
-    if (g->stream == i) cpu_sb_printf(body, "      ob%d[L - L0] = %s;\n", i, v);
-    else cpu_sb_printf(body, "      p%d[L] = %s;\n", i, v);
+    if (g->stream == i) rd_sb_printf(body, "      ob%d[L - L0] = %s;\n", i, v);
+    else rd_sb_printf(body, "      p%d[L] = %s;\n", i, v);
     if (G->nm > 1) g->member[i] = 1;
   }
   if (streams)
-    cpu_sb_printf(body, "    }\n    gc_stream(p%d + L0, ob%d, (L1 - L0) * %d);\n  }\n", g->stream,
+    rd_sb_printf(body, "    }\n    gc_stream(p%d + L0, ob%d, (L1 - L0) * %d);\n  }\n", g->stream,
                   g->stream, (int)graft_dtype_size(p->instr[g->stream].dtype));
   else
-    cpu_sb_puts(body, "  }\n");
+    rd_sb_puts(body, "  }\n");
   if (g->violation) return CPU_GEN_NOT_ROW_LOCAL;
   return g->need_unravel && p->instr[G->inst[0]].ndim >= 2 ? CPU_GEN_NEEDS_COORDS : CPU_GEN_OK;
 }
@@ -582,11 +556,11 @@ static int cpu_gen_flat(cpu_cg *g, const cpu_group *G, unsigned char *writes, cp
 /* Generates the kernel of group G into out; returns a CPU_GEN_* code. One function (~95 lines):
  * the loop nest's header, members' bodies and stores, and the row-scratch and streaming
  * declarations share the same per-kernel locals; split, each piece would take most of them. */
-static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
+static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, rd_sb *out) {
   const exec_program *p = g->p;
   int n = p->ninstr;
   unsigned char *writes = calloc((size_t)n, 1);
-  cpu_sb body = {0};
+  rd_sb body = {0};
   g->body = &body;
   memset(g->reads, 0, (size_t)n);
   memset(g->member, 0, (size_t)n);
@@ -607,53 +581,53 @@ static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
       writes[G->inst[0]] = 1;
       goto done;
     }
-    cpu_sb_puts(&body, "  for (int64_t r = lo; r < hi; r++) {\n");
+    rd_sb_puts(&body, "  for (int64_t r = lo; r < hi; r++) {\n");
     if (standalone_reduce) { /* unravel r over the kept dims of the operand */
       const exec_instr *x = &p->instr[f->in[0]];
       int64_t st = 1, mask = cpu_is_arg(f->op) ? (int64_t)1 << IR_ATTR(f->attr, ARG, axis)
                                                : IR_ATTR(f->attr, REDUCE, mask);
       for (int d = x->ndim - 1; d >= 0; d--) {
         if (mask >> d & 1) continue;
-        cpu_sb_printf(&body, "    const int64_t i%d = r / %" PRId64 " %% %" PRId64 ";\n", d, st,
+        rd_sb_printf(&body, "    const int64_t i%d = r / %" PRId64 " %% %" PRId64 ";\n", d, st,
                       x->shape[d]);
         st *= x->shape[d];
       }
     } else {
       int64_t st = 1;
       for (int d = G->a - 1; d >= 0; d--) {
-        cpu_sb_printf(&body, "    const int64_t i%d = r / %" PRId64 " %% %" PRId64 ";\n", d, st,
+        rd_sb_printf(&body, "    const int64_t i%d = r / %" PRId64 " %% %" PRId64 ";\n", d, st,
                       G->oshape[d]);
         st *= G->oshape[d];
       }
     }
     for (int m = 0; m < G->nm && !g->violation; m++) {
       int i = G->inst[m];
-      cpu_sb_printf(&body, "    { /* %s */\n", ir_ops[p->instr[i].op].name);
+      rd_sb_printf(&body, "    { /* %s */\n", ir_ops[p->instr[i].op].name);
       if (cpu_is_arg(p->instr[i].op)) cpu_member_arg(g, i);
       else if (ir_ops[p->instr[i].op].kind == IR_K_REDUCE) cpu_member_reduce(g, i, G->nm == 1);
       else cpu_member_kernel(g, i, G->a, G->nm == 1);
-      cpu_sb_puts(&body, "    }\n");
+      rd_sb_puts(&body, "    }\n");
       writes[i] = 1;
       if (G->nm > 1) g->member[i] = 1;
       for (int s = 0; s < n && g->rc_state; s++)
         if (g->rc_state[s] == 3) g->rc_state[s] = 2;
     }
-    cpu_sb_puts(&body, "  }\n");
+    rd_sb_puts(&body, "  }\n");
     if (g->violation) rc = CPU_GEN_NOT_ROW_LOCAL;
   }
 done:
-  if (g->stream >= 0) cpu_sb_puts(&body, "  gc_sfence();\n");
+  if (g->stream >= 0) rd_sb_puts(&body, "  gc_sfence();\n");
   if (!rc) {
-    cpu_sb def = {0};
+    rd_sb def = {0};
     cpu_kernel_head(g, &def, kid, writes);
-    cpu_sb_puts(&def, body.s ? body.s : "");
-    cpu_sb_puts(&def, "}\n\n");
+    rd_sb_puts(&def, body.s ? body.s : "");
+    rd_sb_puts(&def, "}\n\n");
     if (def.oom) g->failed = 1;
     cpu_kernel_emit(g, out, kid, writes, &def);
-    cpu_sb_free(&def);
+    rd_sb_free(&def);
   }
   if (body.oom) g->failed = 1;
-  cpu_sb_free(&body);
+  rd_sb_free(&body);
   free(writes);
   return rc;
 }
@@ -673,7 +647,7 @@ static size_t cpu_nt_min_bytes(const cpu_cg *g, const exec_instr *ins) {
 
 /* Generates group G: picks the member whose output streams out, and (row groups) the values
  * worth a row scratch, by generating it a few times and counting re-evaluations. */
-static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
+static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, rd_sb *out) {
   const exec_program *p = g->p;
   int n = p->ninstr, last = G->inst[G->nm - 1];
   const exec_instr *li = &p->instr[last];
@@ -693,11 +667,11 @@ static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, cpu_sb *out) {
   for (int d = G->a; d < G->ond; d++) len *= G->oshape[d];
   for (int it = 0; it < 4; it++) {
     memset(g->rc_count, 0, sizeof(int) * (size_t)n);
-    cpu_sb tmp = {0};
+    rd_sb tmp = {0};
     g->trial = 1;
     int rc = cpu_gen_once(g, G, kid, &tmp);
     g->trial = 0;
-    cpu_sb_free(&tmp);
+    rd_sb_free(&tmp);
     for (int s = 0; s < n; s++)
       if (g->rc_state[s]) g->rc_state[s] = 1;
     if (rc) break;
@@ -773,16 +747,16 @@ static bool cpu_can_join(const exec_program *p, const fuse_plan *pl, int i, int 
 }
 
 
-void cpu_gen_prelude(cpu_sb *out) {
-  cpu_sb_puts(out, cpu_prelude);
-  cpu_sb_puts(out, cpu_rt_src);
-  cpu_sb_puts(out, "\n");
-  cpu_sb_puts(out, cpu_math_src);
-  cpu_sb_puts(out, "\n");
-  cpu_sb_puts(out, ops_math_src);
-  cpu_sb_puts(out, "\n");
-  cpu_sb_puts(out, ir_op_math_src);
-  cpu_sb_puts(out, "\n");
+void cpu_gen_prelude(rd_sb *out) {
+  rd_sb_puts(out, cpu_prelude);
+  rd_sb_puts(out, cpu_rt_src);
+  rd_sb_puts(out, "\n");
+  rd_sb_puts(out, cpu_math_src);
+  rd_sb_puts(out, "\n");
+  rd_sb_puts(out, ops_math_src);
+  rd_sb_puts(out, "\n");
+  rd_sb_puts(out, ir_op_math_src);
+  rd_sb_puts(out, "\n");
 }
 
 /* A BLAS call for the GEMM instruction i (a zero fill when K == 0); marks what it reads. */
@@ -839,14 +813,14 @@ static int cpu_kernel_merge(cpu_cg *g, int i) {
   int cand[GRAFT_MAX_DIMS], nc = 0;
   for (int d = 1; d < ins->ndim; d++)
     if (ins->shape[d] > 1) cand[nc++] = d;
-  cpu_sb scratch = {0};
+  rd_sb scratch = {0};
   g->body = &scratch;
   memset(g->member, 0, (size_t)g->p->ninstr);
   g->split_var = NULL;
   g->self = i;
   int k = cpu_aff_plan(g, i, ins->ndim, ins->shape, cand, nc);
   g->body = NULL;
-  cpu_sb_free(&scratch);
+  rd_sb_free(&scratch);
   return k ? cand[nc - k] : -1;
 }
 
@@ -868,7 +842,7 @@ static bool cpu_group_flat_shaped(const cpu_cg *g, const cpu_group *G) {
 /* Generates group G's kernel: a lone kernel, or a group of elementwise members of one shape,
  * flat when it can be, else by rows; a row group shrinks until its members are row-local. Returns a CPU_GEN_* code (OK when done). */
 static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *osh, int ond,
-                                int kid, cpu_sb *kern) {
+                                int kid, rd_sb *kern) {
   const exec_instr *ins = &g->p->instr[G->inst[0]];
   int role = g->pl->role[G->inst[0]], rc;
   if (G->nm == 1 && role == FUSE_KERNEL) {
@@ -948,7 +922,7 @@ static cpu_cg *cpu_cg_new(const exec_program *p, const fuse_plan *pl) {
 }
 
 static void cpu_cg_free(cpu_cg *g) {
-  cpu_arena_free(&g->ar);
+  rd_arena_free(&g->ar);
   cpu_dedup_free(&g->dedup);
   cpu_memo_free(g);
   free(g->step_end);
@@ -964,7 +938,7 @@ static void cpu_cg_free(cpu_cg *g) {
 /* The steps, per instruction with work: fallbacks, GEMM calls and kernels (each a group of
  * instructions sharing rows). Returns the number of instruction steps (releases come later);
  * the new bodies' definitions go to kern. */
-static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, cpu_sb *kern) {
+static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, rd_sb *kern) {
   const exec_program *p = g->p;
   int n = p->ninstr, kid = 0, step = 0;
   for (int i = 0; i < n; i++) last_step[i] = -1;
@@ -998,7 +972,7 @@ static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, c
   return step;
 }
 
-int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, cpu_sb *out,
+int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, rd_sb *out,
                 int *kernel_of) {
   int n = p->ninstr;
   memset(code, 0, sizeof *code);
@@ -1015,7 +989,7 @@ int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, cpu_
     return -1;
   }
   g->code = code;
-  cpu_sb kern = {0};
+  rd_sb kern = {0};
   cpu_gen_prelude(out);
   int nsteps = cpu_gen_steps(g, inst, last_step, kernel_of, &kern);
   for (int k = 0; k < p->noutputs; k++) /* a buffer an output shares lives past the run */
@@ -1025,12 +999,12 @@ int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, cpu_
     code->body[k].text = g->dedup.v[k].text;
     g->dedup.v[k].text = NULL;
   }
-  cpu_sb_puts(out, kern.s ? kern.s : "");
+  rd_sb_puts(out, kern.s ? kern.s : "");
   cpu_code_render(code, p, g->body_kid, out);
   int failed = g->failed || kern.oom || out->oom || code->oom || code->nbody != g->dedup.n;
   char fail_what[sizeof g->fail_what];
   snprintf(fail_what, sizeof fail_what, "%s", g->failed ? g->fail_what : "");
-  cpu_sb_free(&kern);
+  rd_sb_free(&kern);
   cpu_cg_free(g);
   free(last_step);
   free(inst);

@@ -33,8 +33,8 @@ typedef struct {
 typedef struct {
   const exec_program *p;
   const fuse_plan *pl;
-  cpu_arena ar;
-  cpu_sb *body;         /* statements of the current loop body */
+  rd_arena ar;
+  rd_sb *body;         /* statements of the current loop body */
   int ntmp;
   size_t *step_end;     /* per instruction step: the code's step count at its end (releases
                            go there) */
@@ -86,7 +86,7 @@ typedef struct {
   int kmerge_from;         /* a lone row kernel: first dim of its merged trailing dims, or -1 */
   int row_vars;            /* while a kernel member's element loop is generated: its row dims
                               (i0..i<row_vars-1> fixed for a row), else 0 */
-  cpu_sb *row_pre;         /* meanwhile: statements that run once per row, before its loops */
+  rd_sb *row_pre;         /* meanwhile: statements that run once per row, before its loops */
   size_t footprint;        /* bytes of the program's buffers: parameters and materialized values */
 } cpu_cg;
 

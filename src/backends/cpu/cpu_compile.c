@@ -351,10 +351,10 @@ static uint64_t cpu_prelude_hash(void) {
   static _Atomic uint64_t h;
   uint64_t v = atomic_load(&h);
   if (v) return v;
-  cpu_sb b = {0};
+  rd_sb b = {0};
   cpu_gen_prelude(&b);
-  v = b.s ? cpu_hash_bytes(b.s, b.n, 7) | 1 : 1;
-  cpu_sb_free(&b);
+  v = b.s ? dcache_hash(b.s, b.n, 7) | 1 : 1;
+  rd_sb_free(&b);
   atomic_store(&h, v);
   return v;
 }
@@ -364,11 +364,11 @@ void cpu_cache_key(const char *text, cpu_opt opt, uint64_t key[2]) {
   cpu_compiler_id(id, sizeof id);
   snprintf(pre, sizeof pre, "%016" PRIx64, cpu_prelude_hash());
   size_t sn = strlen(text);
-  uint64_t h1 = cpu_hash_bytes(text, sn, 1), h2 = cpu_hash_bytes(text, sn, 2);
+  uint64_t h1 = dcache_hash(text, sn, 1), h2 = dcache_hash(text, sn, 2);
   const char *tags[] = {id, CPU_CFLAGS, cpu_opt_flag[opt], cpu_march(), pre, GRAFT_VERSION};
   for (size_t t = 0; t < sizeof tags / sizeof *tags; t++) {
-    h1 = cpu_hash_bytes(tags[t], strlen(tags[t]), h1);
-    h2 = cpu_hash_bytes(tags[t], strlen(tags[t]), h2 ^ 0x5bd1e995);
+    h1 = dcache_hash(tags[t], strlen(tags[t]), h1);
+    h2 = dcache_hash(tags[t], strlen(tags[t]), h2 ^ 0x5bd1e995);
   }
   key[0] = h1;
   key[1] = h2;

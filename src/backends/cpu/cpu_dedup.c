@@ -9,6 +9,7 @@
  * positions, and the later kernel runs the earlier body with its own buffers. The canonical
  * text is also the body's identity in the kernel library (cpu_klib.c), across graphs. */
 #include "cpu_internal.h"
+#include "../dcache.h"
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,38 +62,38 @@ static int dedup_number(dedup_name **seen, int *nseen, int *cap, const char *s, 
 /* The canonical text of a kernel definition: numbered names become <prefix>_<k> in order of
  * first appearance, the kernel's own name k<N>_ becomes K_. NULL when out of memory. */
 static char *dedup_canon(const char *def) {
-  cpu_sb out = {0};
+  rd_sb out = {0};
   dedup_name *seen = NULL;
   int nseen = 0, cap = 0, bad = 0;
   for (const char *s = def; *s && !bad;) {
     if (isdigit((unsigned char)*s)) { /* a number, hex float included: copied whole */
       const char *e = s;
       while (dedup_ident_char(*e) || *e == '.') e++;
-      cpu_sb_printf(&out, "%.*s", (int)(e - s), s);
+      rd_sb_printf(&out, "%.*s", (int)(e - s), s);
       s = e;
     } else if (dedup_ident_char(*s)) {
       const char *e = s;
       while (dedup_ident_char(*e)) e++;
       size_t n = (size_t)(e - s);
       int pre = dedup_numbered(s, n);
-      if (dedup_kernel_name(s, n)) cpu_sb_puts(&out, "K_");
-      else if (pre < 0) cpu_sb_printf(&out, "%.*s", (int)n, s);
+      if (dedup_kernel_name(s, n)) rd_sb_puts(&out, "K_");
+      else if (pre < 0) rd_sb_printf(&out, "%.*s", (int)n, s);
       else {
         int k = dedup_number(&seen, &nseen, &cap, s, n);
         if (k < 0) bad = 1;
-        else cpu_sb_printf(&out, "%s_%d", dedup_prefixes[pre], k);
+        else rd_sb_printf(&out, "%s_%d", dedup_prefixes[pre], k);
       }
       s = e;
     } else {
       const char *e = s;
       while (*e && !dedup_ident_char(*e)) e++;
-      cpu_sb_printf(&out, "%.*s", (int)(e - s), s);
+      rd_sb_printf(&out, "%.*s", (int)(e - s), s);
       s = e;
     }
   }
   free(seen);
   if (bad || out.oom) {
-    cpu_sb_free(&out);
+    rd_sb_free(&out);
     return NULL;
   }
   return out.s ? out.s : strdup("");
@@ -102,7 +103,7 @@ int cpu_dedup_find(cpu_dedup *d, const char *def, bool *fresh) {
   *fresh = false;
   char *c = dedup_canon(def);
   if (!c) return -1;
-  uint64_t h = cpu_hash_bytes(c, strlen(c), 0);
+  uint64_t h = dcache_hash(c, strlen(c), 0);
   for (int k = 0; k < d->n; k++)
     if (d->v[k].hash == h && !strcmp(d->v[k].text, c)) {
       free(c);

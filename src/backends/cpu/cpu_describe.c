@@ -12,11 +12,11 @@
 #define DESCRIBE_MAX_OPS 24 /* ops named per kernel; the rest are counted */
 
 /* s into b as a JSON string's contents. */
-static void describe_escaped(cpu_sb *b, const char *s) {
+static void describe_escaped(rd_sb *b, const char *s) {
   for (; *s; s++) {
-    if (*s == '"' || *s == '\\') cpu_sb_printf(b, "\\%c", *s);
-    else if ((unsigned char)*s < 0x20) cpu_sb_printf(b, "\\u%04x", *s);
-    else cpu_sb_printf(b, "%c", *s);
+    if (*s == '"' || *s == '\\') rd_sb_printf(b, "\\%c", *s);
+    else if ((unsigned char)*s < 0x20) rd_sb_printf(b, "\\u%04x", *s);
+    else rd_sb_printf(b, "%c", *s);
   }
 }
 
@@ -43,13 +43,13 @@ static uint32_t describe_loc(const exec_program *p, const int *mem, int nm) {
 /* Kernel c's args; mem[0..nm): the slots it writes and inlines, in program order. */
 static char *describe_one(const exec_program *p, const cpu_code *code, int c, const int *mem, int nm) {
   const cpu_launch *l = &code->launch[c];
-  cpu_sb b = {0};
+  rd_sb b = {0};
   int64_t bytes = 0, flops = 0;
   for (int j = 0; j < l->nslot; j++) {
     const exec_instr *x = &p->instr[code->slots[l->slot0 + j]];
     bytes += x->numel * (int64_t)graft_dtype_size(x->dtype);
   }
-  cpu_sb_printf(&b, "\"units\": %lld, \"fused\": \"", (long long)l->units);
+  rd_sb_printf(&b, "\"units\": %lld, \"fused\": \"", (long long)l->units);
   int named = 0, more = 0;
   for (int i = 0; i < nm; i++) {
     int s = mem[i];
@@ -58,29 +58,29 @@ static char *describe_one(const exec_program *p, const cpu_code *code, int c, co
       more++;
       continue;
     }
-    cpu_sb_printf(&b, "%s%s", named++ ? " " : "", ir_ops[p->instr[s].op].name);
+    rd_sb_printf(&b, "%s%s", named++ ? " " : "", ir_ops[p->instr[s].op].name);
   }
-  if (more) cpu_sb_printf(&b, " (+%d more)", more);
+  if (more) rd_sb_printf(&b, " (+%d more)", more);
   char where[512];
-  cpu_sb_puts(&b, "\", \"from\": \"");
+  rd_sb_puts(&b, "\", \"from\": \"");
   for (int i = 0, listed = 0; i < nm && listed < DESCRIBE_MAX_OPS; i++) { /* each op name once */
     uint32_t o = p->instr[mem[i]].opname;
     bool seen = !o;
     for (int j = 0; j < i && !seen; j++) seen = p->instr[mem[j]].opname == o;
     if (seen || !*loc_str(o, where, sizeof where)) continue;
-    cpu_sb_puts(&b, listed++ ? " " : "");
+    rd_sb_puts(&b, listed++ ? " " : "");
     describe_escaped(&b, where);
   }
   uint32_t loc = describe_loc(p, mem, nm);
-  cpu_sb_puts(&b, "\"");
+  rd_sb_puts(&b, "\"");
   if (loc && *loc_str(loc, where, sizeof where)) {
-    cpu_sb_puts(&b, ", \"at\": \"");
+    rd_sb_puts(&b, ", \"at\": \"");
     describe_escaped(&b, where);
-    cpu_sb_puts(&b, "\"");
+    rd_sb_puts(&b, "\"");
   }
-  cpu_sb_printf(&b, ", \"bytes\": %lld, \"flops\": %lld", (long long)bytes, (long long)flops);
+  rd_sb_printf(&b, ", \"bytes\": %lld, \"flops\": %lld", (long long)bytes, (long long)flops);
   if (b.oom) {
-    cpu_sb_free(&b);
+    rd_sb_free(&b);
     return NULL;
   }
   return b.s;

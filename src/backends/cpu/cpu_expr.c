@@ -4,7 +4,7 @@
  * Values are memoized per (instruction, position) within one loop body. */
 #include "cpu_codegen.h"
 #include <ctype.h>
-#include "../kexpr.h"
+#include "../render/render.h"
 #include "dtype.h"
 #include <inttypes.h>
 #include <math.h>
@@ -12,14 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *cpu_ctype(graft_dtype dt) { return kx_ctype(dt); }
+const char *cpu_ctype(graft_dtype dt) { return rd_ctype(dt); }
 
-static char *cpu_tmp(cpu_cg *g) { return cpu_fmt(&g->ar, "t%d", g->ntmp++); }
+static char *cpu_tmp(cpu_cg *g) { return rd_fmt(&g->ar, "t%d", g->ntmp++); }
 
 /* Emits "const T name = expr;" and returns name. */
 static const char *cpu_def(cpu_cg *g, graft_dtype dt, const char *expr) {
   char *t = cpu_tmp(g);
-  cpu_sb_printf(g->body, "      const %s %s = %s;\n", cpu_ctype(dt), t, expr);
+  rd_sb_printf(g->body, "      const %s %s = %s;\n", cpu_ctype(dt), t, expr);
   return t;
 }
 
@@ -28,7 +28,7 @@ static const char *cpu_def(cpu_cg *g, graft_dtype dt, const char *expr) {
 void cpu_pos_coords(cpu_cg *g, cpu_pos *pos) {
   if (pos->has_c) return;
   int64_t st[GRAFT_MAX_DIMS];
-  kx_strides(pos->nd, pos->shape, st);
+  rd_strides(pos->nd, pos->shape, st);
   for (int d = 0; d < pos->nd; d++) {
     if (pos->shape[d] == 1) {
       pos->c[d] = "0";
@@ -38,9 +38,9 @@ void cpu_pos_coords(cpu_cg *g, cpu_pos *pos) {
       g->need_unravel = 1;
       char *t = cpu_tmp(g);
       if (d == 0)
-        cpu_sb_printf(g->body, "      const int64_t %s = (%s) / %" PRId64 ";\n", t, pos->lin, st[d]);
+        rd_sb_printf(g->body, "      const int64_t %s = (%s) / %" PRId64 ";\n", t, pos->lin, st[d]);
       else
-        cpu_sb_printf(g->body, "      const int64_t %s = (%s) / %" PRId64 " %% %" PRId64 ";\n", t,
+        rd_sb_printf(g->body, "      const int64_t %s = (%s) / %" PRId64 " %% %" PRId64 ";\n", t,
                       pos->lin, st[d], pos->shape[d]);
       pos->c[d] = t;
     }
@@ -49,125 +49,19 @@ void cpu_pos_coords(cpu_cg *g, cpu_pos *pos) {
 }
 
 const char *cpu_pos_lin(cpu_cg *g, cpu_pos *pos) {
-  if (!pos->lin) pos->lin = kx_lin(&g->ar, pos->nd, pos->shape, pos->c);
+  if (!pos->lin) pos->lin = rd_lin(&g->ar, pos->nd, pos->shape, pos->c);
   return pos->lin;
 }
 
 static const char *cpu_pos_key(cpu_cg *g, const cpu_pos *pos) {
   /* merged loop dims read "0" in the coordinates: the affine form tells positions apart */
   const char *ak = g->aff_on && pos->ap ? cpu_aff_key(g, pos->ap, pos->nd) : "";
-  if (!pos->has_c) return cpu_fmt(&g->ar, "L%s%s", pos->lin, ak);
-  cpu_sb e = {0};
-  for (int d = 0; d < pos->nd; d++) cpu_sb_printf(&e, "%s,", pos->c[d]);
-  char *r = cpu_fmt(&g->ar, "C%s%s", e.n ? e.s : "", ak);
-  cpu_sb_free(&e);
+  if (!pos->has_c) return rd_fmt(&g->ar, "L%s%s", pos->lin, ak);
+  rd_sb e = {0};
+  for (int d = 0; d < pos->nd; d++) rd_sb_printf(&e, "%s,", pos->c[d]);
+  char *r = rd_fmt(&g->ar, "C%s%s", e.n ? e.s : "", ak);
+  rd_sb_free(&e);
   return r;
-}
-
-/* A literal of dtype dt holding v converted exactly as the reference stores it. */
-static const char *cpu_literal(cpu_cg *g, graft_dtype dt, double v) {
-  union { float f; double d; int32_t i32; int64_t i64; uint8_t u8; } u;
-  memset(&u, 0, sizeof u);
-  dtype_store(&u, dt, 0, v);
-  switch (dt) {
-  case GRAFT_F32:
-    if (u.f != u.f) return "__builtin_nanf(\"\")";
-    if (u.f == (float)INFINITY) return "__builtin_inff()";
-    if (u.f == -(float)INFINITY) return "(-__builtin_inff())";
-    return cpu_fmt(&g->ar, "%af", (double)u.f);
-  case GRAFT_F64:
-    if (u.d != u.d) return "__builtin_nan(\"\")";
-    if (u.d == INFINITY) return "__builtin_inf()";
-    if (u.d == -INFINITY) return "(-__builtin_inf())";
-    return cpu_fmt(&g->ar, "%a", u.d);
-  case GRAFT_I32: return cpu_fmt(&g->ar, "((int32_t)%" PRId32 ")", u.i32);
-  case GRAFT_I64: return cpu_fmt(&g->ar, "((int64_t)0x%" PRIx64 "ull)", (uint64_t)u.i64);
-  default: return cpu_fmt(&g->ar, "((uint8_t)%u)", (unsigned)u.u8);
-  }
-}
-
-static const char *cpu_narrow(cpu_cg *g, graft_dtype dt, const char *e64) {
-  return kx_narrow(&g->ar, dt, e64);
-}
-
-/* The op's enum name, as the generated gm_op_<ENUM> math functions are named. */
-static const char *const cpu_op_enum[IR_OP_COUNT] = {
-#define X(e, ...) [IR_##e] = #e,
-#include "ops.def"
-};
-
-static const char *cpu_unary(cpu_cg *g, const exec_instr *ins, const char *a) {
-  graft_dtype dt = ins->dtype;
-  bool f = dt == GRAFT_F32, d = dt == GRAFT_F64;
-  if ((f || d) && ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_UNARY)
-    return cpu_fmt(&g->ar, "%s(gm_op_%s(gc_wide(%s)))", f ? "gc_f32" : "", cpu_op_enum[ins->op], a);
-  if (f || d) {
-    /* f32 results computed in double are narrowed through gc_f32, which gcc cannot see
-     * through: gcc 12's SLP vectorizer dropped a (float) rounding followed by a widening
-     * (convert to f64), found by the fuzzer (seed 1150: cos then convert). */
-    const char *cast = f ? "gc_f32" : "";
-    switch (ins->op) {
-    case IR_NEG: return cpu_fmt(&g->ar, "-%s", a);
-    case IR_ABS: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_fabsf" : "__builtin_fabs", a);
-    case IR_EXP: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_expf" : "exp", a);
-    case IR_EXPM1: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_expm1f" : "expm1", a);
-    case IR_LOG: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_logf" : "log", a);
-    case IR_LOG1P: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_log1pf" : "log1p", a);
-    case IR_SQRT: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_sqrtf" : "__builtin_sqrt", a);
-    case IR_RSQRT: return cpu_fmt(&g->ar, "%s(1.0 / __builtin_sqrt((double)%s))", cast, a);
-    case IR_TANH: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_tanhf" : "tanh", a);
-    case IR_ERF: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_erff" : "erf", a);
-    case IR_SIGMOID: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_sigmoidf" : "gm_sigmoid", a);
-    case IR_FLOOR: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_floorf" : "__builtin_floor", a);
-    case IR_CEIL: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_ceilf" : "__builtin_ceil", a);
-    case IR_ROUND: return cpu_fmt(&g->ar, "%s(%s)", f ? "__builtin_rintf" : "__builtin_rint", a);
-    case IR_SIGN:
-      return cpu_fmt(&g->ar, "(%s > 0 ? 1 : %s < 0 ? -1 : %s)", a, a, a);
-    /* 1/a rounded once from double equals the f32 quotient (53 >= 2*24+2: double rounding
-     * of a division is innocuous), so f32 divides in f32 and vectorizes. */
-    case IR_RECIPROCAL: return f ? cpu_fmt(&g->ar, "1.0f / %s", a) : cpu_fmt(&g->ar, "1.0 / %s", a);
-    default: return NULL;
-    }
-  }
-  return kx_int_unary(&g->ar, ins->op, dt, a);
-}
-
-static const char *cpu_convert(cpu_cg *g, graft_dtype from, graft_dtype to, const char *a) {
-  bool ff = dtype_is_float(from), tf = dtype_is_float(to);
-  if (to == GRAFT_BOOL) return cpu_fmt(&g->ar, "(uint8_t)(%s != 0)", a);
-  if (to == GRAFT_F32 && from == GRAFT_F64) return cpu_fmt(&g->ar, "gc_f32(%s)", a); /* see cpu_unary */
-  if (to == GRAFT_F32 && !ff && from != GRAFT_U8 && from != GRAFT_BOOL)
-    return cpu_fmt(&g->ar, "gc_f32i(%s)", a);
-  if (to == GRAFT_F64 && (from == GRAFT_I32 || from == GRAFT_I64)) return cpu_fmt(&g->ar, "gc_f64i(%s)", a);
-  if (tf) return cpu_fmt(&g->ar, "(%s)%s", cpu_ctype(to), a);
-  if (ff) {
-    if (to == GRAFT_I32) return cpu_fmt(&g->ar, "gc_sat32(gc_d2i((double)%s))", a);
-    return cpu_narrow(g, to, cpu_fmt(&g->ar, "gc_d2i((double)%s)", a));
-  }
-  return cpu_narrow(g, to, cpu_fmt(&g->ar, "(int64_t)%s", a));
-}
-
-static const char *cpu_binary(cpu_cg *g, const exec_instr *ins, const char *a, const char *b) {
-  graft_dtype dt = ins->dtype;
-  if (dt == GRAFT_F32 || dt == GRAFT_F64) {
-    const char *cast = dt == GRAFT_F32 ? "gc_f32" : ""; /* see cpu_unary */
-    if (ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_BINARY)
-      return cpu_fmt(&g->ar, "%s(gm_op_%s(gc_wide(%s), gc_wide(%s)))", cast, cpu_op_enum[ins->op],
-                     a, b);
-    /* NaN-propagating max/min as an unordered test and a plain select (a NaN operand
-     * propagates through a + b): gcc vectorizes this form with or without -ftrapping-math,
-     * where the shared (a > b || a != a) form stopped vectorizing a BN-apply + ReLU6 loop
-     * under -fno-trapping-math (mobilenet_v2's 4x96x32x32 site 0.03 -> 1.23 ms). */
-    if (ins->op == IR_MAX || ins->op == IR_MIN)
-      return cpu_fmt(&g->ar, "(__builtin_isunordered(%s, %s) ? %s + %s : (%s %s %s ? %s : %s))", a,
-                     b, a, b, a, ins->op == IR_MAX ? ">" : "<", b, a, b);
-    return kx_float_binary(&g->ar, ins->op, a, b);
-  }
-  return kx_int_binary(&g->ar, ins->op, dt, a, b);
-}
-
-static const char *cpu_compare(cpu_cg *g, ir_op op, const char *a, const char *b) {
-  return kx_compare(&g->ar, op, a, b);
 }
 
 /* Load of materialized slot s at pos; records the read; checks row-locality inside a group. */
@@ -187,15 +81,15 @@ static const char *cpu_load(cpu_cg *g, int s, cpu_pos *pos) {
   g->reads[s] = 1;
   const char *idx = g->aff_on ? cpu_aff_load(g, pos->ap, pos->nd, pos->shape) : NULL;
   if (!idx) idx = cpu_pos_lin(g, pos);
-  const char *e = src->dtype == GRAFT_BOOL ? cpu_fmt(&g->ar, "(uint8_t)(p%d[%s] != 0)", s, idx)
-                                           : cpu_fmt(&g->ar, "p%d[%s]", s, idx);
+  const char *e = src->dtype == GRAFT_BOOL ? rd_fmt(&g->ar, "(uint8_t)(p%d[%s] != 0)", s, idx)
+                                           : rd_fmt(&g->ar, "p%d[%s]", s, idx);
   return cpu_def(g, src->dtype, e);
 }
 
 /* Clamp of coordinate expression q to [0, n). Emits a temp. */
 static const char *cpu_clamp(cpu_cg *g, const char *q, int64_t n) {
   char *t = cpu_tmp(g);
-  cpu_sb_printf(g->body, "      const int64_t %s = gc_clamp(%s, %" PRId64 ");\n", t, q, n);
+  rd_sb_printf(g->body, "      const int64_t %s = gc_clamp(%s, %" PRId64 ");\n", t, q, n);
   return t;
 }
 
@@ -206,7 +100,7 @@ static const char *cpu_clamp(cpu_cg *g, const char *q, int64_t n) {
  * when some pair of sizes does not divide (the caller then unravels the group's flat index). */
 static bool cpu_reshape_refine(cpu_cg *g, const exec_instr *ins, const exec_instr *x,
                                const cpu_pos *pos, cpu_pos *q, int i0, int i1, int k0, int k1) {
-  cpu_sb terms[GRAFT_MAX_DIMS];
+  rd_sb terms[GRAFT_MAX_DIMS];
   memset(terms, 0, sizeof terms);
   int oi = i1 - 1, si = k1 - 1;
   int64_t ro = 0, rs = 0, oin = 1, sin = 1;
@@ -228,24 +122,24 @@ static bool cpu_reshape_refine(cpu_cg *g, const exec_instr *ins, const exec_inst
     if (inner && !g->split_f && oin == 1 && f < ro) /* trial: the low digit of the inner loop */
       g->split_want = g->split_want == 0 || g->split_want == f ? f : -1;
     if (inner && g->split_f && oin == 1 && f == g->split_f) {
-      c = cpu_fmt(&g->ar, "%sl", g->split_var);
+      c = rd_fmt(&g->ar, "%sl", g->split_var);
     } else if (inner && g->split_f && oin == g->split_f) {
-      c = cpu_fmt(&g->ar, "%sh", g->split_var);
-      if (f < ro) c = cpu_fmt(&g->ar, "(%s %% %" PRId64 ")", c, f);
+      c = rd_fmt(&g->ar, "%sh", g->split_var);
+      if (f < ro) c = rd_fmt(&g->ar, "(%s %% %" PRId64 ")", c, f);
     } else {
-      if (oin > 1) c = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", c, oin);
-      if (f < ro) c = cpu_fmt(&g->ar, "(%s %% %" PRId64 ")", c, f);
+      if (oin > 1) c = rd_fmt(&g->ar, "(%s / %" PRId64 ")", c, oin);
+      if (f < ro) c = rd_fmt(&g->ar, "(%s %% %" PRId64 ")", c, f);
     }
-    if (sin > 1) cpu_sb_printf(&terms[si], "%s%s * %" PRId64, terms[si].n ? " + " : "", c, sin);
-    else cpu_sb_printf(&terms[si], "%s%s", terms[si].n ? " + " : "", c);
+    if (sin > 1) rd_sb_printf(&terms[si], "%s%s * %" PRId64, terms[si].n ? " + " : "", c, sin);
+    else rd_sb_printf(&terms[si], "%s%s", terms[si].n ? " + " : "", c);
     ro /= f; rs /= f; oin *= f; sin *= f;
     if (ro == 1) { oi--; ro = 0; }
     if (rs == 1) { si--; rs = 0; }
   }
   ok = ok && oi < i0 && si < k0;
   for (int d = k0; d < k1; d++) {
-    if (ok) q->c[d] = x->shape[d] == 1 || !terms[d].n ? "0" : cpu_fmt(&g->ar, "(%s)", terms[d].s);
-    cpu_sb_free(&terms[d]);
+    if (ok) q->c[d] = x->shape[d] == 1 || !terms[d].n ? "0" : rd_fmt(&g->ar, "(%s)", terms[d].s);
+    rd_sb_free(&terms[d]);
   }
   return ok;
 }
@@ -274,20 +168,20 @@ static bool cpu_reshape_groups(cpu_cg *g, const exec_instr *ins, const exec_inst
     }
     if (cpu_reshape_refine(g, ins, x, pos, q, i0, i, k0, k)) continue;
     /* lin: this group's row-major index over its output dims */
-    cpu_sb e = {0};
+    rd_sb e = {0};
     int64_t st = 1;
     for (int d = i - 1; d >= i0; d--) {
       if (ins->shape[d] != 1)
-        cpu_sb_printf(&e, "%s%s * %" PRId64, e.n ? " + " : "", pos->c[d], st);
+        rd_sb_printf(&e, "%s%s * %" PRId64, e.n ? " + " : "", pos->c[d], st);
       st *= ins->shape[d];
     }
-    const char *lin = cpu_fmt(&g->ar, "(%s)", e.n ? e.s : "0");
-    cpu_sb_free(&e);
+    const char *lin = rd_fmt(&g->ar, "(%s)", e.n ? e.s : "0");
+    rd_sb_free(&e);
     int64_t sst = 1;
     for (int d = k - 1; d >= k0; d--) {
       if (x->shape[d] == 1) q->c[d] = "0";
-      else if (d == k0) q->c[d] = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", lin, sst);
-      else q->c[d] = cpu_fmt(&g->ar, "(%s / %" PRId64 " %% %" PRId64 ")", lin, sst, x->shape[d]);
+      else if (d == k0) q->c[d] = rd_fmt(&g->ar, "(%s / %" PRId64 ")", lin, sst);
+      else q->c[d] = rd_fmt(&g->ar, "(%s / %" PRId64 " %% %" PRId64 ")", lin, sst, x->shape[d]);
       sst *= x->shape[d];
     }
   }
@@ -302,17 +196,17 @@ int64_t cpu_row_len(const cpu_cg *g) {
 }
 
 const char *cpu_row_inner(cpu_cg *g) {
-  cpu_sb e = {0};
+  rd_sb e = {0};
   int64_t st = 1;
   for (int d = g->ond - 1; d >= g->gouter; d--) {
     if (g->oshape[d] != 1) {
-      if (e.n) cpu_sb_puts(&e, " + ");
-      cpu_sb_printf(&e, "i%d * %" PRId64, d, st);
+      if (e.n) rd_sb_puts(&e, " + ");
+      rd_sb_printf(&e, "i%d * %" PRId64, d, st);
     }
     st *= g->oshape[d];
   }
-  char *r = cpu_fmt(&g->ar, "(%s)", e.n ? e.s : "0");
-  cpu_sb_free(&e);
+  char *r = rd_fmt(&g->ar, "(%s)", e.n ? e.s : "0");
+  rd_sb_free(&e);
   return r;
 }
 
@@ -415,7 +309,7 @@ static cpu_pos cpu_move_pos(cpu_cg *g, const exec_instr *ins, const exec_instr *
     break;
   }
   case IR_RESHAPE:
-    if (pos->has_c && kx_only_unit_dims_differ(ins, x)) {
+    if (pos->has_c && rd_only_unit_dims_differ(ins, x)) {
       int j = 0;
       for (int d = 0; d < x->ndim; d++) {
         if (x->shape[d] == 1) { q.c[d] = "0"; continue; }
@@ -438,7 +332,7 @@ static cpu_pos cpu_move_pos(cpu_cg *g, const exec_instr *ins, const exec_instr *
       int64_t s0 = IR_ATTR_AT(ins->attr, SLICE, start, d), st = IR_ATTR_AT(ins->attr, SLICE, stride, d);
       if (x->shape[d] == 1) q.c[d] = "0";
       else if (s0 == 0 && st == 1) q.c[d] = pos->c[d];
-      else q.c[d] = cpu_fmt(&g->ar, "(%" PRId64 " + %s * %" PRId64 ")", s0, pos->c[d], st);
+      else q.c[d] = rd_fmt(&g->ar, "(%" PRId64 " + %s * %" PRId64 ")", s0, pos->c[d], st);
     }
     q.has_c = 1;
     break;
@@ -458,13 +352,13 @@ static cpu_pos cpu_move_pos(cpu_cg *g, const exec_instr *ins, const exec_instr *
 static const char *cpu_value_pad_branch(cpu_cg *g, const exec_instr *ins, cpu_pos q,
                                         const char *fill, const char *cond) {
   char *t = cpu_tmp(g);
-  cpu_sb_printf(g->body, "      %s %s = %s;\n      if (%s) {\n", cpu_ctype(ins->dtype), t, fill,
+  rd_sb_printf(g->body, "      %s %s = %s;\n      if (%s) {\n", cpu_ctype(ins->dtype), t, fill,
                 cond);
   unsigned char *rc_state = g->rc_state;
   g->rc_state = NULL;
   int nmemo = g->nmemo;
   const char *a = cpu_value(g, ins->in[0], q);
-  cpu_sb_printf(g->body, "      %s = %s;\n      }\n", t, a);
+  rd_sb_printf(g->body, "      %s = %s;\n      }\n", t, a);
   g->nmemo = nmemo;
   g->rc_state = rc_state;
   return t;
@@ -474,35 +368,35 @@ static const char *cpu_value_pad_branch(cpu_cg *g, const exec_instr *ins, cpu_po
  * fill. */
 static const char *cpu_value_pad(cpu_cg *g, const exec_instr *ins, const exec_instr *x,
                                  cpu_pos *pos) {
-  const char *fill = cpu_literal(g, ins->dtype, ins->attr.f);
+  const char *fill = rd_literal(&g->ar, &rd_dialect_c, ins->dtype, ins->attr.f);
   bool branch = ins->ndim && ins->shape[ins->ndim - 1] >= CPU_PAD_BRANCH_MIN;
   g->aff_fail |= g->aff_on; /* reads coordinates */
   if (x->numel == 0) return fill;
   cpu_pos_coords(g, pos);
   cpu_pos q = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
-  cpu_sb cond = {0};
+  rd_sb cond = {0};
   for (int d = 0; d < ins->ndim; d++) {
     int64_t lo = IR_ATTR_AT(ins->attr, PAD, lo, d), hi = IR_ATTR_AT(ins->attr, PAD, hi, d);
     int64_t step = IR_ATTR_AT(ins->attr, PAD, interior, d) + 1;
     if (lo == 0 && hi == 0 && step == 1) { q.c[d] = pos->c[d]; continue; }
-    const char *r = cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[d], lo);
+    const char *r = rd_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[d], lo);
     if (step > 1) { /* interior padding: only every step-th position holds an element */
-      cpu_sb_printf(&cond, "%s%s >= 0 && %s %% %" PRId64 " == 0", cond.n ? " && " : "", r, r,
+      rd_sb_printf(&cond, "%s%s >= 0 && %s %% %" PRId64 " == 0", cond.n ? " && " : "", r, r,
                     step);
-      r = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", r, step);
+      r = rd_fmt(&g->ar, "(%s / %" PRId64 ")", r, step);
     }
-    cpu_sb_printf(&cond, "%s(uint64_t)%s < %" PRId64 "ull", cond.n ? " && " : "", r, x->shape[d]);
+    rd_sb_printf(&cond, "%s(uint64_t)%s < %" PRId64 "ull", cond.n ? " && " : "", r, x->shape[d]);
     q.c[d] = branch ? r : cpu_clamp(g, r, x->shape[d]);
   }
   if (branch && cond.n) {
     const char *t = cpu_value_pad_branch(g, ins, q, fill, cond.s);
-    cpu_sb_free(&cond);
+    rd_sb_free(&cond);
     return t;
   }
   const char *a = cpu_value(g, ins->in[0], q);
-  const char *v = cond.n ? cpu_def(g, ins->dtype, cpu_fmt(&g->ar, "(%s) ? %s : %s", cond.s, a, fill))
+  const char *v = cond.n ? cpu_def(g, ins->dtype, rd_fmt(&g->ar, "(%s) ? %s : %s", cond.s, a, fill))
                          : a;
-  cpu_sb_free(&cond);
+  rd_sb_free(&cond);
   return v;
 }
 
@@ -534,10 +428,10 @@ static void cpu_concat_part(cpu_cg *g, const cpu_pos *pos, int nd, int ax, int p
   const exec_instr *x = &g->p->instr[part];
   cpu_pos q = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
   for (int d = 0; d < nd; d++) q.c[d] = pos->c[d];
-  q.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[ax], off) : pos->c[ax];
+  q.c[ax] = off ? rd_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[ax], off) : pos->c[ax];
   int nmemo = g->nmemo;
   const char *a = cpu_value(g, part, q);
-  cpu_sb_printf(g->body, "      %s = %s;\n", t, a);
+  rd_sb_printf(g->body, "      %s = %s;\n", t, a);
   g->nmemo = nmemo;
 }
 
@@ -584,36 +478,36 @@ static const char *cpu_value_concat_rowsel(cpu_cg *g, const exec_instr *ins, cpu
   for (int k = 0; k < n; k++) nload += loaded[k];
   if (!nload) return NULL;
   int64_t inner_stride = 1; /* dims after ax: the same in every part */
-  cpu_sb inner = {0}, sel = {0};
+  rd_sb inner = {0}, sel = {0};
   for (int d = ins->ndim - 1; d > ax; d--) {
-    cpu_sb_printf(&inner, "%s(%s) * %" PRId64, inner.n ? " + " : "", pos->c[d], inner_stride);
+    rd_sb_printf(&inner, "%s(%s) * %" PRId64, inner.n ? " + " : "", pos->c[d], inner_stride);
     inner_stride *= ins->shape[d];
   }
   const char *ct = cpu_ctype(ins->dtype);
   for (int k = 0; k < n; k++) {
     const exec_instr *x = &g->p->instr[leaf[k]];
-    cpu_sb row = {0}; /* the part's offset of this row: its coordinates before and on ax */
+    rd_sb row = {0}; /* the part's offset of this row: its coordinates before and on ax */
     int64_t st = inner_stride;
     for (int d = ax; d >= 0 && loaded[k]; d--) {
-      const char *c = d == ax && at[k] ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[d], at[k]) : pos->c[d];
-      cpu_sb_printf(&row, "%s(%s) * %" PRId64, row.n ? " + " : "", c, st);
+      const char *c = d == ax && at[k] ? rd_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[d], at[k]) : pos->c[d];
+      rd_sb_printf(&row, "%s(%s) * %" PRId64, row.n ? " + " : "", c, st);
       st *= x->shape[d];
     }
-    const char *ptr = loaded[k] ? cpu_fmt(&g->ar, "p%d + (%s)", leaf[k], row.s)
-                                : cpu_fmt(&g->ar, "(const %s *)0", ct);
-    if (k < n - 1) cpu_sb_printf(&sel, "%s < %" PRId64 " ? %s : ", pos->c[ax], at[k] + x->shape[ax], ptr);
-    else cpu_sb_puts(&sel, ptr);
-    cpu_sb_free(&row);
+    const char *ptr = loaded[k] ? rd_fmt(&g->ar, "p%d + (%s)", leaf[k], row.s)
+                                : rd_fmt(&g->ar, "(const %s *)0", ct);
+    if (k < n - 1) rd_sb_printf(&sel, "%s < %" PRId64 " ? %s : ", pos->c[ax], at[k] + x->shape[ax], ptr);
+    else rd_sb_puts(&sel, ptr);
+    rd_sb_free(&row);
     if (loaded[k]) g->reads[leaf[k]] = 1;
   }
   char *b = cpu_tmp(g);
-  cpu_sb_printf(g->row_pre, "    const %s *%s = %s;\n", ct, b, sel.s);
-  const char *load = cpu_fmt(&g->ar, "%s[%s]", b, inner.n ? inner.s : "0");
-  cpu_sb_free(&inner);
-  cpu_sb_free(&sel);
+  rd_sb_printf(g->row_pre, "    const %s *%s = %s;\n", ct, b, sel.s);
+  const char *load = rd_fmt(&g->ar, "%s[%s]", b, inner.n ? inner.s : "0");
+  rd_sb_free(&inner);
+  rd_sb_free(&sel);
   if (nload == n) return cpu_def(g, ins->dtype, load);
   char *t = cpu_tmp(g); /* some parts computed: the chain over those, where b is NULL */
-  cpu_sb_printf(g->body, "      %s %s;\n      if (%s) {\n      %s = %s;\n", ct, t, b, t, load);
+  rd_sb_printf(g->body, "      %s %s;\n      if (%s) {\n      %s = %s;\n", ct, t, b, t, load);
   unsigned char *rc_state = g->rc_state;
   g->rc_state = NULL;
   int seen = 0;
@@ -621,11 +515,11 @@ static const char *cpu_value_concat_rowsel(cpu_cg *g, const exec_instr *ins, cpu
     if (loaded[k]) continue;
     const exec_instr *x = &g->p->instr[leaf[k]];
     bool last = ++seen == n - nload;
-    if (last) cpu_sb_puts(g->body, "      } else {\n");
-    else cpu_sb_printf(g->body, "      } else if (%s < %" PRId64 ") {\n", pos->c[ax], at[k] + x->shape[ax]);
+    if (last) rd_sb_puts(g->body, "      } else {\n");
+    else rd_sb_printf(g->body, "      } else if (%s < %" PRId64 ") {\n", pos->c[ax], at[k] + x->shape[ax]);
     cpu_concat_part(g, pos, ins->ndim, ax, leaf[k], at[k], t);
   }
-  cpu_sb_puts(g->body, "      }\n");
+  rd_sb_puts(g->body, "      }\n");
   g->rc_state = rc_state;
   return t;
 }
@@ -641,11 +535,11 @@ static const char *cpu_value_concat(cpu_cg *g, const exec_instr *ins, cpu_pos *p
   cpu_pos_coords(g, pos);
   int nparts = 0;
   for (int k = 0; k < ins->nin; k++) nparts += g->p->instr[in[k]].shape[ax] != 0;
-  if (!nparts) return cpu_literal(g, ins->dtype, 0);
+  if (!nparts) return rd_literal(&g->ar, &rd_dialect_c, ins->dtype, 0);
   const char *picked = cpu_value_concat_rowsel(g, ins, pos);
   if (picked) return picked;
   char *t = cpu_tmp(g);
-  cpu_sb_printf(g->body, "      %s %s;\n", cpu_ctype(ins->dtype), t);
+  rd_sb_printf(g->body, "      %s %s;\n", cpu_ctype(ins->dtype), t);
   unsigned char *rc_state = g->rc_state;
   g->rc_state = NULL;
   int64_t off = 0;
@@ -655,13 +549,13 @@ static const char *cpu_value_concat(cpu_cg *g, const exec_instr *ins, cpu_pos *p
     int64_t ext = xk->shape[ax];
     if (ext == 0) continue;
     seen++;
-    if (seen == 1 && nparts > 1) cpu_sb_printf(g->body, "      if (%s < %" PRId64 ") {\n", pos->c[ax], off + ext);
-    else if (seen < nparts) cpu_sb_printf(g->body, "      } else if (%s < %" PRId64 ") {\n", pos->c[ax], off + ext);
-    else if (nparts > 1) cpu_sb_puts(g->body, "      } else {\n");
+    if (seen == 1 && nparts > 1) rd_sb_printf(g->body, "      if (%s < %" PRId64 ") {\n", pos->c[ax], off + ext);
+    else if (seen < nparts) rd_sb_printf(g->body, "      } else if (%s < %" PRId64 ") {\n", pos->c[ax], off + ext);
+    else if (nparts > 1) rd_sb_puts(g->body, "      } else {\n");
     cpu_concat_part(g, pos, ins->ndim, ax, in[k], off, t);
     off += ext;
   }
-  if (nparts > 1) cpu_sb_puts(g->body, "      }\n");
+  if (nparts > 1) rd_sb_puts(g->body, "      }\n");
   g->rc_state = rc_state;
   return t;
 }
@@ -673,19 +567,19 @@ static const char *cpu_value_elementwise(cpu_cg *g, int i, cpu_pos pos) {
   const int *in = ins->in;
   const char *v = NULL;
   if (ins->op == IR_CONVERT) {
-    v = cpu_convert(g, g->p->instr[in[0]].dtype, ins->dtype, cpu_value(g, in[0], pos));
+    v = rd_convert(&g->ar, &rd_dialect_c, g->p->instr[in[0]].dtype, ins->dtype, cpu_value(g, in[0], pos));
   } else if (ins->op == IR_SELECT) {
     const char *c = cpu_value(g, in[0], pos), *a = cpu_value(g, in[1], pos),
                *b = cpu_value(g, in[2], pos);
-    v = cpu_fmt(&g->ar, "%s ? %s : %s", c, a, b);
+    v = rd_fmt(&g->ar, "%s ? %s : %s", c, a, b);
   } else if (ir_ops[ins->op].kind == IR_K_UNARY) {
-    v = cpu_unary(g, ins, cpu_value(g, in[0], pos));
+    v = rd_unary(&g->ar, &rd_dialect_c, true, ins, cpu_value(g, in[0], pos));
   } else if (ir_ops[ins->op].kind == IR_K_BINARY) {
     const char *a = cpu_value(g, in[0], pos), *b = cpu_value(g, in[1], pos);
-    v = cpu_binary(g, ins, a, b);
+    v = rd_binary(&g->ar, &rd_dialect_c, ins, a, b);
   } else if (ir_ops[ins->op].kind == IR_K_COMPARE) {
     const char *a = cpu_value(g, in[0], pos), *b = cpu_value(g, in[1], pos);
-    v = cpu_compare(g, ins->op, a, b);
+    v = rd_compare(&g->ar, ins->op, a, b);
   }
   if (v) return cpu_def(g, ins->dtype, v);
   if (!g->failed)
@@ -701,13 +595,13 @@ static const char *cpu_value_inlined(cpu_cg *g, int i, cpu_pos pos) {
   const exec_instr *ins = &g->p->instr[i];
   const exec_instr *x = ins->nin ? &g->p->instr[ins->in[0]] : NULL;
   switch (ins->op) {
-  case IR_CONSTANT: return cpu_literal(g, ins->dtype, ins->attr.f);
+  case IR_CONSTANT: return rd_literal(&g->ar, &rd_dialect_c, ins->dtype, ins->attr.f);
   case IR_IOTA: {
     g->aff_fail |= g->aff_on; /* reads coordinates */
     cpu_pos_coords(g, &pos);
     const char *c = pos.c[IR_ATTR(ins->attr, AXIS, axis)];
-    const char *v = dtype_is_float(ins->dtype) ? cpu_fmt(&g->ar, "(%s)%s", cpu_ctype(ins->dtype), c)
-                                               : cpu_narrow(g, ins->dtype, c);
+    const char *v = dtype_is_float(ins->dtype) ? rd_fmt(&g->ar, "(%s)%s", cpu_ctype(ins->dtype), c)
+                                               : rd_narrow(&g->ar, ins->dtype, c);
     return cpu_def(g, ins->dtype, v);
   }
   case IR_BROADCAST: case IR_RESHAPE: case IR_TRANSPOSE: case IR_SLICE:
@@ -723,13 +617,13 @@ static const char *cpu_value_inlined(cpu_cg *g, int i, cpu_pos pos) {
  * row scratch when the group caches it). */
 const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
   const exec_instr *ins = &g->p->instr[i];
-  const char *key = cpu_fmt(&g->ar, "%d@%s", i, cpu_pos_key(g, &pos));
+  const char *key = rd_fmt(&g->ar, "%d@%s", i, cpu_pos_key(g, &pos));
   uint64_t key_hash = cpu_memo_hash(key);
   const char *v = cpu_memo_find(g, key, key_hash);
   if (v) return v;
   bool row = g->rc_state && g->pl->role[i] == FUSE_INLINE && i != g->self && cpu_pos_is_row(g, &pos);
   if (row && g->rc_state[i] == 2)
-    v = cpu_def(g, ins->dtype, cpu_fmt(&g->ar, "rc%d[%s]", i, cpu_row_inner(g)));
+    v = cpu_def(g, ins->dtype, rd_fmt(&g->ar, "rc%d[%s]", i, cpu_row_inner(g)));
   else if (g->pl->role[i] != FUSE_INLINE && i != g->self)
     v = cpu_load(g, i, &pos);
   else
@@ -737,7 +631,7 @@ const char *cpu_value(cpu_cg *g, int i, cpu_pos pos) {
   if (row && g->rc_state[i] != 2) {
     g->rc_count[i]++;
     if (g->rc_state[i] == 1) {
-      cpu_sb_printf(g->body, "      rc%d[%s] = %s;\n", i, cpu_row_inner(g), v);
+      rd_sb_printf(g->body, "      rc%d[%s] = %s;\n", i, cpu_row_inner(g), v);
       g->rc_state[i] = 3;
     }
   }

@@ -10,24 +10,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-/* ---- cpu_str.c: a growable string ---- */
-typedef struct {
-  char *s;
-  size_t n, cap;
-  int oom;
-} cpu_sb;
-void cpu_sb_printf(cpu_sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void cpu_sb_puts(cpu_sb *b, const char *s);
-void cpu_sb_free(cpu_sb *b);
-/* Strings owned by an arena, freed together. */
-typedef struct {
-  char **v;
-  int n, cap;
-} cpu_arena;
-char *cpu_fmt(cpu_arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3), nonnull(2)));
-void *cpu_arena_alloc(cpu_arena *a, size_t n); /* zeroed; NULL when out of memory */
-void cpu_arena_free(cpu_arena *a);
-uint64_t cpu_hash_bytes(const void *p, size_t n, uint64_t seed);
+#include "../render/render.h" /* the code generators' string builder and arena */
 
 /* ---- cpu_plan.c: the fusion plan (src/passes/fusion.h) with what this backend generates ---- */
 int cpu_plan_build(const exec_program *p, bool have_blas, fuse_plan *pl);
@@ -86,13 +69,13 @@ int cpu_code_launch(cpu_code *c, const cpu_launch *l);
 int cpu_code_slot(cpu_code *c, int slot);
 int cpu_code_gemm(cpu_code *c, const cpu_gemm_call *g);
 int cpu_code_body(cpu_code *c, const cpu_body *b);
-void cpu_code_render(const cpu_code *c, const exec_program *p, const int *body_kid, cpu_sb *out);
+void cpu_code_render(const cpu_code *c, const exec_program *p, const int *body_kid, rd_sb *out);
 void cpu_code_free(cpu_code *c);
 /* Generates the program's kernels and steps into code; *src gets a readable rendering (the
  * prelude, each distinct body under its first kernel's name k<N>_, the steps): for dumps,
  * GRAFT_CHECK's reports and tests. Returns 0 or -1 (error set). When kernel_of is not NULL,
  * sets kernel_of[s] = N for each slot s that kernel k<N> writes (other entries untouched). */
-int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, cpu_sb *src,
+int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, rd_sb *src,
                 int *kernel_of);
 /* ---- cpu_picture.c ---- */
 /* With GRAFT_DUMP_DIR set: graph_<hash>.kernels.dot, the program as its kernels run
@@ -108,7 +91,7 @@ char **cpu_describe_kernels(const exec_program *p, const fuse_plan *pl, const cp
                             const int *kernel_of);
 void cpu_describe_free(char **what, int nk);
 /* The prelude every kernel object starts with (math helpers, streaming stores). */
-void cpu_gen_prelude(cpu_sb *out);
+void cpu_gen_prelude(rd_sb *out);
 /* Rough per-element cost of each inlined value (ops.def's cost column), its inlined inputs
  * included (saturating at 1000); 0 for the others. The GPU renderer's row scratch uses it too. */
 void cpu_costs(const exec_program *p, const fuse_plan *pl, int *cost);

@@ -91,25 +91,25 @@ static int klib_add_locked(cpu_object *obj) {
 /* An object's source: the prelude, then each body under its own name with a run function
  * that passes P's buffers as its parameters, and the exported table. */
 static void klib_source(const cpu_body *b, const uint64_t (*key)[2], const int *pick, int n,
-                        cpu_sb *out) {
+                        rd_sb *out) {
   cpu_gen_prelude(out);
   for (int j = 0; j < n; j++) {
     const cpu_body *x = &b[pick[j]];
-    cpu_sb_printf(out, "#define K_ gkb_%d\n%s#undef K_\n", j, x->text);
-    cpu_sb_printf(out, "static void gkt_%d(void **P, int64_t lo, int64_t hi) { gkb_%d(lo, hi", j, j);
-    for (int q = 0; q < x->nparam; q++) cpu_sb_printf(out, ", P[%d]", q);
-    cpu_sb_puts(out, "); }\n");
+    rd_sb_printf(out, "#define K_ gkb_%d\n%s#undef K_\n", j, x->text);
+    rd_sb_printf(out, "static void gkt_%d(void **P, int64_t lo, int64_t hi) { gkb_%d(lo, hi", j, j);
+    for (int q = 0; q < x->nparam; q++) rd_sb_printf(out, ", P[%d]", q);
+    rd_sb_puts(out, "); }\n");
   }
-  cpu_sb_printf(out, "const int " CPU_OBJ_N " = %d;\nconst uint64_t " CPU_OBJ_KEY "[] = {", n);
+  rd_sb_printf(out, "const int " CPU_OBJ_N " = %d;\nconst uint64_t " CPU_OBJ_KEY "[] = {", n);
   for (int j = 0; j < n; j++)
-    cpu_sb_printf(out, "0x%" PRIx64 "ull, 0x%" PRIx64 "ull, ", key[pick[j]][0], key[pick[j]][1]);
-  cpu_sb_puts(out, "0};\nconst cpu_kernel_fn " CPU_OBJ_FN "[] = {");
-  for (int j = 0; j < n; j++) cpu_sb_printf(out, "gkt_%d, ", j);
-  cpu_sb_puts(out, "0};\n");
+    rd_sb_printf(out, "0x%" PRIx64 "ull, 0x%" PRIx64 "ull, ", key[pick[j]][0], key[pick[j]][1]);
+  rd_sb_puts(out, "0};\nconst cpu_kernel_fn " CPU_OBJ_FN "[] = {");
+  for (int j = 0; j < n; j++) rd_sb_printf(out, "gkt_%d, ", j);
+  rd_sb_puts(out, "0};\n");
 }
 
 typedef struct {
-  cpu_sb src;
+  rd_sb src;
   cpu_opt opt;
   cpu_object obj;
   double ms;
@@ -215,7 +215,7 @@ static int klib_build(const cpu_body *b, const uint64_t (*key)[2], const int *mi
       if (started[q]) pthread_join(th[q], NULL);
     rc = klib_collect(job, nj, tpl_failed);
   }
-  for (int q = 0; job && q < nj; q++) cpu_sb_free(&job[q].src);
+  for (int q = 0; job && q < nj; q++) rd_sb_free(&job[q].src);
   free(job);
   free(th);
   free(started);

@@ -14,6 +14,7 @@
  * lines, and in alignment attributes stay fixed (part of the skeleton); an array bound becomes
  * a variable-length array (its size was bounded when the specialised body was generated). */
 #include "cpu_internal.h"
+#include "../dcache.h"
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -155,13 +156,13 @@ static int sz_scan(const char *text, sz_lit **lits, int *nlit, uint64_t *skel) {
         cap = nc;
       }
       v[n++] = (sz_lit){(int32_t)(s - text), (int32_t)(e - s), (uint8_t)kind};
-      h = cpu_hash_bytes(seg, (size_t)(s - seg), h);
-      h = cpu_hash_bytes("#", 1, h);
+      h = dcache_hash(seg, (size_t)(s - seg), h);
+      h = dcache_hash("#", 1, h);
       seg = e;
     }
     s = e;
   }
-  *skel = cpu_hash_bytes(seg, (size_t)(s - seg), h);
+  *skel = dcache_hash(seg, (size_t)(s - seg), h);
   *lits = v;
   *nlit = n;
   return 0;
@@ -215,30 +216,30 @@ static int64_t sz_value(const char *t, const sz_lit *l) {
 static char *sz_template_text(const char *ref, const sz_lit *lit, int nlit, const uint8_t *lifted) {
   const char *head = strstr(ref, ") {\n");
   if (!head) return NULL;
-  cpu_sb out = {0};
+  rd_sb out = {0};
   int32_t pos = 0, head_at = (int32_t)(head - ref);
-  cpu_sb_printf(&out, "%.*s, const int64_t *restrict gK", head_at, ref);
+  rd_sb_printf(&out, "%.*s, const int64_t *restrict gK", head_at, ref);
   pos = head_at;
   for (int k = 0, j = 0; k < nlit; k++) {
     if (!lifted[k]) continue;
     if (lit[k].off < head_at) { /* a literal in the parameter list cannot be lifted */
-      cpu_sb_free(&out);
+      rd_sb_free(&out);
       return NULL;
     }
-    cpu_sb_printf(&out, "%.*s", (int)(lit[k].off - pos), ref + pos);
+    rd_sb_printf(&out, "%.*s", (int)(lit[k].off - pos), ref + pos);
     switch ((sz_kind)lit[k].kind) {
-    case SZ_INT: cpu_sb_printf(&out, "gK[%d]", j); break;
-    case SZ_UINT: cpu_sb_printf(&out, "((unsigned long long)gK[%d])", j); break;
-    case SZ_F32: cpu_sb_printf(&out, "gc_lf(gK[%d])", j); break;
-    case SZ_F64: cpu_sb_printf(&out, "gc_ld(gK[%d])", j); break;
+    case SZ_INT: rd_sb_printf(&out, "gK[%d]", j); break;
+    case SZ_UINT: rd_sb_printf(&out, "((unsigned long long)gK[%d])", j); break;
+    case SZ_F32: rd_sb_printf(&out, "gc_lf(gK[%d])", j); break;
+    case SZ_F64: rd_sb_printf(&out, "gc_ld(gK[%d])", j); break;
     }
     j++;
     pos = lit[k].off + lit[k].len;
   }
-  cpu_sb_puts(&out, ref + pos);
-  if (atomic_load(&sz_poison)) cpu_sb_puts(&out, "\n#error a template the compiler refuses (test)\n");
+  rd_sb_puts(&out, ref + pos);
+  if (atomic_load(&sz_poison)) rd_sb_puts(&out, "\n#error a template the compiler refuses (test)\n");
   if (out.oom) {
-    cpu_sb_free(&out);
+    rd_sb_free(&out);
     return NULL;
   }
   return out.s;

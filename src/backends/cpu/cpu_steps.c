@@ -54,31 +54,31 @@ void cpu_code_free(cpu_code *c) {
 /* The steps as C-like lines ("gemm(0, 111, 112, m, n, k, ...)" in CBLAS's transpose flags);
  * a kernel is named after the first kernel k<N> that had its body (body_kid). */
 void cpu_code_render(const cpu_code *c, const exec_program *p, const int *body_kid,
-                     cpu_sb *out) {
-  cpu_sb_puts(out, "/* steps */\n");
+                     rd_sb *out) {
+  rd_sb_puts(out, "/* steps */\n");
   for (int k = 0; k < c->nstep; k++) {
     int a = c->step[k].arg;
     switch ((cpu_step_kind)c->step[k].kind) {
-    case CPU_STEP_ALLOC: cpu_sb_printf(out, "  alloc(%d);\n", a); break;
-    case CPU_STEP_RELEASE: cpu_sb_printf(out, "  release(%d);\n", a); break;
+    case CPU_STEP_ALLOC: rd_sb_printf(out, "  alloc(%d);\n", a); break;
+    case CPU_STEP_RELEASE: rd_sb_printf(out, "  release(%d);\n", a); break;
     case CPU_STEP_FALLBACK:
-      cpu_sb_printf(out, "  fallback(%d); /* %s */\n", a, ir_ops[p->instr[a].op].name);
+      rd_sb_printf(out, "  fallback(%d); /* %s */\n", a, ir_ops[p->instr[a].op].name);
       break;
     case CPU_STEP_KERNEL: {
       const cpu_launch *l = &c->launch[a];
-      cpu_sb_printf(out, "  %s(k%d_, %" PRId64, l->par ? "parallel" : "serial",
+      rd_sb_printf(out, "  %s(k%d_, %" PRId64, l->par ? "parallel" : "serial",
                     body_kid[l->body], l->units);
-      for (int j = 0; j < l->nslot; j++) cpu_sb_printf(out, ", S[%d]", c->slots[l->slot0 + j]);
-      cpu_sb_puts(out, ");\n");
+      for (int j = 0; j < l->nslot; j++) rd_sb_printf(out, ", S[%d]", c->slots[l->slot0 + j]);
+      rd_sb_puts(out, ");\n");
       break;
     }
     case CPU_STEP_GEMM: {
       const cpu_gemm_call *g = &c->gemm[a];
       if (g->k == 0) {
-        cpu_sb_printf(out, "  zero(S[%d], %" PRId64 ");\n", g->c, g->numel);
+        rd_sb_printf(out, "  zero(S[%d], %" PRId64 ");\n", g->c, g->numel);
         break;
       }
-      cpu_sb_printf(out, "  gemm(%d, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", S[%d], %" PRId64
+      rd_sb_printf(out, "  gemm(%d, %d, %d, %" PRId64 ", %" PRId64 ", %" PRId64 ", S[%d], %" PRId64
                     ", %" PRId64 ", S[%d], %" PRId64 ", %" PRId64 ", S[%d], %" PRId64 ", %" PRId64
                     ", %" PRId64 ");\n", g->dbl, g->ta, g->tb, g->m, g->n, g->k, g->a, g->lda,
                     g->sa, g->b, g->ldb, g->sb, g->c, g->ldc, g->sc, g->batch);

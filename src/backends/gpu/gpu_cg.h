@@ -2,7 +2,7 @@
 #ifndef GRAFT_GPU_CG_H
 #define GRAFT_GPU_CG_H
 #include "gpu_render.h"
-#include "../cpu/cpu_internal.h" /* the code generators' string builder and arena (cpu_str.c) */
+#include "../render/render.h"
 
 /* A position in an instruction's index space: coordinates and/or a linear index (strings of
  * kernel expressions). */
@@ -23,8 +23,8 @@ typedef struct {
   const fuse_plan *pl;
   const gpu_dialect *d;
   const gpu_caps *caps;
-  cpu_arena ar;
-  cpu_sb *body;          /* statements of the kernel being generated */
+  rd_arena ar;
+  rd_sb *body;          /* statements of the kernel being generated */
   int ntmp;
   int self;              /* the instruction being computed (not loaded) */
   unsigned char *reads;  /* slots the kernel loads */
@@ -63,32 +63,22 @@ const char *gpu_def(gpu_cg *g, graft_dtype dt, const char *expr);
 void gpu_fail(gpu_cg *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- gpu_kernel.c: pieces the kernels share ---- */
-typedef struct {
-  const char *acc_t, *init;
-  bool fl, mx, mn, arg;
-} gpu_red;
-/* The accumulator of a reduction op (ins->op a REDUCE_*, ins->dtype its result). */
-gpu_red gpu_red_kind(const gpu_cg *g, const exec_instr *ins);
-void gpu_red_step(cpu_sb *b, const exec_instr *ins, const gpu_red *r, const char *acc,
-                  const char *nf, const char *v);
-const char *gpu_red_final(gpu_cg *g, const exec_instr *ins, const gpu_red *r, const char *acc,
-                          const char *nf);
 /* Work-group size and launch for n outputs; *guard: gid may pass n (check it). */
 void gpu_launch_shape(int64_t n, gpu_step *st, bool *guard);
-void gpu_kernel_index(gpu_cg *g, cpu_sb *out, int64_t n, bool guard);
+void gpu_kernel_index(gpu_cg *g, rd_sb *out, int64_t n, bool guard);
 /* Ends a kernel: with n > 0 the index of a work-item per output (launch sized in st), then the
  * body (freed) and the closing brace. */
-void gpu_kernel_close(gpu_cg *g, cpu_sb *out, cpu_sb *body, int64_t n, gpu_step *st);
+void gpu_kernel_close(gpu_cg *g, rd_sb *out, rd_sb *body, int64_t n, gpu_step *st);
 /* Writes kernel k<kernel>'s signature: output slot s, then the slots in g->reads. */
-void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *st);
-void gpu_scope_begin(gpu_cg *g, cpu_sb *body);
+void gpu_signature(gpu_cg *g, rd_sb *out, int s, int kernel, gpu_step *st);
+void gpu_scope_begin(gpu_cg *g, rd_sb *body);
 
 /* ---- gpu_row.c: the vector row form of CPU-type devices ---- */
 /* Renders the row group that starts at reduction s (kernel k<kernel>) and marks the slots it
  * writes in done; false (nothing rendered) when s has no row form. */
-bool gpu_kernel_rows(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st, unsigned char *done);
+bool gpu_kernel_rows(gpu_cg *g, int s, int kernel, rd_sb *out, gpu_step *st, unsigned char *done);
 
 /* ---- gpu_special.c: conv2d, reduce_window, gather as kernels over whole operands ---- */
 bool gpu_special_supported(const exec_program *p, int i);
-void gpu_kernel_special(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st);
+void gpu_kernel_special(gpu_cg *g, int s, int kernel, rd_sb *out, gpu_step *st);
 #endif

@@ -32,6 +32,7 @@ static const char gpu_vprelude_opencl[] =
 
 const gpu_dialect gpu_dialect_opencl = {
     .name = "OpenCL C",
+    .expr = &rd_dialect_opencl,
     .ext = "cl",
     .prelude =
         "typedef long int64_t;\ntypedef ulong uint64_t;\ntypedef int int32_t;\n"
@@ -71,6 +72,7 @@ const gpu_dialect gpu_dialect_opencl = {
  * on u8). */
 const gpu_dialect gpu_dialect_cuda = {
     .name = "CUDA C",
+    .expr = &rd_dialect_cuda,
     .ext = "cu",
     .prelude =
         "typedef long long int64_t;\ntypedef unsigned long long uint64_t;\ntypedef int int32_t;\n"

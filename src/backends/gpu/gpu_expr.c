@@ -4,7 +4,7 @@
  * the reference kernels (integer wrap, float->int saturation, NaN-propagating max/min) as the
  * CPU generator does; the spelling that differs between languages lives in the dialect. */
 #include "gpu_cg.h"
-#include "../kexpr.h"
+#include "../render/render.h"
 #include "dtype.h"
 #include <inttypes.h>
 #include <math.h>
@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-const char *gpu_ctype(graft_dtype dt) { return kx_ctype(dt); }
+const char *gpu_ctype(graft_dtype dt) { return rd_ctype(dt); }
 
 void gpu_fail(gpu_cg *g, const char *fmt, ...) {
   if (g->failed) return;
@@ -24,11 +24,11 @@ void gpu_fail(gpu_cg *g, const char *fmt, ...) {
   va_end(ap);
 }
 
-const char *gpu_tmp(gpu_cg *g) { return cpu_fmt(&g->ar, "t%d", g->ntmp++); }
+const char *gpu_tmp(gpu_cg *g) { return rd_fmt(&g->ar, "t%d", g->ntmp++); }
 
 const char *gpu_def(gpu_cg *g, graft_dtype dt, const char *expr) {
   const char *t = gpu_tmp(g);
-  cpu_sb_printf(g->body, "  const %s %s = %s;\n", gpu_ctype(dt), t, expr);
+  rd_sb_printf(g->body, "  const %s %s = %s;\n", gpu_ctype(dt), t, expr);
   return t;
 }
 
@@ -36,7 +36,7 @@ const char *gpu_def(gpu_cg *g, graft_dtype dt, const char *expr) {
 void gpu_pos_coords(gpu_cg *g, gpu_pos *pos) {
   if (pos->has_c) return;
   int64_t st[GRAFT_MAX_DIMS];
-  kx_strides(pos->nd, pos->shape, st);
+  rd_strides(pos->nd, pos->shape, st);
   for (int d = 0; d < pos->nd; d++) {
     if (pos->shape[d] == 1) {
       pos->c[d] = "0";
@@ -45,9 +45,9 @@ void gpu_pos_coords(gpu_cg *g, gpu_pos *pos) {
     } else {
       const char *t = gpu_tmp(g);
       if (d == 0)
-        cpu_sb_printf(g->body, "  const gi_t %s = (%s) / %" PRId64 ";\n", t, pos->lin, st[d]);
+        rd_sb_printf(g->body, "  const gi_t %s = (%s) / %" PRId64 ";\n", t, pos->lin, st[d]);
       else
-        cpu_sb_printf(g->body, "  const gi_t %s = (%s) / %" PRId64 " %% %" PRId64 ";\n", t,
+        rd_sb_printf(g->body, "  const gi_t %s = (%s) / %" PRId64 " %% %" PRId64 ";\n", t,
                       pos->lin, st[d], pos->shape[d]);
       pos->c[d] = t;
     }
@@ -56,115 +56,25 @@ void gpu_pos_coords(gpu_cg *g, gpu_pos *pos) {
 }
 
 const char *gpu_pos_lin(gpu_cg *g, gpu_pos *pos) {
-  if (!pos->lin) pos->lin = kx_lin(&g->ar, pos->nd, pos->shape, pos->c);
+  if (!pos->lin) pos->lin = rd_lin(&g->ar, pos->nd, pos->shape, pos->c);
   return pos->lin;
 }
 
 static const char *gpu_pos_key(gpu_cg *g, const gpu_pos *pos) {
-  if (!pos->has_c) return cpu_fmt(&g->ar, "L%s", pos->lin);
-  cpu_sb e = {0};
-  for (int d = 0; d < pos->nd; d++) cpu_sb_printf(&e, "%s,", pos->c[d]);
-  char *r = cpu_fmt(&g->ar, "C%s", e.n ? e.s : "");
-  cpu_sb_free(&e);
+  if (!pos->has_c) return rd_fmt(&g->ar, "L%s", pos->lin);
+  rd_sb e = {0};
+  for (int d = 0; d < pos->nd; d++) rd_sb_printf(&e, "%s,", pos->c[d]);
+  char *r = rd_fmt(&g->ar, "C%s", e.n ? e.s : "");
+  rd_sb_free(&e);
   return r;
-}
-
-/* A literal of dtype dt holding v converted exactly as the reference stores it. */
-static const char *gpu_literal(gpu_cg *g, graft_dtype dt, double v) {
-  union { float f; double d; int32_t i32; int64_t i64; uint8_t u8; } u;
-  memset(&u, 0, sizeof u);
-  dtype_store(&u, dt, 0, v);
-  switch (dt) {
-  case GRAFT_F32:
-    if (u.f != u.f) return "GC_NANF";
-    if (isinf(u.f)) return u.f > 0 ? "GC_INFF" : "(-GC_INFF)";
-    return cpu_fmt(&g->ar, "%af", (double)u.f);
-  case GRAFT_F64:
-    if (u.d != u.d) return "((double)GC_NANF)";
-    if (isinf(u.d)) return u.d > 0 ? "((double)GC_INFF)" : "(-(double)GC_INFF)";
-    return cpu_fmt(&g->ar, "%a", u.d);
-  case GRAFT_I32: return cpu_fmt(&g->ar, "((int32_t)%" PRId32 ")", u.i32);
-  case GRAFT_I64: return cpu_fmt(&g->ar, "((int64_t)0x%" PRIx64 "UL)", (uint64_t)u.i64);
-  default: return cpu_fmt(&g->ar, "((uint8_t)%u)", (unsigned)u.u8);
-  }
-}
-
-static const char *gpu_narrow(gpu_cg *g, graft_dtype dt, const char *e64) {
-  return kx_narrow(&g->ar, dt, e64);
-}
-
-static const char *const gpu_op_enum[IR_OP_COUNT] = {
-#define X(e, ...) [IR_##e] = #e,
-#include "ops.def"
-};
-
-/* f32 math with the renderer's own approximations where the builtin is slow (tanh, exp...),
- * f64 with the builtins; ops whose math line is computed in double (CPU_WIDE) call it. */
-static const char *gpu_unary_float(gpu_cg *g, const exec_instr *ins, const char *a) {
-  bool f = ins->dtype == GRAFT_F32;
-  if (ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_UNARY)
-    return cpu_fmt(&g->ar, "(%s)gm_op_%s((double)%s)", gpu_ctype(ins->dtype), gpu_op_enum[ins->op], a);
-  switch (ins->op) {
-  case IR_NEG: return cpu_fmt(&g->ar, "-%s", a);
-  case IR_ABS: return cpu_fmt(&g->ar, "fabs(%s)", a);
-  case IR_EXP: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_expf" : "exp", a);
-  case IR_EXPM1: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_expm1f" : "expm1", a);
-  case IR_LOG: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_logf" : "log", a);
-  case IR_LOG1P: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_log1pf" : "log1p", a);
-  case IR_SQRT: return cpu_fmt(&g->ar, "sqrt(%s)", a);
-  case IR_RSQRT:
-    return g->caps->fp64 ? cpu_fmt(&g->ar, "(%s)(1.0 / sqrt((double)%s))", gpu_ctype(ins->dtype), a)
-                         : cpu_fmt(&g->ar, "(1.0f / sqrt(%s))", a);
-  case IR_TANH: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_tanhf" : "tanh", a);
-  case IR_ERF: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_erff" : "erf", a);
-  case IR_SIGMOID: return cpu_fmt(&g->ar, "%s(%s)", f ? "gm_sigmoidf" : "gm_sigmoid", a);
-  case IR_FLOOR: return cpu_fmt(&g->ar, "floor(%s)", a);
-  case IR_CEIL: return cpu_fmt(&g->ar, "ceil(%s)", a);
-  case IR_ROUND: return cpu_fmt(&g->ar, "rint(%s)", a);
-  case IR_SIGN: return cpu_fmt(&g->ar, "(%s > 0 ? 1 : %s < 0 ? -1 : %s)", a, a, a);
-  case IR_RECIPROCAL: return cpu_fmt(&g->ar, f ? "1.0f / %s" : "1.0 / %s", a);
-  default: return NULL;
-  }
-}
-
-static const char *gpu_unary(gpu_cg *g, const exec_instr *ins, const char *a) {
-  graft_dtype dt = ins->dtype;
-  if (dt == GRAFT_F32 || dt == GRAFT_F64) return gpu_unary_float(g, ins, a);
-  return kx_int_unary(&g->ar, ins->op, dt, a);
-}
-
-static const char *gpu_convert(gpu_cg *g, graft_dtype from, graft_dtype to, const char *a) {
-  bool ff = dtype_is_float(from), tf = dtype_is_float(to);
-  if (to == GRAFT_BOOL) return cpu_fmt(&g->ar, "(uint8_t)(%s != 0)", a);
-  if (tf) return cpu_fmt(&g->ar, "(%s)%s", gpu_ctype(to), a);
-  if (ff) {
-    if (to == GRAFT_I32) return cpu_fmt(&g->ar, "gc_sat32(gc_d2i(%s))", a);
-    return gpu_narrow(g, to, cpu_fmt(&g->ar, "gc_d2i(%s)", a));
-  }
-  return gpu_narrow(g, to, cpu_fmt(&g->ar, "(int64_t)%s", a));
-}
-
-static const char *gpu_binary(gpu_cg *g, const exec_instr *ins, const char *a, const char *b) {
-  graft_dtype dt = ins->dtype;
-  if (dt == GRAFT_F32 || dt == GRAFT_F64) {
-    if (ir_ops[ins->op].cpu == OPS_CPU_WIDE && ir_op_math[ins->op] == OPS_MATH_BINARY)
-      return cpu_fmt(&g->ar, "(%s)gm_op_%s((double)%s, (double)%s)", gpu_ctype(dt),
-                     gpu_op_enum[ins->op], a, b);
-    return kx_float_binary(&g->ar, ins->op, a, b);
-  }
-  return kx_int_binary(&g->ar, ins->op, dt, a, b);
-}
-
-static const char *gpu_compare(gpu_cg *g, ir_op op, const char *a, const char *b) {
-  return kx_compare(&g->ar, op, a, b);
 }
 
 static const char *gpu_load(gpu_cg *g, int s, gpu_pos *pos) {
   const exec_instr *src = &g->p->instr[s];
   g->reads[s] = 1;
   const char *idx = gpu_pos_lin(g, pos);
-  const char *e = src->dtype == GRAFT_BOOL ? cpu_fmt(&g->ar, "(uint8_t)(p%d[%s] != 0)", s, idx)
-                                           : cpu_fmt(&g->ar, "p%d[%s]", s, idx);
+  const char *e = src->dtype == GRAFT_BOOL ? rd_fmt(&g->ar, "(uint8_t)(p%d[%s] != 0)", s, idx)
+                                           : rd_fmt(&g->ar, "p%d[%s]", s, idx);
   return gpu_def(g, src->dtype, e);
 }
 
@@ -184,7 +94,7 @@ gpu_pos gpu_move_pos(gpu_cg *g, const exec_instr *ins, const exec_instr *x, gpu_
     break;
   }
   case IR_RESHAPE:
-    if (pos->has_c && kx_only_unit_dims_differ(ins, x)) {
+    if (pos->has_c && rd_only_unit_dims_differ(ins, x)) {
       int j = 0;
       for (int d = 0; d < x->ndim; d++) {
         if (x->shape[d] == 1) { q.c[d] = "0"; continue; }
@@ -207,7 +117,7 @@ gpu_pos gpu_move_pos(gpu_cg *g, const exec_instr *ins, const exec_instr *x, gpu_
       int64_t s0 = IR_ATTR_AT(ins->attr, SLICE, start, d), st = IR_ATTR_AT(ins->attr, SLICE, stride, d);
       if (x->shape[d] == 1) q.c[d] = "0";
       else if (s0 == 0 && st == 1) q.c[d] = pos->c[d];
-      else q.c[d] = cpu_fmt(&g->ar, "(%" PRId64 " + %s * %" PRId64 ")", s0, pos->c[d], st);
+      else q.c[d] = rd_fmt(&g->ar, "(%" PRId64 " + %s * %" PRId64 ")", s0, pos->c[d], st);
     }
     q.has_c = 1;
     break;
@@ -218,33 +128,33 @@ gpu_pos gpu_move_pos(gpu_cg *g, const exec_instr *ins, const exec_instr *x, gpu_
 /* pad: the operand's element where pos maps onto one, else the fill (an if, so nothing out of
  * range is read). */
 static const char *gpu_value_pad(gpu_cg *g, const exec_instr *ins, const exec_instr *x, gpu_pos *pos) {
-  const char *fill = gpu_literal(g, ins->dtype, ins->attr.f);
+  const char *fill = rd_literal(&g->ar, g->d->expr, ins->dtype, ins->attr.f);
   if (x->numel == 0) return fill;
   gpu_pos_coords(g, pos);
   gpu_pos q = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
-  cpu_sb cond = {0};
+  rd_sb cond = {0};
   for (int d = 0; d < ins->ndim; d++) {
     int64_t lo = IR_ATTR_AT(ins->attr, PAD, lo, d), hi = IR_ATTR_AT(ins->attr, PAD, hi, d);
     int64_t step = IR_ATTR_AT(ins->attr, PAD, interior, d) + 1;
     if (lo == 0 && hi == 0 && step == 1) { q.c[d] = pos->c[d]; continue; }
-    const char *r = cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[d], lo);
+    const char *r = rd_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[d], lo);
     if (step > 1) {
-      cpu_sb_printf(&cond, "%s%s >= 0 && %s %% %" PRId64 " == 0", cond.n ? " && " : "", r, r, step);
-      r = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", r, step);
+      rd_sb_printf(&cond, "%s%s >= 0 && %s %% %" PRId64 " == 0", cond.n ? " && " : "", r, r, step);
+      r = rd_fmt(&g->ar, "(%s / %" PRId64 ")", r, step);
     }
-    cpu_sb_printf(&cond, "%s(uint64_t)%s < %" PRId64 "UL", cond.n ? " && " : "", r, x->shape[d]);
+    rd_sb_printf(&cond, "%s(uint64_t)%s < %" PRId64 "UL", cond.n ? " && " : "", r, x->shape[d]);
     q.c[d] = r;
   }
   if (!cond.n) {
-    cpu_sb_free(&cond);
+    rd_sb_free(&cond);
     return gpu_value(g, ins->in[0], q);
   }
   const char *t = gpu_tmp(g);
-  cpu_sb_printf(g->body, "  %s %s = %s;\n  if (%s) {\n", gpu_ctype(ins->dtype), t, fill, cond.s);
-  cpu_sb_free(&cond);
+  rd_sb_printf(g->body, "  %s %s = %s;\n  if (%s) {\n", gpu_ctype(ins->dtype), t, fill, cond.s);
+  rd_sb_free(&cond);
   int nmemo = g->nmemo;
   const char *a = gpu_value(g, ins->in[0], q);
-  cpu_sb_printf(g->body, "  %s = %s;\n  }\n", t, a);
+  rd_sb_printf(g->body, "  %s = %s;\n  }\n", t, a);
   g->nmemo = nmemo; /* values computed inside the branch are scoped to it */
   return t;
 }
@@ -254,21 +164,21 @@ static const char *gpu_value_concat(gpu_cg *g, const exec_instr *ins, gpu_pos *p
   int ax = (int)IR_ATTR(ins->attr, AXIS, axis);
   gpu_pos_coords(g, pos);
   const char *t = gpu_tmp(g);
-  cpu_sb_printf(g->body, "  %s %s = 0;\n", gpu_ctype(ins->dtype), t);
+  rd_sb_printf(g->body, "  %s %s = 0;\n", gpu_ctype(ins->dtype), t);
   int64_t off = 0;
   const char *kw = "if";
   for (int k = 0; k < ins->nin; k++) {
     const exec_instr *xk = &g->p->instr[ins->in[k]];
     int64_t ext = xk->shape[ax];
     if (ext == 0) continue;
-    cpu_sb_printf(g->body, "  %s (%s < %" PRId64 ") {\n", kw, pos->c[ax], off + ext);
+    rd_sb_printf(g->body, "  %s (%s < %" PRId64 ") {\n", kw, pos->c[ax], off + ext);
     kw = "else if";
     gpu_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
     for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos->c[d];
-    qk.c[ax] = off ? cpu_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[ax], off) : pos->c[ax];
+    qk.c[ax] = off ? rd_fmt(&g->ar, "(%s - %" PRId64 ")", pos->c[ax], off) : pos->c[ax];
     int nmemo = g->nmemo;
     const char *a = gpu_value(g, ins->in[k], qk);
-    cpu_sb_printf(g->body, "  %s = %s;\n  }\n", t, a);
+    rd_sb_printf(g->body, "  %s = %s;\n  }\n", t, a);
     g->nmemo = nmemo;
     off += ext;
   }
@@ -280,19 +190,19 @@ static const char *gpu_value_elementwise(gpu_cg *g, int i, gpu_pos pos) {
   const int *in = ins->in;
   const char *v = NULL;
   if (ins->op == IR_CONVERT) {
-    v = gpu_convert(g, g->p->instr[in[0]].dtype, ins->dtype, gpu_value(g, in[0], pos));
+    v = rd_convert(&g->ar, g->d->expr, g->p->instr[in[0]].dtype, ins->dtype, gpu_value(g, in[0], pos));
   } else if (ins->op == IR_SELECT) {
     const char *c = gpu_value(g, in[0], pos), *a = gpu_value(g, in[1], pos),
                *b = gpu_value(g, in[2], pos);
-    v = cpu_fmt(&g->ar, "%s ? %s : %s", c, a, b);
+    v = rd_fmt(&g->ar, "%s ? %s : %s", c, a, b);
   } else if (ir_ops[ins->op].kind == IR_K_UNARY) {
-    v = gpu_unary(g, ins, gpu_value(g, in[0], pos));
+    v = rd_unary(&g->ar, g->d->expr, g->caps->fp64, ins, gpu_value(g, in[0], pos));
   } else if (ir_ops[ins->op].kind == IR_K_BINARY) {
     const char *a = gpu_value(g, in[0], pos), *b = gpu_value(g, in[1], pos);
-    v = gpu_binary(g, ins, a, b);
+    v = rd_binary(&g->ar, g->d->expr, ins, a, b);
   } else if (ir_ops[ins->op].kind == IR_K_COMPARE) {
     const char *a = gpu_value(g, in[0], pos), *b = gpu_value(g, in[1], pos);
-    v = gpu_compare(g, ins->op, a, b);
+    v = rd_compare(&g->ar, ins->op, a, b);
   }
   if (v) return gpu_def(g, ins->dtype, v);
   gpu_fail(g, "no code for %s on %s (instruction %d)", ir_ops[ins->op].name,
@@ -304,12 +214,12 @@ static const char *gpu_value_inlined(gpu_cg *g, int i, gpu_pos pos) {
   const exec_instr *ins = &g->p->instr[i];
   const exec_instr *x = ins->nin ? &g->p->instr[ins->in[0]] : NULL;
   switch (ins->op) {
-  case IR_CONSTANT: return gpu_literal(g, ins->dtype, ins->attr.f);
+  case IR_CONSTANT: return rd_literal(&g->ar, g->d->expr, ins->dtype, ins->attr.f);
   case IR_IOTA: {
     gpu_pos_coords(g, &pos);
     const char *c = pos.c[IR_ATTR(ins->attr, AXIS, axis)];
-    const char *v = dtype_is_float(ins->dtype) ? cpu_fmt(&g->ar, "(%s)%s", gpu_ctype(ins->dtype), c)
-                                               : gpu_narrow(g, ins->dtype, c);
+    const char *v = dtype_is_float(ins->dtype) ? rd_fmt(&g->ar, "(%s)%s", gpu_ctype(ins->dtype), c)
+                                               : rd_narrow(&g->ar, ins->dtype, c);
     return gpu_def(g, ins->dtype, v);
   }
   case IR_BROADCAST: case IR_RESHAPE: case IR_TRANSPOSE: case IR_SLICE:
@@ -341,7 +251,7 @@ void gpu_memo_put(gpu_cg *g, const char *key, const char *val) {
 }
 
 const char *gpu_value(gpu_cg *g, int i, gpu_pos pos) {
-  const char *key = cpu_fmt(&g->ar, "%d@%s", i, gpu_pos_key(g, &pos));
+  const char *key = rd_fmt(&g->ar, "%d@%s", i, gpu_pos_key(g, &pos));
   const char *v = gpu_memo_find(g, key);
   if (v) return v;
   if (g->pl->role[i] != FUSE_INLINE && i != g->self) v = gpu_load(g, i, &pos);

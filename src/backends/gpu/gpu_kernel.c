@@ -1,6 +1,7 @@
 /* Kernels and the program: one kernel per materialized instruction of the fusion plan, in
  * program order, with the steps (kernel launches, library calls, fallbacks) the runtime runs. */
 #include "gpu_cg.h"
+#include "error.h"
 #include "../picture.h"
 #include "../cpu/cpu_math.h"
 #include "opmath.h"
@@ -68,111 +69,63 @@ void gpu_launch_shape(int64_t n, gpu_step *st, bool *guard) {
 
 /* The kernel's signature: its output, a row group's other outputs, then every buffer it loads,
  * in slot order. */
-void gpu_signature(gpu_cg *g, cpu_sb *out, int s, int kernel, gpu_step *st) {
+void gpu_signature(gpu_cg *g, rd_sb *out, int s, int kernel, gpu_step *st) {
   const gpu_dialect *d = g->d;
-  cpu_sb_printf(out, "%s k%d(%s %s *%s p%d", d->kernel, kernel, d->global,
+  rd_sb_printf(out, "%s k%d(%s %s *%s p%d", d->kernel, kernel, d->global,
                 gpu_ctype(g->p->instr[s].dtype), d->restrict_, s);
   st->nargs = st->nout = 0;
   st->args = malloc(sizeof(int) * ((size_t)g->p->ninstr + 1));
   if (!st->args) gpu_fail(g, "out of memory");
   for (int r = 0; r < g->p->ninstr && st->args && g->member; r++) { /* a row group's others */
     if (!g->member[r] || r == s) continue;
-    cpu_sb_printf(out, ", %s %s *%s p%d", d->global, gpu_ctype(g->p->instr[r].dtype), d->restrict_, r);
+    rd_sb_printf(out, ", %s %s *%s p%d", d->global, gpu_ctype(g->p->instr[r].dtype), d->restrict_, r);
     st->args[st->nargs++] = r;
     st->nout++;
   }
   for (int r = 0; r < g->p->ninstr && st->args; r++) {
     if (!g->reads[r] || r == s || (g->member && g->member[r])) continue;
-    cpu_sb_printf(out, ", %s const %s *%s p%d", d->global, gpu_ctype(g->p->instr[r].dtype),
+    rd_sb_printf(out, ", %s const %s *%s p%d", d->global, gpu_ctype(g->p->instr[r].dtype),
                   d->restrict_, r);
     st->args[st->nargs++] = r;
   }
-  cpu_sb_puts(out, ") {\n");
+  rd_sb_puts(out, ") {\n");
 }
 
-void gpu_kernel_close(gpu_cg *g, cpu_sb *out, cpu_sb *body, int64_t n, gpu_step *st) {
+void gpu_kernel_close(gpu_cg *g, rd_sb *out, rd_sb *body, int64_t n, gpu_step *st) {
   if (n) {
     bool guard;
     gpu_launch_shape(n, st, &guard);
     gpu_kernel_index(g, out, n, guard);
   }
-  cpu_sb_puts(out, body->s ? body->s : "");
-  cpu_sb_puts(out, "}\n");
+  rd_sb_puts(out, body->s ? body->s : "");
+  rd_sb_puts(out, "}\n");
   if (body->oom) gpu_fail(g, "out of memory");
-  cpu_sb_free(body);
+  rd_sb_free(body);
 }
 
 /* gid: this work-item's output; past n (a rounded-up launch) it does nothing. */
-void gpu_kernel_index(gpu_cg *g, cpu_sb *out, int64_t n, bool guard) {
-  cpu_sb_printf(out, "  const gi_t gid = (gi_t)%s;\n", g->d->global_id);
-  if (guard) cpu_sb_printf(out, "  if (gid >= %" PRId64 ") return;\n", n);
+void gpu_kernel_index(gpu_cg *g, rd_sb *out, int64_t n, bool guard) {
+  rd_sb_printf(out, "  const gi_t gid = (gi_t)%s;\n", g->d->global_id);
+  if (guard) rd_sb_printf(out, "  if (gid >= %" PRId64 ") return;\n", n);
 }
 
-void gpu_scope_begin(gpu_cg *g, cpu_sb *body) {
+void gpu_scope_begin(gpu_cg *g, rd_sb *body) {
   memset(g->reads, 0, (size_t)g->p->ninstr + 1);
   g->body = body;
   g->nmemo = 0;
 }
 
 /* Element-wise kernel: a work-item per element of slot s. */
-static void gpu_kernel_map(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st) {
+static void gpu_kernel_map(gpu_cg *g, int s, int kernel, rd_sb *out, gpu_step *st) {
   const exec_instr *ins = &g->p->instr[s];
-  cpu_sb body = {0};
+  rd_sb body = {0};
   gpu_scope_begin(g, &body);
   g->self = s;
   gpu_pos pos = {.nd = ins->ndim, .shape = ins->shape, .lin = "gid"};
   const char *v = gpu_value(g, s, pos);
-  cpu_sb_printf(&body, "  p%d[gid] = %s;\n", s, v);
+  rd_sb_printf(&body, "  p%d[gid] = %s;\n", s, v);
   gpu_signature(g, out, s, kernel, st);
   gpu_kernel_close(g, out, &body, ins->numel, st);
-}
-
-gpu_red gpu_red_kind(const gpu_cg *g, const exec_instr *ins) {
-  gpu_red r = {0};
-  graft_dtype dt = ins->dtype;
-  r.fl = dt == GRAFT_F32 || dt == GRAFT_F64;
-  r.mx = ins->op == IR_REDUCE_MAX;
-  r.mn = ins->op == IR_REDUCE_MIN;
-  bool sum = ins->op == IR_REDUCE_SUM;
-  if (r.fl && !r.mx && !r.mn) { /* sums and products in double where the device has it */
-    r.acc_t = g->caps->fp64 ? "double" : "float";
-    r.init = sum ? "0" : "1";
-  } else if (r.fl) {
-    r.acc_t = gpu_ctype(dt);
-    r.init = r.mx ? "(-GC_INFF)" : "GC_INFF";
-  } else if (!r.mx && !r.mn) {
-    r.acc_t = "uint64_t";
-    r.init = sum ? "0" : "1";
-  } else {
-    static const char *mins[] = {[GRAFT_I32] = "INT32_MIN", [GRAFT_I64] = "INT64_MIN",
-                                 [GRAFT_U8] = "0", [GRAFT_BOOL] = "0"};
-    static const char *maxs[] = {[GRAFT_I32] = "INT32_MAX", [GRAFT_I64] = "INT64_MAX",
-                                 [GRAFT_U8] = "255", [GRAFT_BOOL] = "1"};
-    r.acc_t = "int64_t";
-    r.init = r.mx ? mins[dt] : maxs[dt];
-  }
-  return r;
-}
-
-/* acc = acc (op) v; nf records a NaN seen by a float max/min (the result is then NaN). */
-void gpu_red_step(cpu_sb *b, const exec_instr *ins, const gpu_red *r, const char *acc,
-                         const char *nf, const char *v) {
-  const char *op = ins->op == IR_REDUCE_PROD ? "*" : "+";
-  if (r->fl && !r->mx && !r->mn) cpu_sb_printf(b, "  %s %s= (%s)%s;\n", acc, op, r->acc_t, v);
-  else if (r->fl) cpu_sb_printf(b, "  %s = %s %s %s ? %s : %s; %s |= %s != %s;\n", acc, v,
-                                r->mx ? ">" : "<", acc, v, acc, nf, v, v);
-  else if (!r->mx && !r->mn) cpu_sb_printf(b, "  %s %s= (uint64_t)(int64_t)%s;\n", acc, op, v);
-  else cpu_sb_printf(b, "  %s = (int64_t)%s %s %s ? (int64_t)%s : %s;\n", acc, v, r->mx ? ">" : "<",
-                     acc, v, acc);
-}
-
-const char *gpu_red_final(gpu_cg *g, const exec_instr *ins, const gpu_red *r,
-                                 const char *acc, const char *nf) {
-  const char *T = gpu_ctype(ins->dtype);
-  if (r->fl && (r->mx || r->mn)) return cpu_fmt(&g->ar, "%s ? (%s)GC_NANF : %s", nf, T, acc);
-  if (r->fl) return cpu_fmt(&g->ar, "(%s)%s", T, acc);
-  if (ins->dtype == GRAFT_BOOL) return cpu_fmt(&g->ar, "(uint8_t)(%s != 0)", acc);
-  return cpu_fmt(&g->ar, "(%s)(uint64_t)%s", T, acc);
 }
 
 static int64_t gpu_reduced_count(const exec_instr *x, int64_t mask) {
@@ -194,9 +147,9 @@ static gpu_pos gpu_red_pos(gpu_cg *g, const exec_instr *x, int64_t mask, const c
     int64_t st = red ? rst : ost, total = red ? rtotal : ototal;
     if (x->shape[d] == 1) pos.c[d] = "0";
     else if (st == 1 && x->shape[d] == total) pos.c[d] = base; /* the only non-unit dim */
-    else if (st == 1) pos.c[d] = cpu_fmt(&g->ar, "(%s %% %" PRId64 ")", base, x->shape[d]);
-    else if (st * x->shape[d] == total) pos.c[d] = cpu_fmt(&g->ar, "(%s / %" PRId64 ")", base, st);
-    else pos.c[d] = cpu_fmt(&g->ar, "(%s / %" PRId64 " %% %" PRId64 ")", base, st, x->shape[d]);
+    else if (st == 1) pos.c[d] = rd_fmt(&g->ar, "(%s %% %" PRId64 ")", base, x->shape[d]);
+    else if (st * x->shape[d] == total) pos.c[d] = rd_fmt(&g->ar, "(%s / %" PRId64 ")", base, st);
+    else pos.c[d] = rd_fmt(&g->ar, "(%s / %" PRId64 " %% %" PRId64 ")", base, st, x->shape[d]);
     if (red) rst *= x->shape[d];
     else ost *= x->shape[d];
   }
@@ -204,23 +157,23 @@ static gpu_pos gpu_red_pos(gpu_cg *g, const exec_instr *x, int64_t mask, const c
 }
 
 /* argmax/argmin: one work-item per output, the first extreme wins; for floats the first NaN. */
-static void gpu_arg_body(gpu_cg *g, const exec_instr *ins, const exec_instr *x, cpu_sb *b) {
+static void gpu_arg_body(gpu_cg *g, const exec_instr *ins, const exec_instr *x, rd_sb *b) {
   int ax = (int)IR_ATTR(ins->attr, ARG, axis);
   bool mx = ins->op == IR_ARGMAX, fl = dtype_is_float(x->dtype);
-  cpu_sb_printf(b, "  int64_t best = 0; %s bv = 0; int seen = 0;\n", gpu_ctype(x->dtype));
-  cpu_sb_printf(b, "  for (gi_t e = 0; e < %" PRId64 "; e++) {\n", x->shape[ax]);
+  rd_sb_printf(b, "  int64_t best = 0; %s bv = 0; int seen = 0;\n", gpu_ctype(x->dtype));
+  rd_sb_printf(b, "  for (gi_t e = 0; e < %" PRId64 "; e++) {\n", x->shape[ax]);
   gpu_pos pos = gpu_red_pos(g, x, (int64_t)1 << ax, "gid", "e");
   const char *v = gpu_value(g, ins->in[0], pos);
   if (fl)
-    cpu_sb_printf(b, "  if (!seen || (%s != %s && bv == bv) || (bv == bv && %s %s bv)) { best = e; "
+    rd_sb_printf(b, "  if (!seen || (%s != %s && bv == bv) || (bv == bv && %s %s bv)) { best = e; "
                   "bv = %s; seen = 1; }\n", v, v, v, mx ? ">" : "<", v);
   else
-    cpu_sb_printf(b, "  if (!seen || %s %s bv) { best = e; bv = %s; seen = 1; }\n", v, mx ? ">" : "<", v);
-  cpu_sb_puts(b, "  }\n");
+    rd_sb_printf(b, "  if (!seen || %s %s bv) { best = e; bv = %s; seen = 1; }\n", v, mx ? ">" : "<", v);
+  rd_sb_puts(b, "  }\n");
 }
 
 /* Reduction kernel of slot s: a work-item per output, or a work-group per output (coop). */
-static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st) {
+static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, rd_sb *out, gpu_step *st) {
   const exec_instr *ins = &g->p->instr[s];
   const exec_instr *x = &g->p->instr[ins->in[0]];
   bool arg = ins->op == IR_ARGMAX || ins->op == IR_ARGMIN;
@@ -231,39 +184,39 @@ static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_ste
    * outputs are neighbours in memory: a work-item per output loads contiguously across lanes. */
   bool inner = !arg && x->ndim && (mask >> (x->ndim - 1) & 1);
   bool coop = inner && (R >= GPU_RED_COOP_MIN || (R >= 256 && x->shape[x->ndim - 1] >= 64));
-  gpu_red r = gpu_red_kind(g, ins);
-  cpu_sb body = {0};
+  rd_red r = rd_reduce(g->d->expr, g->caps->fp64, ins);
+  rd_sb body = {0};
   gpu_scope_begin(g, &body);
   g->self = -1;
   if (arg) {
     gpu_arg_body(g, ins, x, &body);
-    cpu_sb_printf(&body, "  p%d[gid] = best;\n", s);
+    rd_sb_printf(&body, "  p%d[gid] = best;\n", s);
   } else if (!coop) {
-    cpu_sb_printf(&body, "  %s acc = %s; int nf = 0; (void)nf;\n", r.acc_t, r.init);
-    cpu_sb_printf(&body, "  for (gi_t e = 0; e < %" PRId64 "; e++) {\n", R);
+    rd_sb_printf(&body, "  %s acc = %s; int nf = 0; (void)nf;\n", r.acc_t, r.init);
+    rd_sb_printf(&body, "  for (gi_t e = 0; e < %" PRId64 "; e++) {\n", R);
     gpu_pos pos = gpu_red_pos(g, x, mask, "gid", "e");
-    gpu_red_step(&body, ins, &r, "acc", "nf", gpu_value(g, ins->in[0], pos));
-    cpu_sb_puts(&body, "  }\n");
-    cpu_sb_printf(&body, "  p%d[gid] = %s;\n", s, gpu_red_final(g, ins, &r, "acc", "nf"));
+    rd_red_step(&body, "  ", &r, "acc", "nf", gpu_value(g, ins->in[0], pos));
+    rd_sb_puts(&body, "  }\n");
+    rd_sb_printf(&body, "  p%d[gid] = %s;\n", s, rd_red_final(&g->ar, g->d->expr, ins, &r, "acc", "nf"));
   } else { /* each work-item strides over the reduced elements, then a tree in local memory */
-    cpu_sb_printf(&body, "  %s acc = %s; int nf = 0; (void)nf;\n", r.acc_t, r.init);
-    cpu_sb_printf(&body, "  for (gi_t e = lid; e < %" PRId64 "; e += %d) {\n", R, GPU_RED_WG);
+    rd_sb_printf(&body, "  %s acc = %s; int nf = 0; (void)nf;\n", r.acc_t, r.init);
+    rd_sb_printf(&body, "  for (gi_t e = lid; e < %" PRId64 "; e += %d) {\n", R, GPU_RED_WG);
     g->nmemo = 0;
     gpu_pos pos = gpu_red_pos(g, x, mask, "gid", "e");
-    gpu_red_step(&body, ins, &r, "acc", "nf", gpu_value(g, ins->in[0], pos));
-    cpu_sb_puts(&body, "  }\n");
-    cpu_sb_printf(&body, g->d->local_decl, r.acc_t, "sacc", GPU_RED_WG);
-    cpu_sb_printf(&body, g->d->local_decl, "int", "snf", GPU_RED_WG);
-    cpu_sb_printf(&body, "  sacc[lid] = acc; snf[lid] = nf;\n  %s;\n", g->d->barrier);
-    cpu_sb_printf(&body, "  for (int h = %d; h > 0; h >>= 1) {\n    if (lid < h) {\n", GPU_RED_WG / 2);
-    gpu_red_step(&body, ins, &r, "sacc[lid]", "snf[lid]", "sacc[lid + h]");
-    cpu_sb_printf(&body, "  snf[lid] |= snf[lid + h];\n    }\n    %s;\n  }\n", g->d->barrier);
-    cpu_sb_printf(&body, "  if (lid == 0) p%d[gid] = %s;\n", s,
-                  gpu_red_final(g, ins, &r, "sacc[0]", "snf[0]"));
+    rd_red_step(&body, "  ", &r, "acc", "nf", gpu_value(g, ins->in[0], pos));
+    rd_sb_puts(&body, "  }\n");
+    rd_sb_printf(&body, g->d->local_decl, r.acc_t, "sacc", GPU_RED_WG);
+    rd_sb_printf(&body, g->d->local_decl, "int", "snf", GPU_RED_WG);
+    rd_sb_printf(&body, "  sacc[lid] = acc; snf[lid] = nf;\n  %s;\n", g->d->barrier);
+    rd_sb_printf(&body, "  for (int h = %d; h > 0; h >>= 1) {\n    if (lid < h) {\n", GPU_RED_WG / 2);
+    rd_red_step(&body, "  ", &r, "sacc[lid]", "snf[lid]", "sacc[lid + h]");
+    rd_sb_printf(&body, "  snf[lid] |= snf[lid + h];\n    }\n    %s;\n  }\n", g->d->barrier);
+    rd_sb_printf(&body, "  if (lid == 0) p%d[gid] = %s;\n", s,
+                  rd_red_final(&g->ar, g->d->expr, ins, &r, "sacc[0]", "snf[0]"));
   }
   gpu_signature(g, out, s, kernel, st);
   if (coop) {
-    cpu_sb_printf(out, "  const gi_t gid = (gi_t)%s;\n  const int lid = %s;\n", g->d->group_id,
+    rd_sb_printf(out, "  const gi_t gid = (gi_t)%s;\n  const int lid = %s;\n", g->d->group_id,
                   g->d->local_id);
     st->local = GPU_RED_WG;
     st->global = ins->numel * GPU_RED_WG;
@@ -282,31 +235,31 @@ static bool gpu_small_indices(const exec_program *p) {
 }
 
 static void gpu_source_head(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps,
-                            cpu_sb *out) {
-  if (caps->fp64) cpu_sb_puts(out, "#define GC_FP64 1\n");
-  cpu_sb_puts(out, d->prelude);
-  cpu_sb_printf(out, "typedef %s gi_t; /* index arithmetic */\n",
+                            rd_sb *out) {
+  if (caps->fp64) rd_sb_puts(out, "#define GC_FP64 1\n");
+  rd_sb_puts(out, d->prelude);
+  rd_sb_printf(out, "typedef %s gi_t; /* index arithmetic */\n",
                 gpu_small_indices(p) ? "int32_t" : "int64_t");
-  cpu_sb_puts(out, caps->fp64 ? gpu_helpers_fp64 : gpu_helpers_fp32);
-  cpu_sb_puts(out, gpu_helpers);
+  rd_sb_puts(out, caps->fp64 ? gpu_helpers_fp64 : gpu_helpers_fp32);
+  rd_sb_puts(out, gpu_helpers);
   if (caps->row_vec && d->vprelude) {
-    cpu_sb_printf(out, "#define GC_VW %d /* lanes of the row form */\n", caps->row_vec);
-    cpu_sb_puts(out, d->vprelude);
+    rd_sb_printf(out, "#define GC_VW %d /* lanes of the row form */\n", caps->row_vec);
+    rd_sb_puts(out, d->vprelude);
   }
   const char *math = cpu_math_src, *dbl = strstr(math, "static inline double gm_sigmoid");
   if (caps->fp64 || !dbl) {
-    cpu_sb_puts(out, math);
+    rd_sb_puts(out, math);
   } else { /* the f32 approximations only */
-    cpu_sb t = {0};
-    cpu_sb_printf(&t, "%.*s", (int)(dbl - math), math);
-    cpu_sb_puts(out, t.s ? t.s : "");
-    cpu_sb_free(&t);
+    rd_sb t = {0};
+    rd_sb_printf(&t, "%.*s", (int)(dbl - math), math);
+    rd_sb_puts(out, t.s ? t.s : "");
+    rd_sb_free(&t);
   }
-  cpu_sb_puts(out, "\n");
+  rd_sb_puts(out, "\n");
   if (caps->fp64) {
-    cpu_sb_puts(out, ops_math_src);
-    cpu_sb_puts(out, "\n");
-    cpu_sb_puts(out, ir_op_math_src);
+    rd_sb_puts(out, ops_math_src);
+    rd_sb_puts(out, "\n");
+    rd_sb_puts(out, ir_op_math_src);
   }
 }
 
@@ -337,7 +290,7 @@ static int gpu_operand_step(const exec_program *p, const fuse_plan *pl, int i, g
 
 /* A kernel or reduction step: a row group on a CPU-type device (its members are then done),
  * else a kernel of its own. */
-static void gpu_kernel_step(gpu_cg *g, gpu_program *gp, int i, cpu_sb *out, gpu_step *st,
+static void gpu_kernel_step(gpu_cg *g, gpu_program *gp, int i, rd_sb *out, gpu_step *st,
                             unsigned char *done) {
   st->kind = GPU_STEP_KERNEL;
   if (g->p->instr[i].numel == 0) {
@@ -350,7 +303,7 @@ static void gpu_kernel_step(gpu_cg *g, gpu_program *gp, int i, cpu_sb *out, gpu_
     gpu_kernel_reduce(g, i, st->kernel, out, st);
 }
 
-static int gpu_render_steps(gpu_cg *g, gpu_program *gp, cpu_sb *out) {
+static int gpu_render_steps(gpu_cg *g, gpu_program *gp, rd_sb *out) {
   const exec_program *p = g->p;
   unsigned char *done = calloc((size_t)p->ninstr + 1, 1); /* written by a row group */
   if (!done) gpu_fail(g, "out of memory");
@@ -417,7 +370,7 @@ int gpu_render(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps
   if (fuse_plan_build(p, gpu_classify_cb, (void *)caps, &pl)) return -1;
   gpu_cg g = {.p = p, .pl = &pl, .d = d, .caps = caps};
   g.reads = calloc((size_t)p->ninstr + 1, 1);
-  cpu_sb out = {0};
+  rd_sb out = {0};
   int rc = -1;
   if (!g.reads) {
     err_set(GRAFT_ERR_OOM, "out of memory rendering kernels");
@@ -429,7 +382,7 @@ int gpu_render(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps
     else rc = 0;
   }
   if (rc) {
-    cpu_sb_free(&out);
+    rd_sb_free(&out);
     gpu_program_free(gp);
   } else {
     gp->source = out.s;
@@ -437,7 +390,7 @@ int gpu_render(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps
   }
   free(g.reads);
   free(g.memo);
-  cpu_arena_free(&g.ar);
+  rd_arena_free(&g.ar);
   fuse_plan_free(&pl);
   return rc;
 }

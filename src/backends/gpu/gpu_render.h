@@ -11,10 +11,12 @@
 #define GRAFT_GPU_RENDER_H
 #include "program.h"
 #include "../../passes/fusion.h"
+#include "../render/render.h"
 
 /* A language's spelling of the few things that differ between GPU C dialects. */
 typedef struct gpu_dialect {
   const char *name;
+  const rd_dialect *expr;   /* how expressions are spelled (render.h) */
   const char *ext;          /* the generated source's file extension (dumps: graph_<hash>.<ext>) */
   const char *prelude;      /* before everything: pragmas, typedefs (int64_t...), helpers */
   const char *kernel;       /* the qualifier a kernel entry starts with */

@@ -14,7 +14,8 @@
  * movement, an op without a vector spelling, a read of a member outside this work-item's row)
  * ends the group before that member; a reduction with none keeps the existing forms. */
 #include "gpu_cg.h"
-#include "../kexpr.h"
+#include "../cpu/cpu_internal.h" /* cpu_costs: the same cost rule as the CPU's row scratch */
+#include "../render/render.h"
 #include "dtype.h"
 #include <inttypes.h>
 #include <stdlib.h>
@@ -51,12 +52,12 @@ static gpu_vval gpu_vfail(gpu_cg *g) {
 
 static const char *gpu_vdef(gpu_cg *g, const char *expr) {
   const char *t = gpu_tmp(g);
-  cpu_sb_printf(g->body, "  const gc_vf %s = %s;\n", t, expr);
+  rd_sb_printf(g->body, "  const gc_vf %s = %s;\n", t, expr);
   return t;
 }
 
 static const char *gpu_as_vec(gpu_cg *g, gpu_vval v) {
-  return v.vec ? v.v : cpu_fmt(&g->ar, "(gc_vf)(%s)", v.v);
+  return v.vec ? v.v : rd_fmt(&g->ar, "(gc_vf)(%s)", v.v);
 }
 
 static bool gpu_is_elementwise(ir_op op) {
@@ -88,7 +89,7 @@ static gpu_vval gpu_vvalue(gpu_cg *g, int i, gpu_pos pos, bool row);
 
 /* The lanes of slot s at linear index lin. */
 static const char *gpu_vload(gpu_cg *g, int s, const char *lin) {
-  return gpu_vdef(g, cpu_fmt(&g->ar, g->d->vload, cpu_fmt(&g->ar, "p%d + (%s)", s, lin)));
+  return gpu_vdef(g, rd_fmt(&g->ar, g->d->vload, rd_fmt(&g->ar, "p%d + (%s)", s, lin)));
 }
 
 /* Inlined value i's lanes v were computed at this row's elements: counted (a counting render),
@@ -99,8 +100,8 @@ static void gpu_row_use(gpu_cg *g, int i, const char *v) {
     g->use_last[i] = g->cur;
   }
   if (i != g->vc || g->vc_state != 1) return;
-  cpu_sb_printf(g->body, "  %s;\n", cpu_fmt(&g->ar, g->d->vstore, v,
-                                             cpu_fmt(&g->ar, "p%d + (%s)", g->vc_buf, g->rowlin)));
+  rd_sb_printf(g->body, "  %s;\n", rd_fmt(&g->ar, g->d->vstore, v,
+                                             rd_fmt(&g->ar, "p%d + (%s)", g->vc_buf, g->rowlin)));
   g->vc_state = 2;
 }
 
@@ -146,10 +147,10 @@ static gpu_vval gpu_vmath(gpu_cg *g, int i, gpu_pos pos, bool row) {
   if (!a.vec && !b.vec) /* the operands' reads were checked where they became uniform */
     return (gpu_vval){gpu_value(g, i, pos), false};
   const char *va = gpu_as_vec(g, a), *e;
-  if (op == IR_NEG) e = cpu_fmt(&g->ar, "-%s", va);
-  else if (op == IR_ABS) e = cpu_fmt(&g->ar, "fabs(%s)", va);
-  else if (op == IR_EXP) e = cpu_fmt(&g->ar, "gm_expf_v(%s)", va);
-  else e = kx_float_binary(&g->ar, op, va, gpu_as_vec(g, b)); /* valid on vectors */
+  if (op == IR_NEG) e = rd_fmt(&g->ar, "-%s", va);
+  else if (op == IR_ABS) e = rd_fmt(&g->ar, "fabs(%s)", va);
+  else if (op == IR_EXP) e = rd_fmt(&g->ar, "gm_expf_v(%s)", va);
+  else e = rd_float_binary(&g->ar, op, va, gpu_as_vec(g, b)); /* valid on vectors */
   return (gpu_vval){gpu_vdef(g, e), true};
 }
 
@@ -159,7 +160,7 @@ static gpu_vval gpu_vvalue(gpu_cg *g, int i, gpu_pos pos, bool row) {
   const exec_instr *ins = &g->p->instr[i];
   if (g->vfail || ins->dtype != GRAFT_F32) return gpu_vfail(g);
   const char *lin0 = gpu_pos_lin(g, &pos);
-  const char *key = cpu_fmt(&g->ar, "V%d@%s", i, lin0), *v = gpu_memo_find(g, key);
+  const char *key = rd_fmt(&g->ar, "V%d@%s", i, lin0), *v = gpu_memo_find(g, key);
   if (v) return (gpu_vval){v, true};
   /* an inlined value at this row's elements: the row scratch may keep it */
   bool inrow = row && g->pl->role[i] == FUSE_INLINE && i != g->self &&
@@ -198,9 +199,9 @@ static gpu_pos gpu_row_pos(gpu_cg *g, int i) {
   for (int d = x->ndim - 2; d >= 0; st *= x->shape[d--]) {
     bool outer = st * x->shape[d] == rows; /* gid < rows: no remainder */
     if (x->shape[d] == 1) pos.c[d] = "0";
-    else if (st == 1) pos.c[d] = outer ? "gid" : cpu_fmt(&g->ar, "(gid %% %" PRId64 ")", x->shape[d]);
-    else if (outer) pos.c[d] = cpu_fmt(&g->ar, "(gid / %" PRId64 ")", st);
-    else pos.c[d] = cpu_fmt(&g->ar, "(gid / %" PRId64 " %% %" PRId64 ")", st, x->shape[d]);
+    else if (st == 1) pos.c[d] = outer ? "gid" : rd_fmt(&g->ar, "(gid %% %" PRId64 ")", x->shape[d]);
+    else if (outer) pos.c[d] = rd_fmt(&g->ar, "(gid / %" PRId64 ")", st);
+    else pos.c[d] = rd_fmt(&g->ar, "(gid / %" PRId64 " %% %" PRId64 ")", st, x->shape[d]);
   }
   pos.c[x->ndim - 1] = "e";
   pos.has_c = 1;
@@ -217,7 +218,7 @@ static bool gpu_row_is_map(const gpu_cg *g, int s) {
 typedef struct {
   int s;
   const char *acc, *nf; /* a reduction's accumulators */
-  gpu_red r;
+  rd_red r;
   bool dlanes;          /* sum lanes in double */
 } gpu_rowm;
 
@@ -226,20 +227,20 @@ typedef struct {
  * accumulate src, an elementwise member stores itself (src == m->s). */
 static void gpu_row_lanes(gpu_cg *g, const gpu_rowm *m, int64_t wlen, int src) {
   const int64_t len = g->rlen;
-  cpu_sb_printf(g->body, "  for (; e < %" PRId64 "; e += GC_VW) {\n", wlen);
+  rd_sb_printf(g->body, "  for (; e < %" PRId64 "; e += GC_VW) {\n", wlen);
   g->nmemo = 0;
   gpu_vval v = gpu_vvalue(g, src, gpu_row_pos(g, src), true);
   const char *vv = gpu_as_vec(g, v);
   const exec_instr *ins = &g->p->instr[m->s];
   if (ins->op == IR_REDUCE_SUM)
-    cpu_sb_printf(g->body, "  va += %s;\n", m->dlanes ? cpu_fmt(&g->ar, "gc_vf2d(%s)", vv) : vv);
+    rd_sb_printf(g->body, "  va += %s;\n", m->dlanes ? rd_fmt(&g->ar, "gc_vf2d(%s)", vv) : vv);
   else if (ir_ops[ins->op].kind == IR_K_REDUCE) /* a NaN sticks in its lane */
-    cpu_sb_printf(g->body, "  va = (%s %s va || %s != %s) ? %s : va;\n", vv,
+    rd_sb_printf(g->body, "  va = (%s %s va || %s != %s) ? %s : va;\n", vv,
                   ins->op == IR_REDUCE_MAX ? ">" : "<", vv, vv, vv);
   else
-    cpu_sb_printf(g->body, "  %s;\n", cpu_fmt(&g->ar, g->d->vstore, vv,
-                                              cpu_fmt(&g->ar, "p%d + gid * %" PRId64 " + e", m->s, len)));
-  cpu_sb_puts(g->body, "  }\n");
+    rd_sb_printf(g->body, "  %s;\n", rd_fmt(&g->ar, g->d->vstore, vv,
+                                              rd_fmt(&g->ar, "p%d + gid * %" PRId64 " + e", m->s, len)));
+  rd_sb_puts(g->body, "  }\n");
   g->nmemo = 0;
 }
 
@@ -247,11 +248,11 @@ static void gpu_row_lanes(gpu_cg *g, const gpu_rowm *m, int64_t wlen, int src) {
 static void gpu_row_tail(gpu_cg *g, const gpu_rowm *m, int src) {
   const int64_t len = g->rlen;
   const exec_instr *ins = &g->p->instr[m->s];
-  cpu_sb_printf(g->body, "  for (; e < %" PRId64 "; e++) {\n", len);
+  rd_sb_printf(g->body, "  for (; e < %" PRId64 "; e++) {\n", len);
   const char *v = gpu_value(g, src, gpu_row_pos(g, src));
-  if (ir_ops[ins->op].kind == IR_K_REDUCE) gpu_red_step(g->body, ins, &m->r, m->acc, m->nf, v);
-  else cpu_sb_printf(g->body, "  p%d[gid * %" PRId64 " + e] = %s;\n", m->s, len, v);
-  cpu_sb_puts(g->body, "  }\n");
+  if (ir_ops[ins->op].kind == IR_K_REDUCE) rd_red_step(g->body, "  ", &m->r, m->acc, m->nf, v);
+  else rd_sb_printf(g->body, "  p%d[gid * %" PRId64 " + e] = %s;\n", m->s, len, v);
+  rd_sb_puts(g->body, "  }\n");
   g->nmemo = 0;
 }
 
@@ -259,33 +260,33 @@ static void gpu_row_tail(gpu_cg *g, const gpu_rowm *m, int src) {
  * double where the device has it; f32 lanes up to 8192 elements as the CPU backend's). */
 static void gpu_row_reduce(gpu_cg *g, int s, int64_t wlen) {
   const exec_instr *ins = &g->p->instr[s];
-  gpu_rowm m = {.s = s, .acc = "acc", .nf = "nf", .r = gpu_red_kind(g, ins)};
+  gpu_rowm m = {.s = s, .acc = "acc", .nf = "nf", .r = rd_reduce(g->d->expr, g->caps->fp64, ins)};
   bool sum = ins->op == IR_REDUCE_SUM;
   m.dlanes = sum && g->caps->fp64 && g->rlen > 8192;
   const char *lt = m.dlanes ? "gc_vd" : "gc_vf", *st = m.dlanes ? "double" : "float";
   g->self = -1;
-  cpu_sb_printf(g->body, "  { /* %%%d: %s over the row */\n  %s va = (%s)(%s); gi_t e = 0;\n", s,
+  rd_sb_printf(g->body, "  { /* %%%d: %s over the row */\n  %s va = (%s)(%s); gi_t e = 0;\n", s,
                 ir_ops[ins->op].name, lt, lt, sum ? "0" : m.r.init);
   gpu_row_lanes(g, &m, wlen, ins->in[0]);
-  cpu_sb_printf(g->body, "  %s acc = %s; int nf = 0; (void)nf;\n", m.r.acc_t, m.r.init);
+  rd_sb_printf(g->body, "  %s acc = %s; int nf = 0; (void)nf;\n", m.r.acc_t, m.r.init);
   if (wlen) { /* a row shorter than the lanes has only the tail */
-    cpu_sb_printf(g->body, "  %s gl[GC_VW]; %s;\n  for (int l = 0; l < GC_VW; l++) {\n", st,
-                  cpu_fmt(&g->ar, g->d->vstore, "va", "gl"));
-    gpu_red_step(g->body, ins, &m.r, "acc", "nf", "gl[l]");
-    cpu_sb_puts(g->body, "  }\n");
+    rd_sb_printf(g->body, "  %s gl[GC_VW]; %s;\n  for (int l = 0; l < GC_VW; l++) {\n", st,
+                  rd_fmt(&g->ar, g->d->vstore, "va", "gl"));
+    rd_red_step(g->body, "  ", &m.r, "acc", "nf", "gl[l]");
+    rd_sb_puts(g->body, "  }\n");
   }
   gpu_row_tail(g, &m, ins->in[0]);
-  cpu_sb_printf(g->body, "  p%d[gid] = %s;\n  }\n", s, gpu_red_final(g, ins, &m.r, "acc", "nf"));
+  rd_sb_printf(g->body, "  p%d[gid] = %s;\n  }\n", s, rd_red_final(&g->ar, g->d->expr, ins, &m.r, "acc", "nf"));
 }
 
 /* An elementwise kernel over the rows: lanes stored, then the tail. */
 static void gpu_row_map(gpu_cg *g, int s, int64_t wlen) {
   gpu_rowm m = {.s = s};
   g->self = s;
-  cpu_sb_printf(g->body, "  { /* %%%d over the row */\n  gi_t e = 0;\n", s);
+  rd_sb_printf(g->body, "  { /* %%%d over the row */\n  gi_t e = 0;\n", s);
   gpu_row_lanes(g, &m, wlen, s);
   gpu_row_tail(g, &m, s);
-  cpu_sb_puts(g->body, "  }\n");
+  rd_sb_puts(g->body, "  }\n");
 }
 
 /* A kernel of one value per row. */
@@ -299,13 +300,13 @@ static void gpu_row_scalar(gpu_cg *g, int s) {
   }
   gpu_pos pos = {.nd = ins->ndim, .shape = ins->shape, .lin = "gid"};
   const char *v = gpu_value(g, s, pos);
-  cpu_sb_printf(g->body, "  p%d[gid] = %s;\n", s, v);
+  rd_sb_printf(g->body, "  p%d[gid] = %s;\n", s, v);
   g->nmemo = 0;
 }
 
 /* Appends member s to the group's body when it has a row form here; false: nothing appended
  * (and nothing counted). */
-static bool gpu_row_member(gpu_cg *g, int s, cpu_sb *body) {
+static bool gpu_row_member(gpu_cg *g, int s, rd_sb *body) {
   const exec_program *p = g->p;
   const exec_instr *ins = &p->instr[s];
   int role = g->pl->role[s];
@@ -319,7 +320,7 @@ static bool gpu_row_member(gpu_cg *g, int s, cpu_sb *body) {
     memcpy(saved + nr + ub, g->use_last, ub);
   }
   memset(g->safe, 0, 2 * nr);
-  cpu_sb mb = {0};
+  rd_sb mb = {0};
   g->body = &mb;
   g->vfail = false;
   g->cur = s;
@@ -333,7 +334,7 @@ static bool gpu_row_member(gpu_cg *g, int s, cpu_sb *body) {
     g->vfail = true;
   bool ok = !g->vfail && !mb.oom;
   if (ok) {
-    cpu_sb_puts(body, mb.s ? mb.s : "");
+    rd_sb_puts(body, mb.s ? mb.s : "");
     g->member[s] = 1;
     if (g->vc_state == 2) g->vc_state = 3; /* the members after it load the scratch */
     if (s == g->vc_buf) g->vc_state = 0;   /* until this one, which overwrote it */
@@ -344,7 +345,7 @@ static bool gpu_row_member(gpu_cg *g, int s, cpu_sb *body) {
       memcpy(g->use_last, saved + nr + ub, ub);
     }
   }
-  cpu_sb_free(&mb);
+  rd_sb_free(&mb);
   free(saved);
   g->body = body;
   g->vfail = false;
@@ -354,7 +355,7 @@ static bool gpu_row_member(gpu_cg *g, int s, cpu_sb *body) {
 /* Renders the group into body: reduction s, then the kernel and reduction steps after it while
  * each has a row form over the same rows (a library call or a fallback between them ends it);
  * false when s has none. */
-static bool gpu_rows_render(gpu_cg *g, int s, cpu_sb *body) {
+static bool gpu_rows_render(gpu_cg *g, int s, rd_sb *body) {
   const exec_program *p = g->p;
   memset(g->member, 0, (size_t)p->ninstr + 1);
   gpu_scope_begin(g, body);
@@ -390,7 +391,7 @@ static bool gpu_row_pick(gpu_cg *g) {
 /* Renders the group again with the row scratch g->vc; keeps the first rendering (body) when
  * this one has other members (it should not: a scratch load stands for a value that had a row
  * form). */
-static void gpu_rows_scratch(gpu_cg *g, int s, cpu_sb *body) {
+static void gpu_rows_scratch(gpu_cg *g, int s, rd_sb *body) {
   size_t nr = (size_t)g->p->ninstr + 1;
   unsigned char *keep = malloc(2 * nr);
   int *uf = g->use_first;
@@ -399,10 +400,10 @@ static void gpu_rows_scratch(gpu_cg *g, int s, cpu_sb *body) {
     memcpy(keep + nr, g->reads, nr);
     g->use_first = NULL;
     g->vc_state = 1;
-    cpu_sb b2 = {0};
+    rd_sb b2 = {0};
     bool ok = gpu_rows_render(g, s, &b2) && !b2.oom && !memcmp(keep, g->member, nr) &&
               g->vc_state == 0;
-    cpu_sb_free(ok ? body : &b2);
+    rd_sb_free(ok ? body : &b2);
     if (ok) *body = b2;
     else memcpy(g->member, keep, nr), memcpy(g->reads, keep + nr, nr);
   }
@@ -412,19 +413,19 @@ static void gpu_rows_scratch(gpu_cg *g, int s, cpu_sb *body) {
   g->vc_state = 0;
 }
 
-bool gpu_kernel_rows(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st, unsigned char *done) {
+bool gpu_kernel_rows(gpu_cg *g, int s, int kernel, rd_sb *out, gpu_step *st, unsigned char *done) {
   const exec_program *p = g->p;
   size_t nr = (size_t)p->ninstr + 1;
   if (!g->caps->row_vec || !g->d->vprelude || !(g->rlen = gpu_row_len(p, s))) return false;
   g->rows = p->instr[s].numel;
-  g->rowlin = cpu_fmt(&g->ar, "gid * %" PRId64 " + e", g->rlen);
+  g->rowlin = rd_fmt(&g->ar, "gid * %" PRId64 " + e", g->rlen);
   g->member = calloc(nr, 1);
   g->safe = calloc(2 * nr, 1);
   g->use_first = malloc(sizeof(int) * nr);
   g->use_last = malloc(sizeof(int) * nr);
   g->vc = g->vc_buf = -1;
   g->vc_state = 0;
-  cpu_sb body = {0};
+  rd_sb body = {0};
   bool ok = g->member && g->safe && g->use_first && g->use_last;
   if (ok) {
     memset(g->use_first, 0xff, sizeof(int) * nr); /* -1: no use */
@@ -436,7 +437,7 @@ bool gpu_kernel_rows(gpu_cg *g, int s, int kernel, cpu_sb *out, gpu_step *st, un
     gpu_signature(g, out, s, kernel, st);
     gpu_kernel_close(g, out, &body, g->rows, st);
   } else {
-    cpu_sb_free(&body);
+    rd_sb_free(&body);
   }
   free(g->member);
   free(g->safe);

@@ -1,11 +1,10 @@
-/* Small utilities for code generation: a growable string, a string arena, a byte hash. */
-#include "cpu_internal.h"
-#include "../dcache.h"
+/* Small utilities for code generation (render.h): a growable string, a string arena. */
+#include "render.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void cpu_sb_grow(cpu_sb *b, size_t need) {
+static void rd_sb_grow(rd_sb *b, size_t need) {
   if (b->oom || b->n + need + 1 <= b->cap) return;
   size_t cap = b->cap ? b->cap : 4096;
   while (cap < b->n + need + 1) cap *= 2;
@@ -18,7 +17,7 @@ static void cpu_sb_grow(cpu_sb *b, size_t need) {
   b->cap = cap;
 }
 
-void cpu_sb_printf(cpu_sb *b, const char *fmt, ...) {
+void rd_sb_printf(rd_sb *b, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   char tmp[512];
@@ -28,7 +27,7 @@ void cpu_sb_printf(cpu_sb *b, const char *fmt, ...) {
     b->oom = 1;
     return;
   }
-  cpu_sb_grow(b, (size_t)k);
+  rd_sb_grow(b, (size_t)k);
   if (b->oom) return;
   if ((size_t)k < sizeof tmp) {
     memcpy(b->s + b->n, tmp, (size_t)k + 1);
@@ -40,20 +39,20 @@ void cpu_sb_printf(cpu_sb *b, const char *fmt, ...) {
   b->n += (size_t)k;
 }
 
-void cpu_sb_puts(cpu_sb *b, const char *s) {
+void rd_sb_puts(rd_sb *b, const char *s) {
   size_t k = strlen(s);
-  cpu_sb_grow(b, k);
+  rd_sb_grow(b, k);
   if (b->oom) return;
   memcpy(b->s + b->n, s, k + 1);
   b->n += k;
 }
 
-void cpu_sb_free(cpu_sb *b) {
+void rd_sb_free(rd_sb *b) {
   free(b->s);
   memset(b, 0, sizeof *b);
 }
 
-char *cpu_fmt(cpu_arena *a, const char *fmt, ...) {
+char *rd_fmt(rd_arena *a, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   char one[1];
@@ -76,7 +75,7 @@ char *cpu_fmt(cpu_arena *a, const char *fmt, ...) {
   return s;
 }
 
-void *cpu_arena_alloc(cpu_arena *a, size_t n) {
+void *rd_arena_alloc(rd_arena *a, size_t n) {
   char *s = calloc(1, n);
   if (!s) return NULL;
   if (a->n == a->cap) {
@@ -90,10 +89,9 @@ void *cpu_arena_alloc(cpu_arena *a, size_t n) {
   return s;
 }
 
-void cpu_arena_free(cpu_arena *a) {
+void rd_arena_free(rd_arena *a) {
   for (int i = 0; i < a->n; i++) free(a->v[i]);
   free(a->v);
   memset(a, 0, sizeof *a);
 }
 
-uint64_t cpu_hash_bytes(const void *p, size_t n, uint64_t seed) { return dcache_hash(p, n, seed); }
