@@ -139,7 +139,9 @@ check-compiled: $(COMPILED_TESTS:%=build/asan/tests/%)
 # and gradient suites with every input on it (GRAFT_TEST_DEVICE=opencl), on its reference
 # (GRAFT_COMPILE=off) and compiled (sync), then the fuzzer seeds make test runs in
 # test_cpu_backend, with their data there: the device's compiler against its reference (the
-# fuzzer calls both itself, and its training seeds force sync, so it runs once). A machine
+# fuzzer calls both itself, and its training seeds force sync, so it runs once), and the op table's
+# every op x dtype through the OpenCL compiler against the reference kernels (test_op_coverage,
+# once: it calls the backends itself). A machine
 # where graft finds no OpenCL device skips it, saying why in one line (test_device --probe exits
 # 3 then; any other failure of the probe fails the target).
 # pocl's and LLVM's own leaks at exit are suppressed here only (tests/lsan-opencl.supp says why).
@@ -147,13 +149,14 @@ OPENCL_TESTS := test_ops_elementwise test_ops_shape test_ops_nn test_composite t
 OPENCL_ENV   := GRAFT_TEST_DEVICE=opencl ASAN_OPTIONS=detect_leaks=1 \
                 LSAN_OPTIONS=use_tls=0:suppressions=$(CURDIR)/tests/lsan-opencl.supp
 
-check-opencl: $(OPENCL_TESTS:%=build/asan/tests/%) build/asan/fuzz_graphs build/asan/tests/test_device
+check-opencl: $(OPENCL_TESTS:%=build/asan/tests/%) build/asan/fuzz_graphs build/asan/tests/test_device build/asan/tests/test_op_coverage
 	@why=$$(./build/asan/tests/test_device --probe opencl 2>&1); rc=$$?; \
 	if [ $$rc = 3 ]; then echo "check-opencl: skipped: $$why"; exit 0; fi; \
 	if [ $$rc != 0 ]; then echo "$$why"; echo "check-opencl: the probe failed ($$rc)"; exit 1; fi; \
 	set -e; for c in off sync; do for t in $(OPENCL_TESTS:%=build/asan/tests/%); do \
 	  echo "== $$t (opencl, GRAFT_COMPILE=$$c)"; $(OPENCL_ENV) GRAFT_COMPILE=$$c ./$$t; done; done; \
-	echo "== fuzz_graphs --test-seeds (opencl)"; $(OPENCL_ENV) ./build/asan/fuzz_graphs --test-seeds
+	echo "== fuzz_graphs --test-seeds (opencl)"; $(OPENCL_ENV) ./build/asan/fuzz_graphs --test-seeds; \
+	echo "== test_op_coverage (opencl)"; $(OPENCL_ENV) ./build/asan/tests/test_op_coverage
 
 build/fuzz_graphs: tests/fuzz_graphs.c tests/test_cpu_backend.c build/libgraft.a $(TEST_HDR)
 	$(CC) $(BASE) $(WARN) -O2 -g $< build/libgraft.a -o $@ $(LIBS)

@@ -77,18 +77,20 @@ if [ ! -e /usr/include/zlib.h ] && [ -d "$DEPS/root/usr/include" ]; then
 fi
 
 # ---- build: the library, then the bridge in the background while the C suites build and run
-SUITES="test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad"
+SUITES="test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad test_op_coverage"
 stage build 150 "$OUT/build.log" make -j"$JOBS" lib MPI=0 || { note "gpu-check: the build failed"; exit 1; }
 (make -C torch PY="$PY" -j"$JOBS" >"$OUT/bridge.log" 2>&1; echo $? >"$OUT/bridge.rc") &
 BRIDGE=$!
-stage build-tests 150 "$OUT/build.log" make -j"$JOBS" MPI=0 $(for t in $SUITES test_device; do echo build/tests/$t; done) build/fuzz_graphs
+stage build-tests 120 "$OUT/build.log" make -j"$JOBS" MPI=0 $(for t in $SUITES test_device; do echo build/tests/$t; done) build/fuzz_graphs
 
 # ---- suites on cuda:0, each graph compiled (NVRTC) and checked against the reference kernels
+# (test_op_coverage: every op x dtype through the CUDA compiler)
 stage device 20 "$OUT/suites.log" ./build/tests/test_device --probe cuda || { note "gpu-check: no CUDA device (suites.log says why)"; }
 for t in $SUITES; do
-  stage "suite $t" 90 "$OUT/suites.log" env GRAFT_TEST_DEVICE=cuda GRAFT_COMPILE=sync ./build/tests/$t
+  stage "suite $t" $([ $t = test_op_coverage ] && echo 120 || echo 60) "$OUT/suites.log" \
+    env GRAFT_TEST_DEVICE=cuda GRAFT_COMPILE=sync ./build/tests/$t
 done
-stage "fuzz seeds" 120 "$OUT/suites.log" env GRAFT_TEST_DEVICE=cuda GRAFT_COMPILE=sync ./build/fuzz_graphs --test-seeds
+stage "fuzz seeds" 90 "$OUT/suites.log" env GRAFT_TEST_DEVICE=cuda GRAFT_COMPILE=sync ./build/fuzz_graphs --test-seeds
 
 # ---- through PyTorch: parity against float64, then the benchmarks
 wait $BRIDGE
@@ -96,8 +98,13 @@ cat "$OUT/bridge.log" >>"$OUT/build.log" && rm -f "$OUT/bridge.log"
 if [ "$(cat "$OUT/bridge.rc" 2>/dev/null)" = 0 ]; then
   note "bridge: ok"
   export PYTHONPATH="$ROOT/torch${PYTHONPATH:+:$PYTHONPATH}"
-  stage parity 200 "$OUT/parity.log" "$PY" bench/gpu_check.py parity
-  stage bench 150 "$OUT/bench.txt" "$PY" bench/gpu_check.py bench
+  # what is left of the 8 minutes (480 s) goes to parity, then the benchmarks
+  left=$((470 - ($(date +%s) - START)))
+  if [ $left -gt 60 ]; then stage parity $((left > 300 ? 150 : left / 2)) "$OUT/parity.log" "$PY" bench/gpu_check.py parity
+  else note "parity: skipped (${left}s left of 8 minutes)"; FAILED=1; fi
+  left=$((470 - ($(date +%s) - START)))
+  if [ $left -gt 30 ]; then stage bench $left "$OUT/bench.txt" "$PY" bench/gpu_check.py bench
+  else note "bench: skipped (${left}s left of 8 minutes)"; FAILED=1; fi
 else
   note "bridge: FAILED (build.log); parity and bench skipped"
   FAILED=1

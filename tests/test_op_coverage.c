@@ -6,7 +6,9 @@
  *            first tier's result equals the reference kernel's;
  *   cpu    : the graph compiles (a missing cpu_expr.c case fails the compile), runs without a
  *            reference fallback unless the row declares REF (or f16/bf16), and agrees with the
- *            reference kernel.
+ *            reference kernel;
+ *   device : with GRAFT_TEST_DEVICE=opencl (or cuda), the compiler of that device's kind builds
+ *            and runs it on the device and agrees with the reference kernel.
  * Every failure names the op and dtype, so removing any backend's case for an op fails here. A
  * new row needs an example below (example()); a row without one fails, naming the op. */
 #include "graft.h"
@@ -17,6 +19,7 @@
 #include "../src/graph/graph.h"
 #include "../src/backends/ref/ref.h"
 #include "../src/backends/cpu/cpu.h"
+#include "backend.h"
 #include "check.h"
 #include "nvrtc_check.h"
 #include <stdlib.h>
@@ -300,6 +303,63 @@ static void check_cpu(ir_op op, graft_dtype dt, const exec_program *p, exec_buff
   cpu_backend.free_exe(exe);
 }
 
+/* ---- the device kinds' compilers (OpenCL, CUDA): with GRAFT_TEST_DEVICE naming a device with
+ * its own memory (make check-opencl: opencl; scripts/gpu-check.sh: cuda), every op and dtype also
+ * runs through the compiler registered for that device's kind, its operands uploaded, and must
+ * agree with the reference kernel; an instruction its renderer does not lower runs as a host
+ * fallback (counted, and summed in the summary: ops.def's cpu column is the CPU's, not a
+ * device's). Without such a device the matrix is skipped, saying why. ---- */
+static int cover_dev = -1;           /* the device, or -1 */
+static const backend *cover_dev_be;  /* its kind's compiler */
+static int dev_runs, dev_fallback_runs;
+
+static void check_device(ir_op op, graft_dtype dt, const exec_program *p, exec_buffer **params,
+                         exec_buffer *want) {
+  if (cover_dev < 0) return;
+  exec_program q = *p; /* the same program for the device: its buffers are made there */
+  q.device = cover_dev;
+  exec_buffer *dp[8] = {0}, *out[1] = {0}, *host = NULL;
+  const char *kind = graft_device_kind(cover_dev);
+  bool ok = true;
+  for (int k = 0; k < p->nparams && k < 8 && ok; k++)
+    ok = (dp[k] = buffer_to_device(params[k], cover_dev, "a coverage operand")) != NULL;
+  backend_stats before = {0}, after = {0};
+  if (cover_dev_be->stats) cover_dev_be->stats(&before);
+  void *exe = ok ? cover_dev_be->compile(&q) : NULL;
+  if (!exe || cover_dev_be->execute(exe, &q, dp, out) ||
+      !(host = buffer_to_device(out[0], 0, "a coverage result"))) {
+    COVER_FAIL("%s on %s: the %s compiler %s: %s", ir_ops[op].name, graft_dtype_name(dt), kind,
+               exe ? "ran it and failed" : "failed to build it", graft_last_error());
+    graft_clear_error();
+  } else {
+    agree(kind, op, &p->instr[p->output_slot[0]], host, want);
+    if (cover_dev_be->stats) cover_dev_be->stats(&after);
+    dev_fallback_runs += after.fallbacks[op] != before.fallbacks[op];
+    dev_runs++;
+  }
+  if (exe) cover_dev_be->free_exe(exe);
+  buffer_release(host);
+  buffer_release(out[0]);
+  for (int k = 0; k < 8; k++) buffer_release(dp[k]);
+}
+
+/* The device of GRAFT_TEST_DEVICE when it has its own memory and a compiler; else says why not. */
+static int cover_device_init(void) {
+  const char *e = getenv("GRAFT_TEST_DEVICE");
+  int d = e && *e ? check_test_device_for("test_op_coverage") : 0;
+  if (d < 0) return -1; /* a device asked for and missing: said why */
+  const char *kind = d > 0 ? graft_device_kind(d) : NULL;
+  if (!kind || !strcmp(kind, "cpu")) {
+    /* (no discovery here: make check-asan's run must not load pocl, see the Makefile) */
+    printf("  device compilers: skipped (GRAFT_TEST_DEVICE=%s names no device with its own memory: "
+           "make check-opencl sets opencl, scripts/gpu-check.sh cuda)\n", e ? e : "");
+    return 0;
+  }
+  cover_dev_be = graph_backend(d, BACKEND_COMPILER);
+  if (cover_dev_be) cover_dev = d;
+  return 0;
+}
+
 static void check_cuda_render(ir_op op, graft_dtype dt, const exec_program *p) {
   char why[1800];
   if (nvrtc_check(p, why, sizeof why))
@@ -335,6 +395,7 @@ static void cover_one(ir_op op, graft_dtype dt) {
       agree("the first tier", op, o, got[0], want[0]);
     }
     check_cpu(op, dt, p, params, want[0]);
+    check_device(op, dt, p, params, want[0]);
     check_cuda_render(op, dt, p);
   }
   buffer_release(want[0]);
@@ -378,6 +439,10 @@ TEST(every_op_on_every_backend) {
   int ops = 0, runs = 0, bad = cover_all(&ops, &runs);
   printf("  %d ops, %d op/dtype graphs on ref, first tier and compiled: %d failures\n", ops, runs,
          bad);
+  if (cover_dev >= 0)
+    printf("  on %s (%s), compiled by %s: %d graphs agree with the reference, %d of them with a host "
+           "fallback\n", graft_device_kind(cover_dev), graft_device_name(cover_dev), cover_dev_be->name, dev_runs,
+           dev_fallback_runs);
   nvrtc_summary();
   CHECK(bad == 0);
 }
@@ -424,6 +489,7 @@ int main(void) {
   snprintf(cache_root, sizeof cache_root, "/tmp/graft-coverage-cache-%d", (int)getpid());
   mkdir(cache_root, 0700);
   setenv("XDG_CACHE_HOME", cache_root, 1);
+  if (cover_device_init()) return 2;
   RUN(every_op_on_every_backend);
   RUN(every_op_on_a_zero_size_dim);
   RUN(generated_api_records_the_row);
