@@ -91,6 +91,13 @@ build/asan/tests/%: tests/%.c build/asan/libgraft.a $(TEST_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE) $(WARN) -O1 -g $(SAN) $< build/asan/libgraft.a -o $@ $(LIBS)
 
+# A stand-in for NVIDIA's driver (tests/fake_cuda.c: host memory, kernels refused) that
+# test_device loads through GRAFT_CUDA_DRIVER: the CUDA runtime's paths without a GPU.
+build/asan/tests/libfakecuda.so: tests/fake_cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 $(WARN) -O1 -g -shared -fPIC $< -o $@
+build/asan/tests/test_device: build/asan/tests/libfakecuda.so
+
 # Unsanitized test programs, for scripts/gpu-check.sh (a GPU driver and ASan do not mix).
 build/tests/%: tests/%.c build/libgraft.a $(TEST_HDR)
 	@mkdir -p $(dir $@)

@@ -35,11 +35,16 @@ START=$(date +%s)
 FAILED=0
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
-# stage NAME SECONDS LOG CMD...: runs CMD with a timeout, appending to LOG; notes the verdict.
+DEADLINE=$((START + 470)) # the whole check ends within 8 minutes, whatever hangs
+# stage NAME SECONDS LOG CMD...: runs CMD with a timeout (at most what is left before the
+# deadline), appending to LOG; notes the verdict.
 stage() {
   name=$1 secs=$2 log=$3
   shift 3
   t0=$(date +%s)
+  left=$((DEADLINE - t0))
+  [ "$secs" -gt "$left" ] && secs=$left
+  if [ "$secs" -lt 5 ]; then note "$name: skipped (the 8 minutes are spent)"; FAILED=1; return 1; fi
   echo "== $name: $*" >>"$log"
   timeout "$secs" "$@" >>"$log" 2>&1
   rc=$?
@@ -79,7 +84,7 @@ fi
 # ---- build: the library, then the bridge in the background while the C suites build and run
 SUITES="test_ops_elementwise test_ops_shape test_ops_nn test_composite test_grad test_op_coverage"
 stage build 150 "$OUT/build.log" make -j"$JOBS" lib MPI=0 || { note "gpu-check: the build failed"; exit 1; }
-(make -C torch PY="$PY" -j"$JOBS" >"$OUT/bridge.log" 2>&1; echo $? >"$OUT/bridge.rc") &
+(timeout 240 make -C torch PY="$PY" -j"$JOBS" >"$OUT/bridge.log" 2>&1; echo $? >"$OUT/bridge.rc") &
 BRIDGE=$!
 stage build-tests 120 "$OUT/build.log" make -j"$JOBS" MPI=0 $(for t in $SUITES test_device; do echo build/tests/$t; done) build/fuzz_graphs
 
@@ -98,13 +103,11 @@ cat "$OUT/bridge.log" >>"$OUT/build.log" && rm -f "$OUT/bridge.log"
 if [ "$(cat "$OUT/bridge.rc" 2>/dev/null)" = 0 ]; then
   note "bridge: ok"
   export PYTHONPATH="$ROOT/torch${PYTHONPATH:+:$PYTHONPATH}"
-  # what is left of the 8 minutes (480 s) goes to parity, then the benchmarks
-  left=$((470 - ($(date +%s) - START)))
-  if [ $left -gt 60 ]; then stage parity $((left > 300 ? 150 : left / 2)) "$OUT/parity.log" "$PY" bench/gpu_check.py parity
-  else note "parity: skipped (${left}s left of 8 minutes)"; FAILED=1; fi
-  left=$((470 - ($(date +%s) - START)))
-  if [ $left -gt 30 ]; then stage bench $left "$OUT/bench.txt" "$PY" bench/gpu_check.py bench
-  else note "bench: skipped (${left}s left of 8 minutes)"; FAILED=1; fi
+  # what is left of the 8 minutes goes to parity (half of it at most), then the benchmarks
+  left=$((DEADLINE - $(date +%s)))
+  half=$((left / 2)); [ $half -gt 150 ] && half=150
+  stage parity $half "$OUT/parity.log" env GPU_CHECK_BUDGET=$half "$PY" bench/gpu_check.py parity
+  stage bench 300 "$OUT/bench.txt" "$PY" bench/gpu_check.py bench
 else
   note "bridge: FAILED (build.log); parity and bench skipped"
   FAILED=1

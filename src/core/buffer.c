@@ -156,7 +156,7 @@ exec_buffer *buffer_new(size_t bytes, int device, int zero, const char *what) {
   exec_buffer *b = malloc(sizeof *b);
   void *p = NULL;
   const device_info *dev = device_is_host(device) ? NULL : device_get(device);
-  if (dev && b && bytes && round_size(bytes) >= POOL_MIN_BYTES) p = pool_take_on(round_size(bytes), device);
+  if (dev && b && bytes) p = pool_take_on(round_size(bytes), device); /* every size: see buffer_release */
   if (dev && b && bytes && !p && buffer_device_alloc(dev, bytes, &p)) { /* device memory */
     free(b);
     atomic_fetch_sub(&buf_in_use, bytes);
@@ -286,8 +286,9 @@ void buffer_release(exec_buffer *b) {
   if (!device_is_host(b->device)) {
     const device_info *dev = device_get(b->device);
     size_t rounded = round_size(b->bytes);
-    if (b->ptr && (rounded < POOL_MIN_BYTES || !pool_put_on(b->ptr, rounded, b->device)))
-      dev->mem->free(dev->ctx, b->ptr);
+    /* pooled at every size: a device's free can wait for the whole device (cuMemFree does),
+     * and a graph frees its small operands (biases, BN parameters) as it goes */
+    if (b->ptr && !pool_put_on(b->ptr, rounded, b->device)) dev->mem->free(dev->ctx, b->ptr);
     free(b);
     return;
   }

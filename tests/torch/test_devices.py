@@ -2,7 +2,10 @@
 CPU devices and on an OpenCL device (torch.device("graft", N) is graft device N), moving them,
 mixing them (an error), training on the OpenCL device, and what crosses its memory boundary."""
 import copy
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -36,6 +39,36 @@ def test_devices_say_why_an_accelerator_kind_has_none():
             graft.device("cuda")
     else:
         assert graft.device("cuda") == [d for d in ds if d.kind == "cuda"][0].device
+
+
+FAKE_CUDA = os.path.join(os.path.dirname(__file__), "..", "..", "build", "asan", "tests", "libfakecuda.so")
+
+
+@pytest.mark.skipif(not os.path.exists(FAKE_CUDA), reason="build/asan/tests/libfakecuda.so not built (make check-asan)")
+def test_cuda_device_through_a_stand_in_driver():
+    """The CUDA runtime under PyTorch with tests/fake_cuda.c as the driver (host memory, kernels
+    refused): the device is listed, tensors move there and back, the reference tier computes on
+    its memory, and a training step's gradients come back equal to the CPU's."""
+    code = """
+import torch, graft
+d = graft.device("cuda")
+ds = graft.devices()
+assert "cuda" not in ds.absent and ds[d.index].kind == "cuda" and "fake" in ds[d.index].name
+torch.manual_seed(0)
+m = torch.nn.Linear(8, 4)
+x, y = torch.randn(16, 8), torch.randn(16, 4)
+torch.nn.functional.mse_loss(m(x), y).backward()
+g = m.weight.grad.clone()
+m.weight.grad = None
+mg = m.to(d)
+torch.nn.functional.mse_loss(mg(x.to(d)), y.to(d)).backward()
+assert torch.allclose(mg.weight.grad.cpu(), g, atol=1e-6), (mg.weight.grad.cpu(), g)
+assert torch.equal((x.to(d) * 2).cpu(), x * 2)
+print("ok")
+"""
+    env = dict(os.environ, GRAFT_CUDA_DRIVER=os.path.abspath(FAKE_CUDA), GRAFT_COMPILE="off")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
 
 
 def test_device_forms():

@@ -37,7 +37,8 @@ typedef unsigned long long CUdeviceptr;
   X(cuDeviceGetAttribute, (int *value, int attribute, CUdevice dev))                             \
   X(cuDevicePrimaryCtxRetain, (CUcontext * ctx, CUdevice dev))                                   \
   X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev))                                                \
-  X(cuCtxSetCurrent, (CUcontext ctx))                                                            \
+  X(cuCtxPushCurrent_v2, (CUcontext ctx))                                                        \
+  X(cuCtxPopCurrent_v2, (CUcontext * ctx))                                                       \
   X(cuStreamCreate, (CUstream * stream, unsigned flags))                                         \
   X(cuStreamDestroy_v2, (CUstream stream))                                                       \
   X(cuStreamSynchronize, (CUstream stream))                                                      \
@@ -76,8 +77,10 @@ typedef struct {
 
 /* The CUDA device behind graft device id, or NULL. */
 cuda_device *cuda_device_get(int id);
-/* Makes d's context current on this thread; 0, or -1 with the error set. */
+/* Makes d's context current on this thread (pushed: cuda_leave brings back the caller's, e.g.
+ * PyTorch's current device); 0, or -1 with the error set (then nothing to leave). */
 int cuda_enter(cuda_device *d);
+void cuda_leave(void);
 /* "CUDA_ERROR_OUT_OF_MEMORY" for a driver status. */
 const char *cuda_status_str(CUresult st);
 /* Sets the error for a failed driver call: "cuda device 4 (NVIDIA H200): what failed: NAME"

@@ -35,6 +35,7 @@ static void cuda_free_exe(void *e) {
   if ((x->mod || x->status) && !cuda_enter(x->dev)) {
     if (x->status) cuda.cuMemFree_v2(x->status);
     if (x->mod) cuda.cuModuleUnload(x->mod);
+    cuda_leave();
   }
   free(x->fns);
   gpu_program_free(&x->gp);
@@ -44,19 +45,24 @@ static void cuda_free_exe(void *e) {
 static int cuda_load_kernels(cuda_exe *x, const char *what, bool *disk_hit) {
   size_t n = 0;
   void *image = cuda_nvrtc_cubin(x->gp.source, x->dev->arch, what, &n, disk_hit);
-  if (!image || cuda_enter(x->dev)) return free(image), -1;
+  if (!image) return -1;
+  if (!(x->fns = calloc((size_t)x->gp.nkernels + 1, sizeof *x->fns))) {
+    free(image);
+    return err_set(GRAFT_ERR_OOM, "cuda: out of memory"), -1;
+  }
+  if (cuda_enter(x->dev)) return free(image), -1;
   CUresult st = cuda.cuModuleLoadData(&x->mod, image);
   free(image);
-  if (st != CUDA_SUCCESS) return x->mod = NULL, cuda_fail(x->dev, "loading a module", st);
-  if (!(x->fns = calloc((size_t)x->gp.nkernels + 1, sizeof *x->fns)))
-    return err_set(GRAFT_ERR_OOM, "cuda: out of memory"), -1;
-  for (int k = 0; k < x->gp.nkernels; k++) {
-    char name[32];
+  if (st != CUDA_SUCCESS) x->mod = NULL;
+  char failed[64] = "loading a module";
+  for (int k = 0; st == CUDA_SUCCESS && k < x->gp.nkernels; k++) {
+    char name[24];
     snprintf(name, sizeof name, "k%d", k);
-    if ((st = cuda.cuModuleGetFunction(&x->fns[k], x->mod, name)) != CUDA_SUCCESS)
-      return cuda_fail(x->dev, name, st);
+    snprintf(failed, sizeof failed, "finding kernel %s in its module", name);
+    st = cuda.cuModuleGetFunction(&x->fns[k], x->mod, name);
   }
-  return 0;
+  cuda_leave();
+  return st == CUDA_SUCCESS ? 0 : cuda_fail(x->dev, failed, st);
 }
 
 static void *cuda_compile(const exec_program *p) {
@@ -78,12 +84,18 @@ static void *cuda_compile(const exec_program *p) {
     cuda_free_exe(x);
     return NULL;
   }
-  CUresult st = CUDA_SUCCESS;
-  if (x->gp.uses_status && (cuda_enter(d) || (st = cuda.cuMemAlloc_v2(&x->status, GPU_STATUS_WORDS * 8)))) {
-    if (st != CUDA_SUCCESS) cuda_fail(d, "a status buffer", st);
-    x->status = 0;
-    cuda_free_exe(x);
-    return NULL;
+  if (x->gp.uses_status) {
+    CUresult st = CUDA_SUCCESS;
+    if (!cuda_enter(d)) {
+      st = cuda.cuMemAlloc_v2(&x->status, GPU_STATUS_WORDS * 8);
+      cuda_leave();
+      if (st != CUDA_SUCCESS) cuda_fail(d, "a status buffer", st);
+    }
+    if (!x->status || st != CUDA_SUCCESS) {
+      x->status = 0;
+      cuda_free_exe(x);
+      return NULL;
+    }
   }
   pthread_mutex_lock(&cuda_stats_mu);
   cuda_counters.compiles++;
@@ -171,7 +183,9 @@ static int cuda_execute(void *e, const exec_program *p, exec_buffer *const *para
       if (params[k]->donated) buffer_release(params[k]); /* given to this run: released either way */
     return -1;
   }
-  return gpu_run(&cuda_runtime, x, &x->gp, p, params, outs);
+  int rc = gpu_run(&cuda_runtime, x, &x->gp, p, params, outs);
+  cuda_leave();
+  return rc;
 }
 
 static void cuda_stats(backend_stats *out) {

@@ -14,6 +14,7 @@ enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
 enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 };
 #define CUBLAS_FUNCS(X)                                                                          \
   X(cublasCreate_v2, (cublas_handle * h))                                                        \
+  X(cublasDestroy_v2, (cublas_handle h))                                                         \
   X(cublasSetStream_v2, (cublas_handle h, CUstream s))                                           \
   X(cublasSetMathMode, (cublas_handle h, int mode))                                              \
   X(cublasSgemmStridedBatched, (cublas_handle h, int ta, int tb, int m, int n, int k,            \
@@ -63,9 +64,12 @@ static cublas_handle cublas_handle_of(cuda_device *d) {
   if (i == CUBLAS_MAX_DEVICES) return NULL;
   cublas_handle h = NULL;
   const char *tf32 = getenv("GRAFT_ALLOW_TF32");
-  if (cublas.cublasCreate_v2(&h) || cublas.cublasSetStream_v2(h, d->stream) ||
-      cublas.cublasSetMathMode(h, tf32 && !strcmp(tf32, "1") ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH))
+  if (cublas.cublasCreate_v2(&h)) return NULL;
+  if (cublas.cublasSetStream_v2(h, d->stream) ||
+      cublas.cublasSetMathMode(h, tf32 && !strcmp(tf32, "1") ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH)) {
+    cublas.cublasDestroy_v2(h);
     return NULL;
+  }
   cublas_handles[i].device = d->id;
   cublas_handles[i].h = h;
   return h;
@@ -94,6 +98,7 @@ int cuda_blas_gemm(cuda_device *d, const gpu_gemm *g, CUdeviceptr a, CUdeviceptr
                                           (int)g->batch);
   }
   pthread_mutex_unlock(&cublas_mu);
+  cuda_leave();
   if (!st) return 0;
   err_set(st == 3 ? GRAFT_ERR_OOM : GRAFT_ERR_INTERNAL, /* 3: CUBLAS_STATUS_ALLOC_FAILED */
           "cuda device %d (%s): cuBLAS %cgemm [%zu x %zu x %zu, batch %zu] failed with status %d%s", d->id,

@@ -13,6 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* No contraction of a multiply and an add into an FMA (as the CPU build's -ffp-contract=off:
+ * results match the reference kernels'; an explicit fmaf in the math text still fuses). */
+#define CUDA_NVRTC_OPTIONS "--std=c++17", "--fmad=false"
+
 typedef struct nvrtc_prog *nvrtc_program;
 #define NVRTC_FUNCS(X)                                                                           \
   X(nvrtcVersion, (int *major, int *minor))                                                      \
@@ -75,17 +79,18 @@ void *cuda_nvrtc_compile(const char *source, const char *arch, const char *what,
   nvrtc_program prog = NULL;
   char opt[48];
   snprintf(opt, sizeof opt, "--gpu-architecture=%s", arch);
-  const char *opts[] = {opt, "--std=c++17"};
+  const char *opts[] = {opt, CUDA_NVRTC_OPTIONS};
   if (nvrtc.nvrtcCreateProgram(&prog, source, "graft.cu", 0, NULL, NULL))
     return err_set(GRAFT_ERR_OOM, "cuda: NVRTC could not make a program for %s", what);
-  int rc = nvrtc.nvrtcCompileProgram(prog, 2, opts);
+  int rc = nvrtc.nvrtcCompileProgram(prog, 3, opts);
   size_t sz = 0;
   char *text = NULL;
   if (!nvrtc.nvrtcGetProgramLogSize(prog, &sz) && (text = calloc(sz + 1, 1))) nvrtc.nvrtcGetProgramLog(prog, text);
   void *image = NULL;
   if (rc) {
     const char *e = text ? strstr(text, "error") : NULL;
-    err_set(GRAFT_ERR_COMPILE, "cuda: NVRTC (%s, %s) failed on %s: %.1500s", nvrtc_version, arch, what,
+    err_set(GRAFT_ERR_COMPILE, "cuda: NVRTC (%s, %s) failed on %s (result %d%s): %.1500s", nvrtc_version, arch,
+            what, rc, rc == 7 ? ": its builtins library, libnvrtc-builtins, is not on the loader's path" : "",
             e ? e : text && *text ? text : "(no log)");
   } else if (!n) {
     if (!(image = strdup(""))) err_set(GRAFT_ERR_OOM, "cuda: out of memory"); /* a check: no image */
@@ -109,7 +114,7 @@ void *cuda_nvrtc_cubin(const char *source, const char *arch, const char *what, s
   char dir[1100], name[64];
   if (dcache_dir(dir, sizeof dir, &why)) dir[0] = 0; /* refused: the CPU backend warns about it */
   uint64_t h = dcache_hash(source, strlen(source), 13);
-  const char *tags[] = {nvrtc_version, arch, GRAFT_VERSION};
+  const char *tags[] = {nvrtc_version, arch, CUDA_NVRTC_OPTIONS, GRAFT_VERSION}; /* options: part of the key */
   for (size_t t = 0; t < sizeof tags / sizeof *tags; t++) h = dcache_hash(tags[t], strlen(tags[t]), h);
   snprintf(name, sizeof name, "cuda-%016" PRIx64, h);
   void *image = dir[0] ? dcache_load(dir, name, "cubin", n) : NULL;

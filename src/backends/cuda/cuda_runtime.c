@@ -33,8 +33,13 @@ cuda_device *cuda_device_get(int id) {
 }
 
 int cuda_enter(cuda_device *d) {
-  CUresult st = cuda.cuCtxSetCurrent(d->ctx);
+  CUresult st = cuda.cuCtxPushCurrent_v2(d->ctx);
   return st == CUDA_SUCCESS ? 0 : cuda_fail(d, "making its context current", st);
+}
+
+void cuda_leave(void) {
+  CUcontext c;
+  (void)cuda.cuCtxPopCurrent_v2(&c);
 }
 
 /* ---- device memory (device.h's operations); transfers on the stream, so in order with the
@@ -44,6 +49,7 @@ static int cuda_mem_alloc(void *ctx, size_t bytes, void **handle) {
   CUdeviceptr p = 0;
   if (cuda_enter(d)) return -1;
   CUresult st = cuda.cuMemAlloc_v2(&p, bytes ? bytes : 1);
+  cuda_leave();
   if (st != CUDA_SUCCESS) {
     err_set(st == CUDA_ERROR_OUT_OF_MEMORY ? GRAFT_ERR_OOM : GRAFT_ERR_INTERNAL,
             "out of memory on cuda device %d (%s): %zu bytes (%s)", d->id, d->name, bytes,
@@ -56,7 +62,9 @@ static int cuda_mem_alloc(void *ctx, size_t bytes, void **handle) {
 
 static void cuda_mem_free(void *ctx, void *handle) {
   cuda_device *d = ctx;
-  if (!cuda_enter(d)) (void)cuda.cuMemFree_v2((CUdeviceptr)(uintptr_t)handle);
+  if (cuda_enter(d)) return;
+  (void)cuda.cuMemFree_v2((CUdeviceptr)(uintptr_t)handle);
+  cuda_leave();
 }
 
 static int cuda_mem_upload(void *ctx, void *handle, const void *src, size_t bytes) {
@@ -64,6 +72,7 @@ static int cuda_mem_upload(void *ctx, void *handle, const void *src, size_t byte
   if (cuda_enter(d)) return -1;
   CUresult st = cuda.cuMemcpyHtoDAsync_v2((CUdeviceptr)(uintptr_t)handle, src, bytes, d->stream);
   if (st == CUDA_SUCCESS) st = cuda.cuStreamSynchronize(d->stream);
+  cuda_leave();
   return st == CUDA_SUCCESS ? 0 : cuda_fail(d, "an upload", st);
 }
 
@@ -72,6 +81,7 @@ static int cuda_mem_download(void *ctx, const void *handle, void *dst, size_t by
   if (cuda_enter(d)) return -1;
   CUresult st = cuda.cuMemcpyDtoHAsync_v2(dst, (CUdeviceptr)(uintptr_t)handle, bytes, d->stream);
   if (st == CUDA_SUCCESS) st = cuda.cuStreamSynchronize(d->stream);
+  cuda_leave();
   return st == CUDA_SUCCESS ? 0 : cuda_fail(d, "a download", st);
 }
 
@@ -80,6 +90,7 @@ static int cuda_mem_copy(void *ctx, void *dst, const void *src, size_t bytes) {
   if (cuda_enter(d)) return -1;
   CUresult st = cuda.cuMemcpyDtoDAsync_v2((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
                                           bytes, d->stream);
+  cuda_leave();
   return st == CUDA_SUCCESS ? 0 : cuda_fail(d, "a copy", st);
 }
 
@@ -125,13 +136,21 @@ static void cuda_add(int ordinal) {
   cuda.cuDriverGetVersion(&d->driver_version);
   snprintf(d->arch, sizeof d->arch, "sm_%d%d", major, minor);
   if (cuda.cuDevicePrimaryCtxRetain(&d->ctx, d->dev) != CUDA_SUCCESS) return;
-  if (cuda.cuCtxSetCurrent(d->ctx) != CUDA_SUCCESS || cuda.cuStreamCreate(&d->stream, 0) != CUDA_SUCCESS) {
+  CUresult st = cuda.cuCtxPushCurrent_v2(d->ctx);
+  if (st == CUDA_SUCCESS) {
+    st = cuda.cuStreamCreate(&d->stream, 0);
+    cuda_leave();
+  }
+  if (st != CUDA_SUCCESS) {
     cuda.cuDevicePrimaryCtxRelease_v2(d->dev);
     return;
   }
   d->id = device_register("cuda", d->name, mem, &cuda_mem, d);
   if (d->id < 0) {
-    cuda.cuStreamDestroy_v2(d->stream);
+    if (cuda.cuCtxPushCurrent_v2(d->ctx) == CUDA_SUCCESS) {
+      cuda.cuStreamDestroy_v2(d->stream);
+      cuda_leave();
+    }
     cuda.cuDevicePrimaryCtxRelease_v2(d->dev);
     return;
   }
@@ -165,5 +184,8 @@ void cuda_discover(void) {
 
 void cuda_shutdown(void) {
   for (int i = 0; i < cuda_ndevs; i++)
-    if (!cuda_enter(&cuda_devs[i])) (void)cuda.cuStreamSynchronize(cuda_devs[i].stream);
+    if (!cuda_enter(&cuda_devs[i])) {
+      (void)cuda.cuStreamSynchronize(cuda_devs[i].stream);
+      cuda_leave();
+    }
 }

@@ -146,8 +146,15 @@ int gpu_run(const gpu_runtime *rt, void *exe, const gpu_program *gp, const exec_
   for (int k = 0; k < gp->nsteps && !rc; k++) rc = gpu_step_run(&r, k);
   char what[48];
   snprintf(what, sizeof what, "graph %016" PRIx64, p->hash);
-  int fin = rt->finish(exe, what); /* the graph's one wait, after a failure too */
-  if (!rc) rc = fin;
+  if (rc) { /* the graph's one wait, after a failure too, keeping the step's message */
+    graft_status st = graft_last_status();
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", graft_last_error());
+    rt->finish(exe, what);
+    err_set(st, "%s", msg);
+  } else {
+    rc = rt->finish(exe, what);
+  }
   if (!rc) rc = gpu_status_check(&r);
   for (int k = 0; k < p->noutputs; k++) {
     int s = p->output_slot[k];
