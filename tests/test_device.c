@@ -289,20 +289,24 @@ static int hidden_opencl_checks(void) {
   return check_failed_in_test;
 }
 
-/* Runs this program again as `--hidden-opencl` with GRAFT_OPENCL=0: discovery runs once per
- * process, and this one has run it already. */
-TEST(opencl_hidden_by_env) {
+/* Runs this program again as `test_device mode [arg]` with env's (name, value) pairs set (a NULL
+ * name ends them): discovery runs once per process, and this one has run it already. True when
+ * the child exits 0. */
+static bool rerun(const char *const *env, const char *mode, const char *arg) {
   fflush(NULL);
   pid_t pid = fork();
   if (pid == 0) {
-    setenv("GRAFT_OPENCL", "0", 1);
-    setenv("GRAFT_CUDA", "0", 1);
-    execl("/proc/self/exe", "test_device", "--hidden-opencl", (char *)NULL);
+    for (int i = 0; env[i]; i += 2) setenv(env[i], env[i + 1], 1);
+    execl("/proc/self/exe", "test_device", mode, arg, (char *)NULL);
     _exit(127);
   }
   int st = 0;
-  CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
-  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* `--hidden-opencl` with GRAFT_OPENCL=0. */
+TEST(opencl_hidden_by_env) {
+  CHECK(rerun((const char *[]){"GRAFT_OPENCL", "0", "GRAFT_CUDA", "0", NULL}, "--hidden-opencl", NULL));
 }
 
 /* ---- CUDA's discovery (src/backends/cuda): without a driver or device, graft says why ---- */
@@ -321,15 +325,7 @@ static int cuda_absent_checks(const char *text) {
 
 /* This program again as `--cuda-absent text` with the variable set. */
 static bool cuda_absent_with(const char *var, const char *value, const char *text) {
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    setenv(var, value, 1);
-    execl("/proc/self/exe", "test_device", "--cuda-absent", text, (char *)NULL);
-    _exit(127);
-  }
-  int st = 0;
-  return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  return rerun((const char *[]){var, value, NULL}, "--cuda-absent", text);
 }
 
 TEST(cuda_discovery) {
@@ -411,17 +407,9 @@ static bool cuda_fake_with(const char *mode) {
     printf("  cuda through a stand-in driver: skipped (%s not built)\n", drv);
     return true;
   }
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    setenv("GRAFT_CUDA_DRIVER", drv, 1);
-    setenv("FAKE_CUDA_MEMORY", "67108864", 1);
-    setenv("GRAFT_COMPILE", mode, 1);
-    execl("/proc/self/exe", "test_device", "--cuda-fake", (char *)NULL);
-    _exit(127);
-  }
-  int st = 0;
-  return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  return rerun((const char *[]){"GRAFT_CUDA_DRIVER", drv, "FAKE_CUDA_MEMORY", "67108864", "GRAFT_COMPILE", mode,
+                                NULL},
+               "--cuda-fake", NULL);
 }
 
 TEST(cuda_fake_driver) {

@@ -49,3 +49,13 @@ void graft_clear_error(void) {
   err_status = GRAFT_OK;
   err_msg[0] = 0;
 }
+
+void err_save(err_saved *e) {
+  e->st = graft_last_status();
+  snprintf(e->msg, sizeof e->msg, "%s", graft_last_error());
+}
+
+void err_restore(const err_saved *e) {
+  if (e->st) err_set(e->st, "%s", e->msg);
+  else graft_clear_error();
+}

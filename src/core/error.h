@@ -13,6 +13,14 @@ unsigned err_count(void);
 /* The current error names fn, the public function the user called: its leading "name: " (the
  * IR op or helper that raised it) becomes "fn: ", or "fn: " is prepended. */
 void err_rename(const char *fn);
+/* This thread's error kept aside (err_save) and put back (err_restore: cleared when none was
+ * set), around work whose own errors must not replace it. */
+typedef struct {
+  graft_status st;
+  char msg[1024];
+} err_saved;
+void err_save(err_saved *e);
+void err_restore(const err_saved *e);
 /* A public op's return: when r is NULL and an error was set since mark, it names fn. */
 void *err_named(void *r, unsigned mark, const char *fn);
 #endif

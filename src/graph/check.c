@@ -45,29 +45,16 @@ check_mode check_get_mode(void) { /* per execution, as GRAFT_PROFILE and GRAFT_C
 }
 
 /* The check observes: an error it meets (a failed reference run, a report that could not be
- * completed) leaves this thread's error state as it was. */
-typedef struct {
-  graft_status st;
-  char msg[1024];
-} check_err;
-static void check_err_save(check_err *e) {
-  e->st = graft_last_status();
-  snprintf(e->msg, sizeof e->msg, "%s", graft_last_error());
-}
-static void check_err_restore(const check_err *e) {
-  if (e->st) err_set(e->st, "%s", e->msg);
-  else graft_clear_error();
-}
-
+ * completed) leaves this thread's error state as it was (err_save / err_restore around it). */
 static char check_ref_err[512]; /* why the last reference run failed */
 
 exec_buffer **check_reference(const exec_program *p, exec_buffer *const *params) {
-  check_err saved;
-  check_err_save(&saved);
+  err_saved saved;
+  err_save(&saved);
   exec_buffer **ref = calloc((size_t)p->noutputs + 1, sizeof *ref);
   if (!ref || graph_backend(p->device, BACKEND_REFERENCE)->execute(NULL, p, params, ref)) {
     snprintf(check_ref_err, sizeof check_ref_err, "%s", ref ? graft_last_error() : "out of memory");
-    check_err_restore(&saved); /* the backend's own run decides the sync */
+    err_restore(&saved); /* the backend's own run decides the sync */
     free(ref);
     return NULL;
   }
@@ -348,10 +335,10 @@ int check_compare(cache_entry *e, bool fast, exec_buffer *const *outs, exec_buff
     if (be->explain) {
       char what[2048];
       what[0] = 0;
-      check_err saved;
-      check_err_save(&saved);
+      err_saved saved;
+      err_save(&saved);
       be->explain(exe, p, slot, what, sizeof what, source_asked ? NULL : &source);
-      check_err_restore(&saved);
+      err_restore(&saved);
       source_asked = true;
       check_printf(&t, "  computed by: %s\n", what);
     } else {

@@ -10,7 +10,6 @@
 #include "../cpu/cpu_internal.h"
 #include "error.h"
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +17,7 @@
 HOSTBRIDGE_BACKEND(cuda_ref_backend, "cuda-ref (host)", ref_backend);
 HOSTBRIDGE_BACKEND(cuda_first_backend, "cuda-first-tier (host)", cpu_interp_backend);
 
-static pthread_mutex_t cuda_stats_mu = PTHREAD_MUTEX_INITIALIZER;
-static backend_stats cuda_counters;
+static gpu_counters cuda_counters = GPU_COUNTERS_INIT;
 
 typedef struct {
   cuda_device *dev;
@@ -97,17 +95,8 @@ static void *cuda_compile(const exec_program *p) {
       return NULL;
     }
   }
-  pthread_mutex_lock(&cuda_stats_mu);
-  cuda_counters.compiles++;
-  cuda_counters.disk_hits += disk_hit;
-  pthread_mutex_unlock(&cuda_stats_mu);
+  gpu_count_compile(&cuda_counters, disk_hit);
   return x;
-}
-
-static void cuda_count_fallback(int op) {
-  pthread_mutex_lock(&cuda_stats_mu);
-  cuda_counters.fallbacks[op]++;
-  pthread_mutex_unlock(&cuda_stats_mu);
 }
 
 /* A block size that divides n, when the renderer left it to the runtime. */
@@ -173,25 +162,19 @@ static const gpu_runtime cuda_runtime = {
     .status_reset = cuda_status_reset,
     .status_read = cuda_status_read,
     .finish = cuda_finish,
-    .count_fallback = cuda_count_fallback,
+    .counters = &cuda_counters,
 };
 
 static int cuda_execute(void *e, const exec_program *p, exec_buffer *const *params, exec_buffer **outs) {
   cuda_exe *x = e;
-  if (cuda_enter(x->dev)) {
-    for (int k = 0; k < p->nparams; k++)
-      if (params[k]->donated) buffer_release(params[k]); /* given to this run: released either way */
-    return -1;
-  }
+  if (cuda_enter(x->dev)) return gpu_release_donated(p, params), -1;
   int rc = gpu_run(&cuda_runtime, x, &x->gp, p, params, outs);
   cuda_leave();
   return rc;
 }
 
 static void cuda_stats(backend_stats *out) {
-  pthread_mutex_lock(&cuda_stats_mu);
-  *out = cuda_counters;
-  pthread_mutex_unlock(&cuda_stats_mu);
+  gpu_counters_get(&cuda_counters, out);
 }
 
 static void cuda_explain(void *e, const exec_program *p, int slot, char *buf, size_t n, char **source) {

@@ -71,7 +71,9 @@ static int gpu_fallback_step(gpu_exec *r, const gpu_step *st) {
   cpu_host_fn host = cpu_host_kernel(ins, a);
   rc = host ? host(ins, a, out->ptr) : ref_kernels[ins->op](ins, a, out->ptr);
   if (!rc) rc = buffer_upload(r->B[st->slot], out->ptr, out->bytes);
-  r->rt->count_fallback(ins->op);
+  pthread_mutex_lock(&r->rt->counters->mu);
+  r->rt->counters->s.fallbacks[ins->op]++;
+  pthread_mutex_unlock(&r->rt->counters->mu);
 done:
   for (int k = 0; h && k <= n; k++) buffer_release(h[k]);
   free(h);
@@ -132,8 +134,7 @@ int gpu_run(const gpu_runtime *rt, void *exe, const gpu_program *gp, const exec_
   r.own = calloc((size_t)p->ninstr + 1, 1);
   if (!r.B || !r.own) {
     err_set(GRAFT_ERR_OOM, "%s: out of memory running a graph", rt->name);
-    for (int k = 0; k < p->nparams; k++)
-      if (params[k]->donated) buffer_release(params[k]); /* given to this run: released either way */
+    gpu_release_donated(p, params);
     free(r.B);
     free(r.own);
     return -1;
@@ -147,11 +148,10 @@ int gpu_run(const gpu_runtime *rt, void *exe, const gpu_program *gp, const exec_
   char what[48];
   snprintf(what, sizeof what, "graph %016" PRIx64, p->hash);
   if (rc) { /* the graph's one wait, after a failure too, keeping the step's message */
-    graft_status st = graft_last_status();
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", graft_last_error());
+    err_saved e;
+    err_save(&e);
     rt->finish(exe, what);
-    err_set(st, "%s", msg);
+    err_restore(&e);
   } else {
     rc = rt->finish(exe, what);
   }
@@ -170,6 +170,24 @@ int gpu_run(const gpu_runtime *rt, void *exe, const gpu_program *gp, const exec_
   free(r.B);
   free(r.own);
   return rc;
+}
+
+void gpu_release_donated(const exec_program *p, exec_buffer *const *params) {
+  for (int k = 0; k < p->nparams; k++)
+    if (params[k]->donated) buffer_release(params[k]);
+}
+
+void gpu_count_compile(gpu_counters *c, bool disk_hit) {
+  pthread_mutex_lock(&c->mu);
+  c->s.compiles++;
+  c->s.disk_hits += disk_hit;
+  pthread_mutex_unlock(&c->mu);
+}
+
+void gpu_counters_get(gpu_counters *c, backend_stats *out) {
+  pthread_mutex_lock(&c->mu);
+  *out = c->s;
+  pthread_mutex_unlock(&c->mu);
 }
 
 static bool gpu_step_writes(const gpu_step *st, int slot) {

@@ -6,6 +6,8 @@
 #ifndef GRAFT_GPU_RUNNER_H
 #define GRAFT_GPU_RUNNER_H
 #include "gpu_render.h"
+#include "backend.h"
+#include <pthread.h>
 
 /* Row-major C[b] = op(A[b]) x op(B[b]) for b < batch, each matrix dense and consecutive. */
 typedef struct {
@@ -13,6 +15,16 @@ typedef struct {
   bool trans_a, trans_b; /* A stored [k, m] / B stored [n, k] */
   bool f64;
 } gpu_gemm;
+
+/* A backend's counters (backend.h's stats), guarded: compiles and fallbacks are counted from
+ * any thread. Define one per backend with GPU_COUNTERS_INIT. */
+typedef struct {
+  pthread_mutex_t mu;
+  backend_stats s;
+} gpu_counters;
+#define GPU_COUNTERS_INIT {.mu = PTHREAD_MUTEX_INITIALIZER}
+void gpu_count_compile(gpu_counters *c, bool disk_hit);
+void gpu_counters_get(gpu_counters *c, backend_stats *out);
 
 /* What a device API does for the runner; each returns 0, or -1 with the error set. exe is the
  * backend's compiled executable. Memory handles are what the device's device_mem put in
@@ -31,12 +43,14 @@ typedef struct gpu_runtime {
   int (*status_read)(void *exe, int64_t w[GPU_STATUS_WORDS]);
   /* Waits for everything queued (the graph's one wait); what names the graph. */
   int (*finish)(void *exe, const char *what);
-  void (*count_fallback)(int op); /* a step ran on the host */
+  gpu_counters *counters; /* a step that ran on the host is counted in its fallbacks */
 } gpu_runtime;
 
 /* Runs program p (rendered as gp, compiled as exe) on its device: backend.h's execute. */
 int gpu_run(const gpu_runtime *rt, void *exe, const gpu_program *gp, const exec_program *p,
             exec_buffer *const *params, exec_buffer **outs);
+/* Releases the inputs given to a run (donated) when it cannot start: they go either way. */
+void gpu_release_donated(const exec_program *p, exec_buffer *const *params);
 /* backend.h's explain for a rendered program. */
 void gpu_explain(const gpu_runtime *rt, const gpu_program *gp, int slot, char *buf, size_t n,
                  char **source);

@@ -13,7 +13,6 @@
 #include "device.h"
 #include "error.h"
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +29,7 @@ HOSTBRIDGE_BACKEND(ocl_backend, "opencl", cpu_backend);
  * like: as the CPU backend's -w). */
 #define OCL_BUILD_OPTIONS "-cl-std=CL1.2 -w"
 
-static pthread_mutex_t ocl_stats_mu = PTHREAD_MUTEX_INITIALIZER;
-static backend_stats ocl_counters;
+static gpu_counters ocl_counters = GPU_COUNTERS_INIT;
 
 typedef struct {
   ocl_device *dev;
@@ -110,17 +108,8 @@ static void *ocl_compile(const exec_program *p) {
     ocl_free(x);
     return NULL;
   }
-  pthread_mutex_lock(&ocl_stats_mu);
-  ocl_counters.compiles++;
-  ocl_counters.disk_hits += disk_hit;
-  pthread_mutex_unlock(&ocl_stats_mu);
+  gpu_count_compile(&ocl_counters, disk_hit);
   return x;
-}
-
-static void ocl_count_fallback(int op) {
-  pthread_mutex_lock(&ocl_stats_mu);
-  ocl_counters.fallbacks[op]++;
-  pthread_mutex_unlock(&ocl_stats_mu);
 }
 
 static int ocl_launch(void *e, const gpu_step *st, void *const *mem, int nmem, const char *what) {
@@ -192,7 +181,7 @@ static const gpu_runtime ocl_runtime = {
     .status_reset = ocl_status_reset,
     .status_read = ocl_status_read,
     .finish = ocl_finish,
-    .count_fallback = ocl_count_fallback,
+    .counters = &ocl_counters,
 };
 
 static int ocl_execute(void *e, const exec_program *p, exec_buffer *const *params, exec_buffer **outs) {
@@ -201,9 +190,7 @@ static int ocl_execute(void *e, const exec_program *p, exec_buffer *const *param
 }
 
 static void ocl_stats(backend_stats *out) {
-  pthread_mutex_lock(&ocl_stats_mu);
-  *out = ocl_counters;
-  pthread_mutex_unlock(&ocl_stats_mu);
+  gpu_counters_get(&ocl_counters, out);
 }
 
 static void ocl_explain(void *e, const exec_program *p, int slot, char *buf, size_t n, char **source) {
