@@ -258,7 +258,7 @@ static void check_interp_route(ir_op op, graft_dtype dt, const exec_program *p) 
     ref_arg a[8];
     for (int k = 0; k < ins->nin && k < 8; k++) {
       const exec_instr *x = &p->instr[ins->in[k]];
-      a[k] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel};
+      a[k] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel, NULL};
     }
     ops_interp_path want = ir_ops[op].interp, got = cpu_interp_route(ins, a);
     bool fl = dt == GRAFT_F32 || dt == GRAFT_F64;
@@ -387,13 +387,15 @@ static void cover_one(ir_op op, graft_dtype dt) {
   } else {
     const exec_instr *o = &p->instr[p->output_slot[0]];
     check_interp_route(op, dt, p);
-    if (cpu_interp_backend.execute(cpu_interp_backend.compile(p), p, params, got)) {
+    void *first = cpu_interp_backend.compile(p); /* its plan: views, fused groups */
+    if (!first || cpu_interp_backend.execute(first, p, params, got)) {
       COVER_FAIL("%s on %s: the first tier failed: %s", ir_ops[op].name, graft_dtype_name(dt),
                  graft_last_error());
       graft_clear_error();
     } else {
       agree("the first tier", op, o, got[0], want[0]);
     }
+    if (first) cpu_interp_backend.free_exe(first);
     check_cpu(op, dt, p, params, want[0]);
     check_device(op, dt, p, params, want[0]);
     check_cuda_render(op, dt, p);

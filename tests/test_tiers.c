@@ -7,6 +7,7 @@
 #include "graft.h"
 #include "backend.h" /* the registry: a test stands in a compiler */
 #include "../src/graph/graph.h" /* tier_wait_idle */
+#include "../src/backends/cpu/cpu.h" /* cpu_stats.views */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -240,7 +241,11 @@ TEST(first_tier_elementwise_equals_reference) {
       for (int mode = 0; mode < 2; mode++) {
         r[mode] = malloc(sizeof(double) * 40 * 60 * 31);
         set_env("GRAFT_COMPILE", mode ? "async" : "off");
+        uint64_t fused = cpu_stats.fused;
         m = chain(f ? GRAFT_F64 : GRAFT_F32, mode, sizes[z], r[mode]);
+        /* the first tier runs the chains a chunk at a time (cpu_groups.c): tanh, exp, sigmoid,
+         * the abs and add_scalar pairs, erf, reciprocal, log, sqrt... inside their readers */
+        CHECK(mode ? cpu_stats.fused - fused >= 8 : cpu_stats.fused == fused);
       }
       int same = 1;
       for (int64_t i = 0; i < m; i++)
@@ -402,6 +407,99 @@ TEST(first_tier_big_reductions_equal_reference) {
   }
   CHECK(nan > 0 && nan < 100);
   free(r[0]), free(r[1]);
+}
+
+/* The first tier's views (cpu_views.c). Exact parts (r: the reference kernels' values bit for
+ * bit): per-channel and scalar broadcasts and a transpose read by elementwise loops a chunk at a
+ * time (one over CPU_COPY_PAR_MIN, on the pool), strided slices of a padded input flattened and
+ * concatenated (a convolution's taps, also 8-byte i64), a transpose read by a reduction too (it
+ * runs), a transposed output (it runs), the flattened parts' reshapes. Products (d: within
+ * BLAS's rounding): transposes read as BLAS's transposed operands, a batch broadcast from one
+ * matrix, a strided slice flattened into a product (no view BLAS can read: the slice runs). */
+static int64_t views_graph(int variant, double *r, double *d, int64_t *nd) {
+  int64_t as[2] = {70, 40}, bs[2] = {50, 70}, cs[3] = {1, 6, 1}, xs[3] = {5, 6, 1111},
+          ps[4] = {2, 3, 9, 9}, b3[3] = {3, 70, 50}, a3[3] = {3, 40, 70};
+  float *av = ramp(70 * 40, 1), *bv = ramp(50 * 70, 0.5f), *cv = ramp(6, 2), *xv = ramp(33330, 3),
+        *pv = ramp(2 * 3 * 81, 1), *a3v = ramp(3 * 40 * 70, 0.7f);
+  graft_scope_begin();
+  graft_tensor *a = graft_from_host(av, GRAFT_F32, 2, as, 0), *b = graft_from_host(bv, GRAFT_F32, 2, bs, 0);
+  graft_tensor *c = graft_from_host(cv, GRAFT_F32, 3, cs, 0), *x = graft_from_host(xv, GRAFT_F32, 3, xs, 0);
+  graft_tensor *px = graft_from_host(pv, GRAFT_F32, 4, ps, 0), *x3 = graft_from_host(a3v, GRAFT_F32, 3, a3, 0);
+  int t10[2] = {1, 0}, t021[3] = {0, 2, 1};
+  graft_tensor *xt = graft_transpose(x, t021);                                   /* [5,1111,6] */
+  graft_tensor *padded = graft_pad(px, (int64_t[]){0, 0, 1, 1}, (int64_t[]){0, 0, 1, 1}, -1.5);
+  graft_tensor *padi = graft_convert(padded, GRAFT_I64);
+  graft_tensor *tap[4], *tapi[4];
+  for (int q = 0; q < 4; q++) { /* [2,3,5,5] at stride 2 from (q/2, q%2), as [2,3,1,25] */
+    int64_t lo[4] = {0, 0, q / 2, q % 2}, hi[4] = {2, 3, q / 2 + 9, q % 2 + 9}, st[4] = {1, 1, 2, 2};
+    tap[q] = graft_reshape(graft_slice(padded, lo, hi, st), 4, (int64_t[]){2, 3, 1, 25});
+    tapi[q] = graft_reshape(graft_slice(padi, lo, hi, st), 4, (int64_t[]){2, 3, 1, 25});
+  }
+  graft_tensor *exact[7] = {
+      graft_mul(graft_broadcast_to(c, 3, xs), x),                                 /* 33330: pool */
+      graft_add(graft_transpose(x, (int[]){1, 2, 0}),                           /* [6,1111,5] */
+                graft_broadcast_to(graft_sum(c, NULL, 0, false), 3, (int64_t[]){6, 1111, 5})),
+      graft_concat(tap, 4, 2),
+      graft_convert(graft_concat(tapi, 4, 2), GRAFT_F32),
+      graft_add(graft_sum(xt, (int[]){1}, 1, false), graft_sum(graft_mul(xt, xt), (int[]){1}, 1, false)),
+      graft_where(graft_gt(xt, graft_broadcast_to(graft_scalar(900, GRAFT_F32), 3, (int64_t[]){5, 1111, 6})),
+                  xt, graft_neg(xt)),
+      NULL};
+  graft_tensor *out_t = graft_transpose(x, (int[]){2, 1, 0});                   /* an output */
+  exact[6] = out_t;
+  graft_tensor *flat[7];
+  for (int k = 0; k < 7; k++) flat[k] = graft_reshape(exact[k], 1, (int64_t[]){-1});
+  graft_tensor *y = graft_convert(graft_concat(flat, 7, 0), GRAFT_F64);
+  graft_tensor *sl = graft_slice(a, (int64_t[]){0, 0}, (int64_t[]){70, 40}, (int64_t[]){2, 1}); /* [35,40] */
+  graft_tensor *prods[4] = {
+      graft_matmul(graft_transpose(a, t10), graft_transpose(b, t10)),            /* [40,50]: TT */
+      graft_matmul(x3, graft_broadcast_to(graft_reshape(b, 2, (int64_t[]){70, 50}), 3, b3)), /* [3,40,50] */
+      graft_matmul(graft_transpose(x3, t021), x3),                               /* [3,70,70]: TN */
+      graft_matmul(graft_reshape(sl, 2, (int64_t[]){40, 35}), sl),               /* [40,40] */
+  };
+  graft_tensor *pf[4];
+  for (int k = 0; k < 4; k++) pf[k] = graft_reshape(prods[k], 1, (int64_t[]){-1});
+  graft_tensor *z = graft_convert(graft_concat(pf, 4, 0), GRAFT_F64);
+  int64_t m = graft_numel(y);
+  *nd = graft_numel(z);
+  CHECK(m == 33330 * 4 + 2 * 3 * 4 * 25 * 2 + 5 * 6);
+  CHECK(*nd == 40 * 50 + 3 * 40 * 50 + 3 * 70 * 70 + 40 * 40);
+  graft_metrics_reset();
+  graft_tensor *ts[5] = {y, z, out_t, graft_neg(y), graft_neg(z)}; /* a graph per variant */
+  CHECK(graft_sync(ts, 3 + variant) == GRAFT_OK);
+  CHECK(graft_to_host(y, r, sizeof(double) * (size_t)m) == GRAFT_OK);
+  CHECK(graft_to_host(z, d, sizeof(double) * (size_t)*nd) == GRAFT_OK);
+  CHECK(M().compiled_executions == 0);
+  graft_scope_end();
+  free(av), free(bv), free(cv), free(xv), free(pv), free(a3v);
+  return m;
+}
+
+TEST(first_tier_views_equal_reference) {
+  enum { CAP = 140000, DCAP = 30000 };
+  double *r[2], *d[2];
+  int64_t m = 0, nd = 0;
+  for (int mode = 0; mode < 2; mode++) {
+    r[mode] = malloc(sizeof(double) * CAP), d[mode] = malloc(sizeof(double) * DCAP);
+    set_env("GRAFT_COMPILE", mode ? "async" : "off");
+    uint64_t views = cpu_stats.views;
+    m = views_graph(mode, r[mode], d[mode], &nd);
+    /* planned: the two broadcasts, the transposes, the taps' slices and reshapes, the parts'
+     * reshapes; the reference tier plans none */
+    CHECK(mode ? cpu_stats.views - views >= 20 : cpu_stats.views == views);
+  }
+  CHECK(memcmp(r[0], r[1], sizeof(double) * (size_t)m) == 0);
+  for (int64_t i = 0; i < nd; i++) CHECK_NEAR(d[1][i], d[0][i], 1e-4 * fabs(d[0][i]) + 1e-3);
+  /* the same graph with views off runs every instruction: the same values */
+  set_env("GRAFT_FIRST_TIER_VIEWS", "0");
+  uint64_t views = cpu_stats.views;
+  double *r2 = malloc(sizeof(double) * CAP), *d2 = malloc(sizeof(double) * DCAP);
+  set_env("GRAFT_COMPILE", "async");
+  views_graph(2, r2, d2, &nd);
+  CHECK(cpu_stats.views == views);
+  CHECK(memcmp(r2, r[1], sizeof(double) * (size_t)m) == 0);
+  unset_env("GRAFT_FIRST_TIER_VIEWS");
+  free(r[0]), free(r[1]), free(d[0]), free(d[1]), free(r2), free(d2);
 }
 
 /* 2*1024*2048*1024 FLOPs: slower on the first tier than compiling, so compiled first. */
@@ -693,6 +791,7 @@ int main(void) {
   RUN(first_tier_reductions_equal_reference);
   RUN(first_tier_copies_equal_reference);
   RUN(first_tier_big_reductions_equal_reference);
+  RUN(first_tier_views_equal_reference);
   RUN(heavy_graph_compiles_before_first_run);
   RUN(compiler_supports_decides_what_compiles);
   RUN(queued_steps_wait_for_a_sooner_build);

@@ -33,6 +33,8 @@ typedef struct {
   uint64_t onednn_gemms;  /* f32 GEMMs (or parts of one) run on oneDNN's sgemm */
   uint64_t choices;       /* classes of products/convolutions whose kernel was chosen by measurement */
   uint64_t demoted;       /* of those, classes that left the default kernel (cpu_choice.c) */
+  uint64_t views;         /* first-tier instructions planned as views (cpu_views.c) */
+  uint64_t fused;         /* first-tier instructions planned inside a fused group (cpu_groups.c) */
 } cpu_counters;
 extern cpu_counters cpu_stats;
 /* The thread pool's fork handler (a forked child starts with no workers); registered with the

@@ -272,7 +272,7 @@ static int cpu_run_fallback(cpu_run *r, const cpu_step *st) {
   }
   for (int k = 0; k < ins->nin; k++) {
     const exec_instr *src = &r->p->instr[ins->in[k]];
-    a[k] = (ref_arg){r->S[ins->in[k]], src->dtype, src->ndim, src->shape, src->numel};
+    a[k] = (ref_arg){r->S[ins->in[k]], src->dtype, src->ndim, src->shape, src->numel, NULL};
   }
   cpu_host_fn host = cpu_host_kernel(ins, a);
   if (host) cpu_run_inplace(r, st, ins, i);
@@ -470,7 +470,7 @@ static void cpu_explain(void *exe, const exec_program *p, int slot, char *buf, s
     ref_arg a[16];
     for (int q = 0; q < ins->nin && q < 16; q++) {
       const exec_instr *x = &p->instr[ins->in[q]];
-      a[q] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel};
+      a[q] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel, NULL};
     }
     bool host = ins->nin <= 16 && cpu_host_kernel(ins, a);
     PUT("the %s for %s %%%d, a fallback step of graph_%016" PRIx64 ".c",

@@ -260,6 +260,58 @@ void cpu_profile_free(cpu_profile *p);
 typedef int (*cpu_host_fn)(const exec_instr *ins, const ref_arg *in, void *out);
 /* A host kernel for this instruction, or NULL (the reference kernel runs it). */
 cpu_host_fn cpu_host_kernel(const exec_instr *ins, const ref_arg *in);
+/* Whether ins's host kernel takes operand k as view v (a contraction reads a transpose of its
+ * operand's last two dims in place, as BLAS's transposed operand). */
+bool cpu_host_takes_view(const exec_instr *ins, const ref_arg *in, int k, const ref_view *v);
+
+/* ---- cpu_copy.c: strided copies over the pool (the first tier's movement and views) ---- */
+typedef struct {
+  int nd;
+  int64_t shape[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS], dst[GRAFT_MAX_DIMS];
+  size_t es;
+  const void *src;
+  int64_t sbase, dbase;
+  void *out;
+} cpu_copy;
+/* Below this many elements a copy or loop runs on the calling thread alone. */
+enum { CPU_COPY_PAR_MIN = 32768 };
+/* st: the row-major strides of shape. */
+void cpu_row_major(int nd, const int64_t *shape, int64_t *st);
+/* g's dims: shape's, size-1 ones dropped, neighbours that step alike on both sides merged. */
+void cpu_copy_coalesce(cpu_copy *g, int nd, const int64_t *shape, const int64_t *sst, const int64_t *dst);
+/* out[dbase + sum c[d] * dst[d]] = src[sbase + sum c[d] * sst[d]] over shape (on the pool when big). */
+void cpu_copy_strided(int nd, const int64_t *shape, graft_dtype dt, const void *src, int64_t sbase,
+                      const int64_t *sst, void *out, int64_t dbase, const int64_t *dst);
+/* Elements [lo, lo + n) of g (coalesced against row-major dst) read at its source strides. */
+void cpu_copy_gather(const cpu_copy *g, int64_t lo, int64_t n, void *dst);
+/* g: the gather of operand x's view (false, g zeroed: x is row-major). */
+bool cpu_copy_view(cpu_copy *g, const ref_arg *x);
+
+/* ---- cpu_views.c: the first tier's plan of views ---- */
+/* v's strides and offset: ins (a broadcast, transpose or slice of an operand of shape xshape,
+ * row-major) as a view of that operand; false for other ops. */
+bool cpu_view_of(const exec_instr *ins, int xnd, const int64_t *xshape, ref_view *v);
+/* nst: strides that make nshape a reshape of the dims (oshape, ost) without a copy, if any
+ * exist: each run of old dims that step through memory as one block must be covered by whole
+ * new dims (PyTorch's view rule). */
+bool cpu_view_reshape(int ond, const int64_t *oshape, const int64_t *ost, int nnd,
+                      const int64_t *nshape, int64_t *nst);
+/* Whether view v of a value of shape (nd, shape) is walked as that shape (its strides say it). */
+bool cpu_view_plain(const ref_view *v, int nd, const int64_t *shape);
+/* Whether instruction j of p can read its operand k as view v. */
+typedef bool (*cpu_view_taker)(const exec_program *p, int j, int k, const ref_view *v);
+/* Which of p's movement instructions run as views (ref_run's views): those every reader takes;
+ * NULL with none (or out of memory: then every instruction runs, as it would anyway). */
+ref_view *cpu_views_plan(const exec_program *p, cpu_view_taker takes);
+
+/* ---- cpu_groups.c: the first tier's fused elementwise groups ---- */
+/* The typed loop (not split for the pool) that computes instruction i of p, or NULL. */
+typedef ref_fn (*cpu_loop_fn)(const exec_program *p, int i);
+/* Fills plan's groups (inside, last_use, nleaf, leaf, run_root, ctx; its views set before);
+ * none where nothing merges. False when out of memory (error set; the plan's groups freed). */
+bool cpu_groups_plan(const exec_program *p, ref_plan *plan, cpu_loop_fn loop_of);
+/* Frees what cpu_groups_plan allocated (a plan without groups: nothing). */
+void cpu_groups_free(ref_plan *plan);
 /* The first tier's typed float reductions (cpu_reduce.c): ref_reduce's results, faster; NULL
  * for other ops and dtypes. */
 cpu_host_fn cpu_reduce_kernel(const exec_instr *ins, const ref_arg *in);

@@ -7,6 +7,7 @@
 #include "cpu_internal.h"
 #include "opmath.h"
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -14,11 +15,15 @@ static bool interp_supports(const exec_instr *ins) {
   return ins->op == IR_DATA || ref_kernels[ins->op] != NULL;
 }
 
-static void *interp_compile(const exec_program *p) { return (void *)p; } /* nothing to build */
 
 /* ---- float elementwise (f32 and f64; operands share the output's shape) ----
  * The loops are generated from ops.def's math lines (M1 / M2), the same lines the reference
  * kernels are generated from: equal results by construction. */
+/* The loops are built for AVX-512, AVX2 and the baseline, the CPU's chosen when the library
+ * loads: baseline x86-64 did 2 doubles an instruction, and these loops are the first tier's
+ * elementwise time (float math in double). */
+#define INTERP_ISAS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
 #define UNARY_LOOP(T, EXPR)                                                                      \
   do {                                                                                           \
     const T *x = in[0].data;                                                                     \
@@ -29,7 +34,7 @@ static void *interp_compile(const exec_program *p) { return (void *)p; } /* noth
     }                                                                                            \
   } while (0)
 
-static int interp_unary(const exec_instr *ins, const ref_arg *in, void *out) {
+INTERP_ISAS static int interp_unary(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t n = ins->numel;
   bool f32 = ins->dtype == GRAFT_F32;
   switch (ins->op) {
@@ -50,7 +55,7 @@ static int interp_unary(const exec_instr *ins, const ref_arg *in, void *out) {
     }                                                                                            \
   } while (0)
 
-static int interp_binary(const exec_instr *ins, const ref_arg *in, void *out) {
+INTERP_ISAS static int interp_binary(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t n = ins->numel;
   bool f32 = ins->dtype == GRAFT_F32;
   switch (ins->op) {
@@ -89,7 +94,7 @@ static bool interp_loop_ok(ir_op op, int math) {
     }                                                                                            \
   } while (0)
 
-static int interp_compare(const exec_instr *ins, const ref_arg *in, void *out) {
+INTERP_ISAS static int interp_compare(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t n = ins->numel;
   if (in[0].dtype == GRAFT_F32) COMPARE_OPS(float);
   else COMPARE_OPS(double);
@@ -104,7 +109,7 @@ static int interp_compare(const exec_instr *ins, const ref_arg *in, void *out) {
     _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i] = c[i] ? a[i] : b[i];               \
   } while (0)
 
-static int interp_select(const exec_instr *ins, const ref_arg *in, void *out) {
+INTERP_ISAS static int interp_select(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t n = ins->numel;
   if (ins->dtype == GRAFT_F32) SELECT_LOOP(float);
   else SELECT_LOOP(double);
@@ -159,163 +164,14 @@ static int interp_constant(const exec_instr *ins, const ref_arg *in, void *out) 
   return 0;
 }
 
-/* ---- copying movement: dst[dbase + sum c[d] * dst[d]] = src[sbase + sum c[d] * sst[d]] over
- * a shape, any dtype (broadcast, transpose, slice: dst is the output, row-major; pad: the
- * operand is copied into the filled output at strides). The dims are coalesced first (those
- * of size 1 dropped, neighbours that step through both sides as one dim merged), so a
- * per-channel broadcast [1,C,1,1] -> [N,C,H,W] copies rows of H*W equal values, not rows of
- * W, and a scalar broadcast is one fill. */
-typedef struct {
-  int nd;
-  int64_t shape[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS], dst[GRAFT_MAX_DIMS];
-  size_t es;
-  const void *src;
-  int64_t sbase, dbase;
-  void *out;
-} interp_copy;
-
-static void interp_coalesce(interp_copy *g, int nd, const int64_t *shape, const int64_t *sst,
-                            const int64_t *dst) {
-  g->nd = 0;
-  for (int d = 0; d < nd; d++) {
-    if (shape[d] == 1) continue;
-    int k = g->nd - 1;
-    if (k >= 0 && g->sst[k] == sst[d] * shape[d] && g->dst[k] == dst[d] * shape[d]) {
-      g->shape[k] *= shape[d]; /* dim k steps like d, shape[d] times on */
-      g->sst[k] = sst[d];
-      g->dst[k] = dst[d];
-      continue;
-    }
-    g->shape[g->nd] = shape[d];
-    g->sst[g->nd] = sst[d];
-    g->dst[g->nd++] = dst[d];
-  }
-  if (g->nd == 0) { /* one element */
-    g->shape[0] = 1;
-    g->sst[0] = g->dst[0] = 0;
-    g->nd = 1;
-  }
-}
-
-/* One row: inner elements from stride is (0: a fill) to stride os. */
-static void interp_copy_row(char *o, int64_t os, const char *s, int64_t is, int64_t inner,
-                            size_t es) {
-  if (is == 1 && os == 1) {
-    memcpy(o, s, (size_t)inner * es);
-  } else if (es == 4) {
-    const uint32_t *sp = (const uint32_t *)(const void *)s;
-    uint32_t *op = (uint32_t *)(void *)o;
-    if (is == 0 && os == 1) {
-      uint32_t v = sp[0];
-      for (int64_t k = 0; k < inner; k++) op[k] = v;
-    } else if (os == 1) {
-      for (int64_t k = 0; k < inner; k++) op[k] = sp[k * is];
-    } else {
-      for (int64_t k = 0; k < inner; k++) op[k * os] = sp[k * is];
-    }
-  } else {
-    for (int64_t k = 0; k < inner; k++)
-      memcpy(o + (size_t)(k * os) * es, s + (size_t)(k * is) * es, es);
-  }
-}
-
-/* Rows [lo, hi) of the shape (a row: the innermost coalesced dim). */
-static void interp_copy_rows(void **S, int64_t lo, int64_t hi) {
-  const interp_copy *g = S[0];
-  size_t es = g->es;
-  int nd = g->nd;
-  int64_t c[GRAFT_MAX_DIMS] = {0}, inner = g->shape[nd - 1], so = g->sbase, doff = g->dbase;
-  for (int64_t d = nd - 2, r = lo; d >= 0; d--) { /* row lo's coordinates */
-    c[d] = r % g->shape[d];
-    r /= g->shape[d];
-    so += c[d] * g->sst[d];
-    doff += c[d] * g->dst[d];
-  }
-  char *o = g->out;
-  const char *s = g->src;
-  for (int64_t r = lo; r < hi; r++) {
-    interp_copy_row(o + (size_t)doff * es, g->dst[nd - 1], s + (size_t)so * es, g->sst[nd - 1],
-                    inner, es);
-    for (int d = nd - 2; d >= 0; d--) { /* odometer over the outer dims */
-      so += g->sst[d];
-      doff += g->dst[d];
-      if (++c[d] < g->shape[d]) break;
-      so -= g->sst[d] * g->shape[d];
-      doff -= g->dst[d] * g->shape[d];
-      c[d] = 0;
-    }
-  }
-}
-
-/* Big first-tier loops run on the pool (a new graph's steps run here until its code lands:
- * mobilenet_v2's first steps spent a quarter of their time in these copies and loops). */
-enum { INTERP_PAR_MIN = 32768 };
-
-static void interp_copy_strided(int nd, const int64_t *shape, graft_dtype dt, const void *src,
-                                int64_t sbase, const int64_t *sst, void *out, int64_t dbase,
-                                const int64_t *dst) {
-  int64_t numel = 1;
-  for (int d = 0; d < nd; d++) numel *= shape[d];
-  if (numel == 0) return;
-  interp_copy g = {.es = graft_dtype_size(dt), .src = src, .sbase = sbase, .out = out, .dbase = dbase};
-  interp_coalesce(&g, nd, shape, sst, dst);
-  if (g.nd == 1 && g.shape[0] >= INTERP_PAR_MIN) /* one long row: rows of it for the pool */
-    for (int64_t parts = 64; parts >= 2; parts /= 2)
-      if (g.shape[0] % parts == 0) {
-        g.shape[1] = g.shape[0] / parts, g.sst[1] = g.sst[0], g.dst[1] = g.dst[0];
-        g.shape[0] = parts, g.sst[0] *= g.shape[1], g.dst[0] *= g.shape[1];
-        g.nd = 2;
-        break;
-      }
-  void *S[1] = {&g};
-  int64_t rows = numel / g.shape[g.nd - 1];
-  if (numel >= INTERP_PAR_MIN && rows >= 2) cpu_parallel_run(interp_copy_rows, S, rows);
-  else interp_copy_rows(S, 0, rows);
-}
-
-static void interp_row_major(int nd, const int64_t *shape, int64_t *st) {
-  int64_t s = 1;
-  for (int d = nd - 1; d >= 0; d--) {
-    st[d] = s;
-    s *= shape[d];
-  }
-}
-
-/* The instruction's output, row-major, from src at strides sst. */
-static void interp_gather_strided(const exec_instr *ins, const void *src, int64_t base,
-                                  const int64_t *sst, void *out) {
+/* A broadcast, transpose or slice: its output, row-major, read from its operand at the strides
+ * of the view it is (cpu_views.c). */
+static int interp_move(const exec_instr *ins, const ref_arg *in, void *out) {
+  ref_view v;
   int64_t ost[GRAFT_MAX_DIMS];
-  interp_row_major(ins->ndim, ins->shape, ost);
-  interp_copy_strided(ins->ndim, ins->shape, ins->dtype, src, base, sst, out, 0, ost);
-}
-
-static void interp_src_strides(const ref_arg *x, int64_t *st) { interp_row_major(x->ndim, x->shape, st); }
-
-static int interp_broadcast(const exec_instr *ins, const ref_arg *in, void *out) {
-  int64_t st[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS] = {0};
-  int off = ins->ndim - in[0].ndim; /* operand dims are right-aligned */
-  interp_src_strides(&in[0], st);
-  for (int d = 0; d < in[0].ndim; d++) sst[d + off] = in[0].shape[d] == 1 ? 0 : st[d];
-  interp_gather_strided(ins, in[0].data, 0, sst, out);
-  return 0;
-}
-
-static int interp_transpose(const exec_instr *ins, const ref_arg *in, void *out) {
-  int64_t st[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS];
-  interp_src_strides(&in[0], st);
-  for (int d = 0; d < ins->ndim; d++) sst[d] = st[IR_ATTR_AT(ins->attr, TRANSPOSE, perm, d)];
-  interp_gather_strided(ins, in[0].data, 0, sst, out);
-  return 0;
-}
-
-static int interp_slice(const exec_instr *ins, const ref_arg *in, void *out) {
-  int64_t st[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS], base = 0;
-  interp_src_strides(&in[0], st);
-  for (int d = 0; d < ins->ndim; d++) {
-    sst[d] = st[d] * IR_ATTR_AT(ins->attr, SLICE, stride, d);
-    base += IR_ATTR_AT(ins->attr, SLICE, start, d) * st[d];
-  }
-  interp_gather_strided(ins, in[0].data, base, sst, out);
+  cpu_view_of(ins, in[0].ndim, in[0].shape, &v);
+  cpu_row_major(ins->ndim, ins->shape, ost);
+  cpu_copy_strided(ins->ndim, ins->shape, ins->dtype, in[0].data, v.offset, v.strides, out, 0, ost);
   return 0;
 }
 
@@ -324,48 +180,116 @@ static int interp_slice(const exec_instr *ins, const ref_arg *in, void *out) {
 static int interp_pad(const exec_instr *ins, const ref_arg *in, void *out) {
   interp_fill(out, ins->dtype, ins->numel, ins->attr.f);
   int64_t ost[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS], dst[GRAFT_MAX_DIMS], dbase = 0;
-  interp_row_major(ins->ndim, ins->shape, ost);
-  interp_src_strides(&in[0], sst);
+  cpu_row_major(ins->ndim, ins->shape, ost);
   for (int d = 0; d < ins->ndim; d++) {
     dst[d] = ost[d] * (1 + IR_ATTR_AT(ins->attr, PAD, interior, d));
     dbase += IR_ATTR_AT(ins->attr, PAD, lo, d) * ost[d];
   }
-  interp_copy_strided(in[0].ndim, in[0].shape, ins->dtype, in[0].data, 0, sst, out, dbase, dst);
+  cpu_row_major(in[0].ndim, in[0].shape, sst);
+  cpu_copy_strided(in[0].ndim, in[0].shape, ins->dtype, in[0].data, 0, sst, out, dbase, dst);
+  return 0;
+}
+
+/* Operand x's destination strides in a concatenation's output (row-major strides ost), over
+ * the dims x is walked by: its own, or its view's walk (false where the walk cannot say them). */
+static bool interp_concat_dst(const ref_arg *x, const int64_t *ost, int64_t *dst) {
+  if (!x->view || cpu_view_plain(x->view, x->ndim, x->shape)) {
+    memcpy(dst, ost, sizeof(int64_t) * (size_t)x->ndim);
+    return true;
+  }
+  return cpu_view_reshape(x->ndim, x->shape, ost, x->view->ndim, x->view->shape, dst);
+}
+
+/* Each operand's block along the axis, copied at its strides (a view's too: a convolution's
+ * taps, slices of its padded input, are read in place). */
+static int interp_concat(const exec_instr *ins, const ref_arg *in, void *out) {
+  int axis = (int)IR_ATTR(ins->attr, AXIS, axis);
+  int64_t ost[GRAFT_MAX_DIMS], sst[GRAFT_MAX_DIMS], dst[GRAFT_MAX_DIMS], at = 0;
+  cpu_row_major(ins->ndim, ins->shape, ost);
+  for (int k = 0; k < ins->nin; k++) {
+    const ref_arg *x = &in[k];
+    if (!interp_concat_dst(x, ost, dst))
+      return err_set(GRAFT_ERR_INTERNAL, "concat: an operand view it cannot place"), -1;
+    if (x->view) {
+      cpu_copy_strided(x->view->ndim, x->view->shape, ins->dtype, x->data, 0, x->view->strides, out,
+                       at * ost[axis], dst);
+    } else {
+      cpu_row_major(x->ndim, x->shape, sst);
+      cpu_copy_strided(x->ndim, x->shape, ins->dtype, x->data, 0, sst, out, at * ost[axis], dst);
+    }
+    at += x->shape[axis];
+  }
   return 0;
 }
 
 /* An elementwise loop whose operands share the output's shape, over element ranges on the
  * pool: each chunk runs the loop on its range (a copy of the instruction with that numel, the
- * operands and output offset to it). */
+ * operands and output offset to it). An operand that is a view is gathered a chunk at a time
+ * into a scratch the loop reads (in L1, where a copy of the whole view went to memory and back). */
+enum { INTERP_MAX_IN = 3, INTERP_CHUNK = 1024 };
+
 typedef struct {
   ref_fn fn;
   const exec_instr *ins;
   const ref_arg *in;
   void *out;
   int rc;
+  bool views;
+  cpu_copy view[INTERP_MAX_IN]; /* a view operand's strides, coalesced (nd 0: not a view) */
 } interp_split;
 
-static void interp_split_range(void **S, int64_t lo, int64_t hi) {
-  interp_split *sp = S[0];
+static void interp_split_part(interp_split *sp, int64_t lo, int64_t hi, const void *const *data) {
   exec_instr part = *sp->ins;
-  ref_arg a[3];
+  ref_arg a[INTERP_MAX_IN];
   part.numel = hi - lo;
-  for (int k = 0; k < part.nin && k < 3; k++) {
+  for (int k = 0; k < part.nin; k++) {
     a[k] = sp->in[k];
-    a[k].data = (char *)a[k].data + (size_t)lo * graft_dtype_size(a[k].dtype);
+    a[k].data = data ? data[k] : (char *)a[k].data + (size_t)lo * graft_dtype_size(a[k].dtype);
     a[k].numel = hi - lo;
+    a[k].view = NULL;
   }
   char *o = (char *)sp->out + (size_t)lo * graft_dtype_size(part.dtype);
   if (sp->fn(&part, a, o)) __atomic_store_n(&sp->rc, -1, __ATOMIC_RELAXED);
 }
 
+static void interp_split_range(void **S, int64_t lo, int64_t hi) {
+  interp_split *sp = S[0];
+  if (!sp->views) {
+    interp_split_part(sp, lo, hi, NULL);
+    return;
+  }
+  _Alignas(64) char scratch[INTERP_MAX_IN][INTERP_CHUNK * sizeof(double)];
+  const void *data[INTERP_MAX_IN];
+  for (int64_t c = lo; c < hi; c += INTERP_CHUNK) {
+    int64_t n = hi - c < INTERP_CHUNK ? hi - c : INTERP_CHUNK;
+    for (int k = 0; k < sp->ins->nin; k++) {
+      const ref_arg *x = &sp->in[k];
+      if (sp->view[k].nd) {
+        cpu_copy_gather(&sp->view[k], c, n, scratch[k]);
+        data[k] = scratch[k];
+      } else data[k] = (const char *)x->data + (size_t)c * graft_dtype_size(x->dtype);
+    }
+    interp_split_part(sp, c, c + n, data);
+  }
+}
+
+/* Runs fn over the instruction's elements (views gathered), on the pool when there are many. */
+static int interp_split_run(ref_fn fn, const exec_instr *ins, const ref_arg *in, void *out) {
+  interp_split sp = {fn, ins, in, out, 0, false, {{0}}};
+  for (int k = 0; k < ins->nin; k++) sp.views |= cpu_copy_view(&sp.view[k], &in[k]);
+  void *S[1] = {&sp};
+  if (ins->numel < CPU_COPY_PAR_MIN) interp_split_range(S, 0, ins->numel);
+  else cpu_parallel_run(interp_split_range, S, ins->numel);
+  return sp.rc;
+}
+
 #define INTERP_PARALLEL(name)                                                                    \
   static int name##_par(const exec_instr *ins, const ref_arg *in, void *out) {                   \
-    if (ins->numel < INTERP_PAR_MIN || ins->nin > 3) return name(ins, in, out);                 \
-    interp_split sp = {name, ins, in, out, 0};                                                   \
-    void *S[1] = {&sp};                                                                          \
-    cpu_parallel_run(interp_split_range, S, ins->numel);                                         \
-    return sp.rc;                                                                                \
+    bool views = false;                                                                          \
+    for (int k = 0; k < ins->nin; k++) views |= in[k].view != NULL;                               \
+    if ((ins->numel < CPU_COPY_PAR_MIN && !views) || ins->nin > INTERP_MAX_IN)                   \
+      return name(ins, in, out);                                                                 \
+    return interp_split_run(name, ins, in, out);                                                 \
   }
 INTERP_PARALLEL(interp_unary)
 INTERP_PARALLEL(interp_binary)
@@ -397,27 +321,80 @@ static ref_fn interp_pick(const exec_instr *ins, const ref_arg *in) {
   default: break;
   }
   switch (ins->op) {
-  case IR_BROADCAST: return interp_broadcast;
-  case IR_TRANSPOSE: return interp_transpose;
-  case IR_SLICE: return interp_slice;
+  case IR_BROADCAST: case IR_TRANSPOSE: case IR_SLICE: return interp_move;
   case IR_PAD: return interp_pad;
+  case IR_CONCAT: return interp_concat;
   default: return NULL;
   }
+}
+
+/* The typed loop that computes instruction i (not split for the pool), or NULL. */
+static ref_fn interp_loop_of(const exec_program *p, int i) {
+  const exec_instr *ins = &p->instr[i];
+  ref_arg a[INTERP_MAX_IN];
+  if (ins->nin > INTERP_MAX_IN) return NULL;
+  for (int q = 0; q < ins->nin; q++) { /* the picks read no data */
+    const exec_instr *x = &p->instr[ins->in[q]];
+    a[q] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel, NULL};
+  }
+  ref_fn f = interp_pick(ins, a);
+  return f == interp_unary_par ? interp_unary : f == interp_binary_par ? interp_binary
+       : f == interp_compare_par ? interp_compare : f == interp_select_par ? interp_select : NULL;
+}
+
+/* The loops that gather a view operand a chunk at a time, BLAS, and the concatenation. */
+static bool interp_takes_view(const exec_program *p, int j, int k, const ref_view *v) {
+  const exec_instr *ins = &p->instr[j];
+  if (ins->op == IR_CONCAT) { /* every dtype; the view's walk must place in the output */
+    const exec_instr *x = &p->instr[ins->in[k]];
+    int64_t ost[GRAFT_MAX_DIMS], dst[GRAFT_MAX_DIMS];
+    cpu_row_major(ins->ndim, ins->shape, ost);
+    return interp_concat_dst(&(ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel, v}, ost, dst);
+  }
+  if (interp_loop_of(p, j)) return true;
+  ref_arg a[2];
+  if (ins->op != IR_DOT) return false;
+  for (int q = 0; q < 2; q++) {
+    const exec_instr *x = &p->instr[ins->in[q]];
+    a[q] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel, NULL};
+  }
+  return cpu_host_takes_view(ins, a, k, v);
 }
 
 ops_interp_path cpu_interp_route(const exec_instr *ins, const ref_arg *in) {
   if (cpu_host_kernel(ins, in)) return OPS_INTERP_HOST;
   ref_fn f = interp_pick(ins, in);
   if (!f) return OPS_INTERP_REF;
-  return f == interp_broadcast || f == interp_transpose || f == interp_slice || f == interp_pad
-             ? OPS_INTERP_COPY
+  return f == interp_move || f == interp_pad || f == interp_concat ? OPS_INTERP_COPY
                                                                             : OPS_INTERP_LOOP; /* cpu_interp.c, or cpu_reduce.c for reductions */
+}
+
+/* The executable: the plan (views, fused groups) ref_run follows. */
+typedef struct {
+  ref_plan plan;
+} interp_exe;
+
+static void interp_free(void *exe) {
+  interp_exe *x = exe;
+  free(x->plan.views);
+  cpu_groups_free(&x->plan);
+  free(x);
+}
+
+static void *interp_compile(const exec_program *p) {
+  interp_exe *x = calloc(1, sizeof *x);
+  if (!x) return err_set(GRAFT_ERR_OOM, "out of memory planning a graph's first tier");
+  x->plan.views = cpu_views_plan(p, interp_takes_view);
+  if (!cpu_groups_plan(p, &x->plan, interp_loop_of)) {
+    interp_free(x);
+    return NULL;
+  }
+  return x;
 }
 
 static int interp_execute(void *exe, const exec_program *p, exec_buffer *const *params,
                           exec_buffer **outs) {
-  (void)exe;
-  return ref_run(p, params, outs, interp_pick);
+  return ref_run(p, params, outs, interp_pick, &((interp_exe *)exe)->plan);
 }
 
 /* GRAFT_CHECK: the kernel that computed slot (one instruction at a time here). */
@@ -428,7 +405,7 @@ static void interp_explain(void *exe, const exec_program *p, int slot, char *buf
   ref_arg a[16];
   for (int k = 0; k < ins->nin && k < 16; k++) {
     const exec_instr *x = &p->instr[ins->in[k]];
-    a[k] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel}; /* the picks read no data */
+    a[k] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel, NULL}; /* the picks read no data */
   }
   ops_interp_path r = ins->nin <= 16 ? cpu_interp_route(ins, a) : OPS_INTERP_REF;
   const char *what = r == OPS_INTERP_HOST ? "the host kernel (cpu_kernels.c)"
@@ -443,6 +420,6 @@ const backend cpu_interp_backend = {
     .supports = interp_supports,
     .compile = interp_compile,
     .execute = interp_execute,
-    .free_exe = NULL,
+    .free_exe = interp_free,
     .explain = interp_explain,
 };

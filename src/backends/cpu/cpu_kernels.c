@@ -656,19 +656,56 @@ static int cpu_k_scatter_add(const exec_instr *ins, const ref_arg *in, void *out
 }
 
 /* ---- dot: the batch of row-major products as one (batched) BLAS call ---- */
+/* How BLAS reads operand x [..., R, C]: row-major, or a view (the first tier's) that is its
+ * matrices transposed in memory ([..., C, R] row-major: *trans), the batch either one after
+ * another or one matrix for all (*bstride 0). False for any other view. */
+static bool cpu_dot_layout(const ref_arg *x, bool *trans, int64_t *bstride) {
+  int nd = x->ndim;
+  int64_t R = x->shape[nd - 2], C = x->shape[nd - 1];
+  *trans = false, *bstride = R * C;
+  if (!x->view) return true;
+  if (!cpu_view_plain(x->view, nd, x->shape)) return false;
+  const int64_t *st = x->view->strides;
+  if (st[nd - 1] == 1 && (st[nd - 2] == C || R == 1)) *trans = false;
+  else if (st[nd - 2] == 1 && (st[nd - 1] == R || C == 1)) *trans = true;
+  else return false;
+  bool zero = true, dense = true;
+  int64_t want = R * C;
+  for (int d = nd - 3; d >= 0; d--) {
+    zero &= st[d] == 0 || x->shape[d] == 1;
+    dense &= st[d] == want || x->shape[d] == 1;
+    want *= x->shape[d];
+  }
+  if (!dense) *bstride = 0;
+  return zero || dense;
+}
+
 static int cpu_k_dot(const exec_instr *ins, const ref_arg *in, void *out) {
   const ref_arg *a = &in[0];
   int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = ins->shape[ins->ndim - 1];
-  int64_t batch = M && N ? ins->numel / (M * N) : 0;
+  int64_t batch = M && N ? ins->numel / (M * N) : 0, sa, sb;
   size_t es = graft_dtype_size(ins->dtype);
+  bool ta, tb;
   if (K == 0) {
     memset(out, 0, (size_t)ins->numel * es);
     return 0;
   }
+  if (!cpu_dot_layout(&in[0], &ta, &sa) || !cpu_dot_layout(&in[1], &tb, &sb))
+    return err_set(GRAFT_ERR_INTERNAL, "dot: an operand view BLAS cannot read"), -1;
   if (batch)
-    cpu_blas()->gemm(ins->dtype == GRAFT_F64, 111, 111, (int)M, (int)N, (int)K, a->data, (int)K,
-                     M * K, in[1].data, (int)N, K * N, out, (int)N, M * N, batch);
+    cpu_blas()->gemm(ins->dtype == GRAFT_F64, ta ? CPU_CBLAS_TRANS : CPU_CBLAS_NO_TRANS,
+                     tb ? CPU_CBLAS_TRANS : CPU_CBLAS_NO_TRANS, (int)M, (int)N, (int)K, a->data,
+                     (int)(ta ? M : K), sa, in[1].data, (int)(tb ? K : N), sb, out, (int)N, M * N, batch);
   return 0;
+}
+
+bool cpu_host_takes_view(const exec_instr *ins, const ref_arg *in, int k, const ref_view *v) {
+  if (ins->op != IR_DOT || cpu_host_kernel(ins, in) != cpu_k_dot) return false;
+  ref_arg x = in[k];
+  bool t;
+  int64_t bs;
+  x.view = v;
+  return cpu_dot_layout(&x, &t, &bs);
 }
 
 static bool cpu_dot_ok(const exec_instr *ins, const ref_arg *in) {

@@ -64,7 +64,7 @@ static int gpu_fallback_step(gpu_exec *r, const gpu_step *st) {
   for (int k = 0; k < n; k++) {
     const exec_instr *src = &r->p->instr[ins->in[k]];
     if (!(h[k] = buffer_to_device(r->B[ins->in[k]], 0, "a fallback's operand"))) goto done;
-    a[k] = (ref_arg){h[k]->ptr, src->dtype, src->ndim, src->shape, src->numel};
+    a[k] = (ref_arg){h[k]->ptr, src->dtype, src->ndim, src->shape, src->numel, NULL};
   }
   exec_buffer *out = h[n] = buffer_new(r->B[st->slot]->bytes, 0, 0, "a fallback's result");
   if (!out) goto done;
