@@ -166,9 +166,48 @@ void cpu_row_major(int nd, const int64_t *shape, int64_t *st) {
   }
 }
 
+/* Fill, then the in-range operand elements of each row segment (cpu_copy_gather for a pad's
+ * view; float data: 4 or 8 bytes). */
+static void copy_gather_padded(const cpu_copy *g, int64_t lo, int64_t n, char *o) {
+  const ref_padding *pd = g->pad;
+  int nd = g->nd, in = nd - 1;
+  int64_t c[GRAFT_MAX_DIMS], r = lo;
+  for (int d = nd - 1; d >= 0; d--) {
+    c[d] = r % g->shape[d];
+    r /= g->shape[d];
+  }
+  float ff = (float)pd->fill;
+  while (n > 0) {
+    int64_t k0 = c[in], m = g->shape[in] - k0 < n ? g->shape[in] - k0 : n;
+    if (g->es == 4)
+      for (int64_t k = 0; k < m; k++) ((float *)(void *)o)[k] = ff;
+    else
+      for (int64_t k = 0; k < m; k++) ((double *)(void *)o)[k] = pd->fill;
+    bool inside = true;
+    int64_t so = g->sbase;
+    for (int d = 0; d < in && inside; d++) {
+      int64_t q = c[d] - pd->lo[d];
+      inside = q >= 0 && q % pd->step[d] == 0 && q / pd->step[d] < pd->src[d];
+      so += inside ? q / pd->step[d] * g->sst[d] : 0;
+    }
+    int64_t st = pd->step[in], k = k0 <= pd->lo[in] ? pd->lo[in] : pd->lo[in] + (k0 - pd->lo[in] + st - 1) / st * st;
+    for (; inside && k < k0 + m && (k - pd->lo[in]) / st < pd->src[in]; k += st)
+      memcpy(o + (size_t)(k - k0) * g->es,
+             (const char *)g->src + (size_t)(so + (k - pd->lo[in]) / st * g->sst[in]) * g->es, g->es);
+    o += (size_t)m * g->es;
+    n -= m;
+    c[in] += m;
+    for (int d = in; d > 0 && c[d] == g->shape[d]; d--) c[d] = 0, c[d - 1]++;
+  }
+}
+
 /* Elements [lo, lo + n) in row-major order of g's shape (dst row-major: coalesced with it), read
  * at g's source strides into dst: a view's chunk for a loop that reads contiguous operands. */
 void cpu_copy_gather(const cpu_copy *g, int64_t lo, int64_t n, void *dst) {
+  if (g->pad) {
+    copy_gather_padded(g, lo, n, dst);
+    return;
+  }
   int nd = g->nd;
   int64_t c[GRAFT_MAX_DIMS], so = g->sbase, r = lo, inner = g->shape[nd - 1];
   for (int d = nd - 1; d >= 0; d--) {
@@ -196,6 +235,12 @@ bool cpu_copy_view(cpu_copy *g, const ref_arg *x) {
   const ref_view *v = x->view;
   *g = (cpu_copy){0};
   if (!v) return false;
+  if (v->pad) { /* not coalesced: the pad's dims each have their own bounds */
+    *g = (cpu_copy){.nd = v->ndim, .es = graft_dtype_size(x->dtype), .src = x->data, .pad = v->pad};
+    memcpy(g->shape, v->shape, sizeof(int64_t) * (size_t)v->ndim);
+    memcpy(g->sst, v->strides, sizeof(int64_t) * (size_t)v->ndim);
+    return true;
+  }
   int64_t rm[GRAFT_MAX_DIMS]; /* the walk's row-major order is the operand's */
   cpu_row_major(v->ndim, v->shape, rm);
   *g = (cpu_copy){.es = graft_dtype_size(x->dtype), .src = x->data};

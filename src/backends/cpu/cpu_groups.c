@@ -90,7 +90,7 @@ static int groups_run(const ref_plan *pl, const exec_program *p, int i, const re
   int64_t n = p->instr[i].numel;
   if (n < CPU_COPY_PAR_MIN) groups_range(S, 0, n);
   else cpu_parallel_run(groups_range, S, n);
-  if (j.rc) return err_set(GRAFT_ERR_OOM, "out of memory running a fused group"), -1; /* a scratch */
+  if (j.rc) return err_set(GRAFT_ERR_OOM, "out of memory for a fused group's scratch"), -1; /* the loops cannot fail: planned only for ops they run */
   return 0;
 }
 

@@ -272,6 +272,7 @@ typedef struct {
   const void *src;
   int64_t sbase, dbase;
   void *out;
+  const ref_padding *pad; /* a gather of a pad's view: shape is the pad's, sst the operand's */
 } cpu_copy;
 /* Below this many elements a copy or loop runs on the calling thread alone. */
 enum { CPU_COPY_PAR_MIN = 32768 };
@@ -303,6 +304,8 @@ typedef bool (*cpu_view_taker)(const exec_program *p, int j, int k, const ref_vi
 /* Which of p's movement instructions run as views (ref_run's views): those every reader takes;
  * NULL with none (or out of memory: then every instruction runs, as it would anyway). */
 ref_view *cpu_views_plan(const exec_program *p, cpu_view_taker takes);
+/* Frees a plan's views (NULL: nothing). */
+void cpu_views_free(ref_view *views, int ninstr);
 
 /* ---- cpu_groups.c: the first tier's fused elementwise groups ---- */
 /* The typed loop (not split for the pool) that computes instruction i of p, or NULL. */

@@ -22,7 +22,11 @@ static bool interp_supports(const exec_instr *ins) {
 /* The loops are built for AVX-512, AVX2 and the baseline, the CPU's chosen when the library
  * loads: baseline x86-64 did 2 doubles an instruction, and these loops are the first tier's
  * elementwise time (float math in double). */
+#if defined(__SANITIZE_THREAD__) /* TSan instruments the resolvers, which run before its runtime */
+#define INTERP_ISAS
+#else
 #define INTERP_ISAS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 #define UNARY_LOOP(T, EXPR)                                                                      \
   do {                                                                                           \
@@ -185,7 +189,10 @@ static int interp_pad(const exec_instr *ins, const ref_arg *in, void *out) {
     dst[d] = ost[d] * (1 + IR_ATTR_AT(ins->attr, PAD, interior, d));
     dbase += IR_ATTR_AT(ins->attr, PAD, lo, d) * ost[d];
   }
-  cpu_row_major(in[0].ndim, in[0].shape, sst);
+  if (in[0].view) /* a view walked as its own shape (interp_takes_view) */
+    memcpy(sst, in[0].view->strides, sizeof(int64_t) * (size_t)in[0].ndim);
+  else
+    cpu_row_major(in[0].ndim, in[0].shape, sst);
   cpu_copy_strided(in[0].ndim, in[0].shape, ins->dtype, in[0].data, 0, sst, out, dbase, dst);
   return 0;
 }
@@ -193,6 +200,7 @@ static int interp_pad(const exec_instr *ins, const ref_arg *in, void *out) {
 /* Operand x's destination strides in a concatenation's output (row-major strides ost), over
  * the dims x is walked by: its own, or its view's walk (false where the walk cannot say them). */
 static bool interp_concat_dst(const ref_arg *x, const int64_t *ost, int64_t *dst) {
+  if (x->view && x->view->pad) return false;
   if (!x->view || cpu_view_plain(x->view, x->ndim, x->shape)) {
     memcpy(dst, ost, sizeof(int64_t) * (size_t)x->ndim);
     return true;
@@ -352,6 +360,8 @@ static bool interp_takes_view(const exec_program *p, int j, int k, const ref_vie
     return interp_concat_dst(&(ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel, v}, ost, dst);
   }
   if (interp_loop_of(p, j)) return true;
+  if (ins->op == IR_PAD) /* a pad that runs copies a view walked as its own shape */
+    return !v->pad && cpu_view_plain(v, p->instr[ins->in[k]].ndim, p->instr[ins->in[k]].shape);
   ref_arg a[2];
   if (ins->op != IR_DOT) return false;
   for (int q = 0; q < 2; q++) {
@@ -372,11 +382,12 @@ ops_interp_path cpu_interp_route(const exec_instr *ins, const ref_arg *in) {
 /* The executable: the plan (views, fused groups) ref_run follows. */
 typedef struct {
   ref_plan plan;
+  int ninstr;
 } interp_exe;
 
 static void interp_free(void *exe) {
   interp_exe *x = exe;
-  free(x->plan.views);
+  cpu_views_free(x->plan.views, x->ninstr);
   cpu_groups_free(&x->plan);
   free(x);
 }
@@ -384,6 +395,7 @@ static void interp_free(void *exe) {
 static void *interp_compile(const exec_program *p) {
   interp_exe *x = calloc(1, sizeof *x);
   if (!x) return err_set(GRAFT_ERR_OOM, "out of memory planning a graph's first tier");
+  x->ninstr = p->ninstr;
   x->plan.views = cpu_views_plan(p, interp_takes_view);
   if (!cpu_groups_plan(p, &x->plan, interp_loop_of)) {
     interp_free(x);

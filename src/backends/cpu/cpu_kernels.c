@@ -664,7 +664,7 @@ static bool cpu_dot_layout(const ref_arg *x, bool *trans, int64_t *bstride) {
   int64_t R = x->shape[nd - 2], C = x->shape[nd - 1];
   *trans = false, *bstride = R * C;
   if (!x->view) return true;
-  if (!cpu_view_plain(x->view, nd, x->shape)) return false;
+  if (x->view->pad || !cpu_view_plain(x->view, nd, x->shape)) return false;
   const int64_t *st = x->view->strides;
   if (st[nd - 1] == 1 && (st[nd - 2] == C || R == 1)) *trans = false;
   else if (st[nd - 2] == 1 && (st[nd - 1] == R || C == 1)) *trans = true;

@@ -44,7 +44,7 @@ bool cpu_view_reshape(int ond, const int64_t *oshape, const int64_t *ost, int nn
   int64_t base = ost[ond - 1], tn = 1, vn = 1;
   for (int td = ond - 1; td >= 0; td--) {
     tn *= oshape[td];
-    if (td > 0 && oshape[td - 1] != 1 && ost[td - 1] == tn * base) continue; /* same block */
+    if (td > 0 && (oshape[td - 1] == 1 || ost[td - 1] == tn * base)) continue; /* same block */
     while (vd >= 0 && (vn < tn || nshape[vd] == 1)) {
       nst[vd] = vn * base;
       vn *= nshape[vd--];
@@ -59,9 +59,43 @@ bool cpu_view_plain(const ref_view *v, int nd, const int64_t *shape) {
   return v->ndim == nd && !memcmp(v->shape, shape, sizeof(int64_t) * (size_t)nd);
 }
 
-/* Whether reader j takes operand k as a view: a reshape when it is a view itself. */
+/* Whether reader j takes operand k as a view: a reshape or pad when it is a view itself (a pad
+ * that runs may still read a view: takes says). */
 static bool views_taken(const exec_program *p, const ref_view *v, int j, int k, cpu_view_taker takes) {
-  return p->instr[j].op == IR_RESHAPE ? v[j].on : takes(p, j, k, &v[p->instr[j].in[k]]);
+  ir_op op = p->instr[j].op;
+  if ((op == IR_RESHAPE || op == IR_PAD) && v[j].on) return true;
+  return op != IR_RESHAPE && takes(p, j, k, &v[p->instr[j].in[k]]);
+}
+
+/* v: pad ins (float) as a view of its operand x (row-major, or a view walked as itself: xv). */
+static bool views_pad(const exec_instr *ins, const exec_instr *x, const ref_view *xv, ref_view *v) {
+  if ((ins->dtype != GRAFT_F32 && ins->dtype != GRAFT_F64) || (xv->on && !cpu_view_plain(xv, x->ndim, x->shape)))
+    return false;
+  ref_padding *pd = malloc(sizeof *pd);
+  if (!pd) return false;
+  pd->fill = ins->attr.f;
+  pd->on_view = xv->on;
+  for (int d = 0; d < ins->ndim; d++) {
+    pd->lo[d] = IR_ATTR_AT(ins->attr, PAD, lo, d);
+    pd->step[d] = 1 + IR_ATTR_AT(ins->attr, PAD, interior, d);
+    pd->src[d] = x->shape[d];
+  }
+  v->ndim = ins->ndim;
+  memcpy(v->shape, ins->shape, sizeof(int64_t) * (size_t)ins->ndim);
+  if (xv->on) {
+    v->offset = xv->offset;
+    memcpy(v->strides, xv->strides, sizeof v->strides);
+  } else {
+    v->offset = 0;
+    cpu_row_major(x->ndim, x->shape, v->strides);
+  }
+  v->pad = pd;
+  return true;
+}
+
+void cpu_views_free(ref_view *v, int ninstr) {
+  for (int i = 0; v && i < ninstr; i++) free((void *)v[i].pad);
+  free(v);
 }
 
 ref_view *cpu_views_plan(const exec_program *p, cpu_view_taker takes) {
@@ -69,13 +103,28 @@ ref_view *cpu_views_plan(const exec_program *p, cpu_view_taker takes) {
   if (env && !strcmp(env, "0")) return NULL;
   ref_view *v = calloc((size_t)p->ninstr + 1, sizeof *v);
   if (!v) return NULL; /* every instruction runs: slower, never wrong */
+  /* A pad is a view only where its readers all gather (else it would keep its readers, a
+   * convolution's taps, from being views of the buffer it fills). */
+  static const ref_padding probe;
+  ref_view padded = {.pad = &probe};
+  bool *gathered = malloc((size_t)p->ninstr + 1);
+  if (!gathered) {
+    free(v);
+    return NULL;
+  }
+  memset(gathered, 1, (size_t)p->ninstr + 1);
+  for (int j = 0; j < p->ninstr; j++)
+    for (int k = 0; k < p->instr[j].nin; k++)
+      if (gathered[p->instr[j].in[k]] && !takes(p, j, k, &padded)) gathered[p->instr[j].in[k]] = false;
   int found = 0;
   for (int i = 0; i < p->ninstr; i++) { /* a movement op of a view runs; a reshape of one views */
     const exec_instr *ins = &p->instr[i];
     if (ins->nin != 1 || ins->is_output || ins->numel == 0) continue;
     const exec_instr *x = &p->instr[ins->in[0]];
     const ref_view *xv = &v[ins->in[0]];
-    if (xv->on && ins->op == IR_RESHAPE) { /* a reshape of a view: a view of the same buffer */
+    if (ins->op == IR_PAD) { /* a pad's view reads its operand's elements at their strides */
+      if (gathered[i] && views_pad(ins, x, xv, &v[i])) v[i].on = true, found++;
+    } else if (xv->on && ins->op == IR_RESHAPE && !xv->pad) { /* a reshape of a view: a view of the same buffer */
       v[i] = *xv;
       if (cpu_view_reshape(xv->ndim, xv->shape, xv->strides, ins->ndim, ins->shape, v[i].strides)) {
         v[i].ndim = ins->ndim; /* the new shape has strides: walked as itself */
@@ -84,7 +133,7 @@ ref_view *cpu_views_plan(const exec_program *p, cpu_view_taker takes) {
         memcpy(v[i].strides, xv->strides, sizeof v[i].strides); /* walked as the operand */
       }
       found++;
-    } else if (!xv->on && cpu_view_of(ins, x->ndim, x->shape, &v[i])) {
+    } else if (!xv->on && ins->op != IR_RESHAPE && cpu_view_of(ins, x->ndim, x->shape, &v[i])) {
       v[i].on = true, found++;
     }
   }
@@ -95,7 +144,8 @@ ref_view *cpu_views_plan(const exec_program *p, cpu_view_taker takes) {
     changed = false;
     for (int j = p->ninstr - 1; j >= 0; j--) {
       const exec_instr *ins = &p->instr[j];
-      if (v[j].on && ins->op == IR_RESHAPE && !v[ins->in[0]].on)
+      if (v[j].on && ((ins->op == IR_RESHAPE && !v[ins->in[0]].on) || /* its buffer would be */
+                      (ins->op == IR_PAD && v[j].pad->on_view && !v[ins->in[0]].on))) /* another's */
         v[j].on = false, found--, changed = true;
       for (int k = 0; k < ins->nin; k++) {
         ref_view *s = &v[ins->in[k]];
@@ -103,8 +153,9 @@ ref_view *cpu_views_plan(const exec_program *p, cpu_view_taker takes) {
       }
     }
   }
+  free(gathered);
   if (!found) {
-    free(v);
+    cpu_views_free(v, p->ninstr);
     return NULL;
   }
   __atomic_fetch_add(&cpu_stats.views, (uint64_t)found, __ATOMIC_RELAXED);

@@ -33,12 +33,22 @@ typedef ref_fn (*ref_pick_fn)(const exec_instr *ins, const ref_arg *in);
  * offset + sum c[d] * strides[d]. The walk is the instruction's own shape, except for a
  * reshape of a view whose strides cannot say the new shape (a convolution's taps, slices of a
  * padded input, flattened): the walk stays the operand's (on = false: it runs). */
+typedef struct {
+  double fill;
+  int64_t lo[GRAFT_MAX_DIMS], step[GRAFT_MAX_DIMS], src[GRAFT_MAX_DIMS];
+  bool on_view; /* planned over its operand's view (whose buffer and offset it reads) */
+} ref_padding;
 struct ref_view {
   bool on;
   int ndim;
   int64_t offset;
   int64_t shape[GRAFT_MAX_DIMS];
   int64_t strides[GRAFT_MAX_DIMS];
+  /* A pad's view (float data): the walk is the pad's output; element c is the fill unless every
+   * c[d] - lo[d] >= 0 is a multiple of step[d] below step[d] * src[d] (src: the operand's
+   * shape), then the operand's element (c[d] - lo[d]) / step[d], at offset + the sum of those
+   * times strides[d]. NULL: no padding. */
+  const ref_padding *pad;
 };
 /* A backend's plan for ref_run beyond its kernels (the first tier's, cpu_views.c and
  * cpu_groups.c): instructions that run as views; instructions computed inside a later one (a
