@@ -339,7 +339,7 @@ static ref_fn interp_pick(const exec_instr *ins, const ref_arg *in) {
 /* The typed loop that computes instruction i (not split for the pool), or NULL. */
 static ref_fn interp_loop_of(const exec_program *p, int i) {
   const exec_instr *ins = &p->instr[i];
-  ref_arg a[INTERP_MAX_IN];
+  ref_arg a[INTERP_MAX_IN] = {{0}};
   if (ins->nin > INTERP_MAX_IN) return NULL;
   for (int q = 0; q < ins->nin; q++) { /* the picks read no data */
     const exec_instr *x = &p->instr[ins->in[q]];
@@ -362,7 +362,7 @@ static bool interp_takes_view(const exec_program *p, int j, int k, const ref_vie
   if (interp_loop_of(p, j)) return true;
   if (ins->op == IR_PAD) /* a pad that runs copies a view walked as its own shape */
     return !v->pad && cpu_view_plain(v, p->instr[ins->in[k]].ndim, p->instr[ins->in[k]].shape);
-  ref_arg a[2];
+  ref_arg a[2] = {{0}};
   if (ins->op != IR_DOT) return false;
   for (int q = 0; q < 2; q++) {
     const exec_instr *x = &p->instr[ins->in[q]];
@@ -414,7 +414,7 @@ static void interp_explain(void *exe, const exec_program *p, int slot, char *buf
                            char **source) {
   (void)exe;
   const exec_instr *ins = &p->instr[slot];
-  ref_arg a[16];
+  ref_arg a[16] = {{0}};
   for (int k = 0; k < ins->nin && k < 16; k++) {
     const exec_instr *x = &p->instr[ins->in[k]];
     a[k] = (ref_arg){NULL, x->dtype, x->ndim, x->shape, x->numel, NULL}; /* the picks read no data */

@@ -113,10 +113,10 @@ static int cpu_reduce_float(const exec_instr *ins, const ref_arg *in, void *out)
 }
 
 cpu_host_fn cpu_reduce_kernel(const exec_instr *ins, const ref_arg *in) {
-  bool fl = (ins->dtype == GRAFT_F32 || ins->dtype == GRAFT_F64) && in[0].dtype == ins->dtype;
-  switch (ins->op) {
+  switch (ins->op) { /* in[0] only for a reduction: other instructions may have no operand */
   case IR_REDUCE_SUM: case IR_REDUCE_MAX: case IR_REDUCE_MIN: case IR_REDUCE_PROD:
-    return fl ? cpu_reduce_float : NULL;
+    return (ins->dtype == GRAFT_F32 || ins->dtype == GRAFT_F64) && in[0].dtype == ins->dtype
+               ? cpu_reduce_float : NULL;
   default:
     return NULL;
   }
