@@ -135,11 +135,13 @@ fi
 # on its own host ($tmp/NAME.RANK): once the link is gone, hostB cannot reach mpirun.
 train() {
   t0=$(now_ms)
-  onA 120 $MPIRUN sh -c 'exec "$0" train 2> "$1.$OMPI_COMM_WORLD_RANK"' "$BIN" "$tmp/$1" \
+  onA 200 $MPIRUN sh -c 'exec "$0" train 2> "$1.$OMPI_COMM_WORLD_RANK"' "$BIN" "$tmp/$1" \
     > "$tmp/$1" 2>&1 &
   job=$!
   pid_A="" pid_B=""
-  for _ in $(seq 1 300); do
+  # mpirun forwards the ranks' first lines after 2-60 s on this machine (seen with the code of
+  # several sessions): waited for up to ~90 s, the ranks train for 150 s unless stopped
+  for _ in $(seq 1 900); do
     pid_A=$(sed -n 's/^rank 0 pid \([0-9]*\) on hostA$/\1/p' "$tmp/$1")
     pid_B=$(sed -n 's/^rank 1 pid \([0-9]*\) on hostB$/\1/p' "$tmp/$1")
     [ -n "$pid_A" ] && [ -n "$pid_B" ] && break

@@ -39,29 +39,44 @@ typedef struct {
   int rc;
 } groups_job;
 
+/* The next chunk of n elements (of up to 8 bytes) of the scratch at *next. */
+static char *groups_take(char **next, int64_t n) {
+  char *p = *next;
+  *next += (size_t)n * sizeof(double);
+  return p;
+}
+
 static void groups_range(void **S, int64_t lo, int64_t hi) {
   groups_job *j = S[0];
   const cpu_group *g = j->g;
-  char *scratch = malloc((size_t)(g->n + j->nleaf) * GROUP_CHUNK * sizeof(double));
+  /* scratch: a chunk for each member but the root (it writes the output) and each view leaf;
+   * on the stack when small (a malloc that big is an mmap and page faults every run) */
+  int64_t chunk = hi - lo < GROUP_CHUNK ? hi - lo : GROUP_CHUNK;
+  int slots = g->n - 1;
+  for (int q = 0; q < j->nleaf; q++) slots += j->view[q].nd > 0;
+  size_t need = (size_t)slots * (size_t)chunk * sizeof(double);
+  _Alignas(64) char local[32768];
+  char *scratch = need <= sizeof local ? local : malloc(need), *next = scratch;
   if (!scratch) {
     __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED);
     return;
   }
-  char *node_buf[GROUP_MAX_NODES];
+  char *node_buf[GROUP_MAX_NODES], *leaf_buf[GROUP_MAX_LEAVES];
   const void *leaf_data[GROUP_MAX_LEAVES];
   exec_instr part[GROUP_MAX_NODES]; /* the members, each chunk's numel set in its copy */
   for (int m = 0; m < g->n; m++) {
-    node_buf[m] = scratch + (size_t)m * GROUP_CHUNK * sizeof(double);
+    node_buf[m] = m < g->n - 1 ? groups_take(&next, chunk) : NULL;
     part[m] = j->p->instr[g->node[m]];
   }
+  for (int q = 0; q < j->nleaf; q++)
+    leaf_buf[q] = j->view[q].nd ? groups_take(&next, chunk) : NULL;
   for (int64_t c = lo; c < hi; c += GROUP_CHUNK) {
     int64_t n = hi - c < GROUP_CHUNK ? hi - c : GROUP_CHUNK;
     for (int q = 0; q < j->nleaf; q++) {
       const ref_arg *x = &j->leaves[q];
       if (j->view[q].nd) {
-        char *buf = scratch + (size_t)(g->n + q) * GROUP_CHUNK * sizeof(double);
-        cpu_copy_gather(&j->view[q], c, n, buf);
-        leaf_data[q] = buf;
+        cpu_copy_gather(&j->view[q], c, n, leaf_buf[q]);
+        leaf_data[q] = leaf_buf[q];
       } else {
         leaf_data[q] = (const char *)x->data + (size_t)c * graft_dtype_size(x->dtype);
       }
@@ -78,7 +93,7 @@ static void groups_range(void **S, int64_t lo, int64_t hi) {
       if (g->fn[m](&part[m], a, o)) __atomic_store_n(&j->rc, -1, __ATOMIC_RELAXED);
     }
   }
-  free(scratch);
+  if (scratch != local) free(scratch);
 }
 
 static int groups_run(const ref_plan *pl, const exec_program *p, int i, const ref_arg *leaves,
