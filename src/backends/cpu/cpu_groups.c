@@ -180,10 +180,18 @@ static int groups_merge(const exec_program *p, const ref_plan *pl, const ref_fn 
   return merged;
 }
 
+/* Whether loop x reads a view: it runs as a root (a group of one at least), whose runner
+ * gathers its leaves' views. */
+static bool groups_reads_view(const exec_program *p, const ref_plan *pl, int x) {
+  for (int k = 0; pl->views && k < p->instr[x].nin; k++)
+    if (pl->views[p->instr[x].in[k]].on) return true;
+  return false;
+}
+
 bool cpu_groups_plan(const exec_program *p, ref_plan *pl, cpu_loop_fn loop_of) {
-  int n = p->ninstr;
-  const char *env = getenv("GRAFT_FIRST_TIER_FUSE"); /* 0: every instruction runs itself (A/B) */
-  if (env && !strcmp(env, "0")) return true;
+  int n = p->ninstr, roots = 0;
+  const char *env = getenv("GRAFT_FIRST_TIER_FUSE"); /* 0: no loop runs inside another (A/B) */
+  bool fuse = !env || strcmp(env, "0");
   ref_fn *fn = calloc((size_t)n + 1, sizeof *fn);
   pl->inside = malloc(sizeof(int) * ((size_t)n + 1));
   if (!fn || !pl->inside) goto oom;
@@ -191,9 +199,10 @@ bool cpu_groups_plan(const exec_program *p, ref_plan *pl, cpu_loop_fn loop_of) {
     pl->inside[i] = -1;
     fn[i] = p->instr[i].nin <= GROUP_MAX_IN && p->instr[i].numel > 0 ? loop_of(p, i) : NULL;
   }
-  int merged = groups_merge(p, pl, fn);
+  int merged = fuse ? groups_merge(p, pl, fn) : 0;
   if (merged < 0) goto oom;
-  if (!merged) {
+  for (int x = 0; x < n; x++) roots += fn[x] && groups_reads_view(p, pl, x);
+  if (!merged && !roots) {
     free(fn), free(pl->inside);
     pl->inside = NULL;
     return true;
@@ -215,9 +224,8 @@ bool cpu_groups_plan(const exec_program *p, ref_plan *pl, cpu_loop_fn loop_of) {
     int step = pl->inside[x] >= 0 ? pl->inside[x] : x; /* a member reads at its root's step */
     for (int k = 0; k < p->instr[x].nin; k++)
       if (pl->last_use[p->instr[x].in[k]] < step) pl->last_use[p->instr[x].in[k]] = step;
-    if (pl->inside[x] >= 0 && !gs->by_root[pl->inside[x]] &&
-        !(gs->by_root[pl->inside[x]] = calloc(1, sizeof(cpu_group))))
-      goto oom;
+    int r = pl->inside[x] >= 0 ? pl->inside[x] : fn[x] && groups_reads_view(p, pl, x) ? x : -1;
+    if (r >= 0 && !gs->by_root[r] && !(gs->by_root[r] = calloc(1, sizeof(cpu_group)))) goto oom;
   }
   for (int x = 0; x < n; x++) { /* members in program order: operands before readers, root last */
     cpu_group *g = gs->by_root[pl->inside[x] >= 0 ? pl->inside[x] : x];

@@ -311,7 +311,8 @@ void cpu_views_free(ref_view *views, int ninstr);
 /* The typed loop (not split for the pool) that computes instruction i of p, or NULL. */
 typedef ref_fn (*cpu_loop_fn)(const exec_program *p, int i);
 /* Fills plan's groups (inside, last_use, nleaf, leaf, run_root, ctx; its views set before);
- * none where nothing merges. False when out of memory (error set; the plan's groups freed). */
+ * a loop reading a view is a root too (its runner gathers views); none without either.
+ * False when out of memory (error set; the plan's groups freed). */
 bool cpu_groups_plan(const exec_program *p, ref_plan *plan, cpu_loop_fn loop_of);
 /* Frees what cpu_groups_plan allocated (a plan without groups: nothing). */
 void cpu_groups_free(ref_plan *plan);

@@ -232,9 +232,9 @@ static int interp_concat(const exec_instr *ins, const ref_arg *in, void *out) {
 
 /* An elementwise loop whose operands share the output's shape, over element ranges on the
  * pool: each chunk runs the loop on its range (a copy of the instruction with that numel, the
- * operands and output offset to it). An operand that is a view is gathered a chunk at a time
- * into a scratch the loop reads (in L1, where a copy of the whole view went to memory and back). */
-enum { INTERP_MAX_IN = 3, INTERP_CHUNK = 1024 };
+ * operands and output offset to it). A loop reading a view never runs here: the plan makes it
+ * a fused group's root (cpu_groups.c), whose runner gathers the view a chunk at a time. */
+enum { INTERP_MAX_IN = 3 };
 
 typedef struct {
   ref_fn fn;
@@ -242,62 +242,29 @@ typedef struct {
   const ref_arg *in;
   void *out;
   int rc;
-  bool views;
-  cpu_copy view[INTERP_MAX_IN]; /* a view operand's strides, coalesced (nd 0: not a view) */
 } interp_split;
 
-static void interp_split_part(interp_split *sp, int64_t lo, int64_t hi, const void *const *data) {
+static void interp_split_range(void **S, int64_t lo, int64_t hi) {
+  interp_split *sp = S[0];
   exec_instr part = *sp->ins;
   ref_arg a[INTERP_MAX_IN];
   part.numel = hi - lo;
   for (int k = 0; k < part.nin; k++) {
     a[k] = sp->in[k];
-    a[k].data = data ? data[k] : (char *)a[k].data + (size_t)lo * graft_dtype_size(a[k].dtype);
+    a[k].data = (char *)a[k].data + (size_t)lo * graft_dtype_size(a[k].dtype);
     a[k].numel = hi - lo;
-    a[k].view = NULL;
   }
   char *o = (char *)sp->out + (size_t)lo * graft_dtype_size(part.dtype);
   if (sp->fn(&part, a, o)) __atomic_store_n(&sp->rc, -1, __ATOMIC_RELAXED);
 }
 
-static void interp_split_range(void **S, int64_t lo, int64_t hi) {
-  interp_split *sp = S[0];
-  if (!sp->views) {
-    interp_split_part(sp, lo, hi, NULL);
-    return;
-  }
-  _Alignas(64) char scratch[INTERP_MAX_IN][INTERP_CHUNK * sizeof(double)];
-  const void *data[INTERP_MAX_IN];
-  for (int64_t c = lo; c < hi; c += INTERP_CHUNK) {
-    int64_t n = hi - c < INTERP_CHUNK ? hi - c : INTERP_CHUNK;
-    for (int k = 0; k < sp->ins->nin; k++) {
-      const ref_arg *x = &sp->in[k];
-      if (sp->view[k].nd) {
-        cpu_copy_gather(&sp->view[k], c, n, scratch[k]);
-        data[k] = scratch[k];
-      } else data[k] = (const char *)x->data + (size_t)c * graft_dtype_size(x->dtype);
-    }
-    interp_split_part(sp, c, c + n, data);
-  }
-}
-
-/* Runs fn over the instruction's elements (views gathered), on the pool when there are many. */
-static int interp_split_run(ref_fn fn, const exec_instr *ins, const ref_arg *in, void *out) {
-  interp_split sp = {fn, ins, in, out, 0, false, {{0}}};
-  for (int k = 0; k < ins->nin; k++) sp.views |= cpu_copy_view(&sp.view[k], &in[k]);
-  void *S[1] = {&sp};
-  if (ins->numel < CPU_COPY_PAR_MIN) interp_split_range(S, 0, ins->numel);
-  else cpu_parallel_run(interp_split_range, S, ins->numel);
-  return sp.rc;
-}
-
 #define INTERP_PARALLEL(name)                                                                    \
   static int name##_par(const exec_instr *ins, const ref_arg *in, void *out) {                   \
-    bool views = false;                                                                          \
-    for (int k = 0; k < ins->nin; k++) views |= in[k].view != NULL;                               \
-    if ((ins->numel < CPU_COPY_PAR_MIN && !views) || ins->nin > INTERP_MAX_IN)                   \
-      return name(ins, in, out);                                                                 \
-    return interp_split_run(name, ins, in, out);                                                 \
+    if (ins->numel < CPU_COPY_PAR_MIN || ins->nin > INTERP_MAX_IN) return name(ins, in, out);    \
+    interp_split sp = {name, ins, in, out, 0};                                                   \
+    void *S[1] = {&sp};                                                                          \
+    cpu_parallel_run(interp_split_range, S, ins->numel);                                         \
+    return sp.rc;                                                                                \
   }
 INTERP_PARALLEL(interp_unary)
 INTERP_PARALLEL(interp_binary)
