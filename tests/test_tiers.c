@@ -9,6 +9,7 @@
 #include "../src/graph/graph.h" /* tier_wait_idle */
 #include "../src/backends/cpu/cpu.h" /* cpu_stats.views */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -728,6 +729,79 @@ TEST(queued_steps_wait_for_a_sooner_build) {
   gates_remove();
 }
 
+/* A value read on another thread: graft_to_host holds graft's lock while its step is queued. */
+typedef struct {
+  graft_tensor *t;
+  float out[1000];
+  graft_status st;
+} tiers_reader;
+static void *tiers_read(void *arg) {
+  tiers_reader *r = arg;
+  r->st = graft_to_host(r->t, r->out, sizeof r->out);
+  return NULL;
+}
+
+/* y = op(x * k) run once to the end, then queued again: its build is queued (or running). */
+static graft_tensor *run_then_queue(graft_tensor *x, graft_tensor *(*op)(graft_tensor *)) {
+  float out[1000];
+  graft_scope_begin();
+  CHECK(graft_to_host(op(graft_mul_scalar(x, 1)), out, sizeof out) == GRAFT_OK);
+  graft_scope_end();
+  graft_tensor *y = op(graft_mul_scalar(x, 2));
+  CHECK(graft_sync(&y, 1) == GRAFT_OK);
+  return y;
+}
+
+/* A thread that reads a value holds graft's lock while the steps queued before it run (a
+ * training loop traced ahead, then loss.item()): the compile thread does not wait for that
+ * lock between builds. Two graphs' builds are queued, a third graph's step holds the executor,
+ * another thread reads that step's value; the first build is let go, and the second one still
+ * runs while the reader waits (it had waited for the reader: a GPT LM on 4 lengths ran 150 of
+ * its 200 steps on the first tier). Their results are recorded once the lock is free. */
+TEST(builds_go_on_while_a_reader_holds_the_lock) {
+  gates_install();
+  float *v;
+  graft_tensor *x = async_input(1, &v);
+  graft_metrics_reset();
+  atomic_store(&quick_open, 0);
+  graft_tensor *a = run_then_queue(x, graft_sigmoid), *b = run_then_queue(x, graft_erf);
+  atomic_store(&first_open, 0);
+  atomic_store(&first_entered, 0);
+  tiers_reader r = {.t = graft_atan(x)};
+  CHECK(graft_sync(&r.t, 1) == GRAFT_OK);
+  for (int i = 0; i < 10000 && !atomic_load(&first_entered); i++) usleep(1000);
+  CHECK(atomic_load(&first_entered) >= 1); /* the executor holds a step on the first tier */
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, tiers_read, &r) == 0);
+  bool held = false; /* until the reader holds graft's lock */
+  for (int i = 0; i < 10000 && !held; i++) {
+    held = !tensor_trylock();
+    if (!held) tensor_unlock(), usleep(1000);
+  }
+  CHECK(held);
+  atomic_store(&quick_open, 1);
+  for (int i = 0; i < 60000 && atomic_load(&quick_built) < 2; i++) usleep(1000);
+  CHECK(atomic_load(&quick_built) == 2); /* both builds ran while the reader waited */
+  atomic_store(&first_open, 1);
+  pthread_join(th, NULL);
+  CHECK(r.st == GRAFT_OK);
+  CHECK_NEAR(r.out[7], atanf(v[7]), 1e-6);
+  float out[1000];
+  CHECK(graft_to_host(a, out, sizeof out) == GRAFT_OK);
+  CHECK_NEAR(out[7], 1 / (1 + expf(-2 * v[7])), 1e-6);
+  CHECK(graft_to_host(b, out, sizeof out) == GRAFT_OK);
+  CHECK_NEAR(out[7], erff(2 * v[7]), 1e-6);
+  graft_wait_compiles(); /* records both quick builds, then builds every graph in full */
+  CHECK(M().quick_compiles == 2);
+  CHECK(M().native_compiles == 3); /* and the reader's graph, run once */
+  graft_release(a);
+  graft_release(b);
+  graft_release(r.t);
+  graft_release(x);
+  free(v);
+  gates_remove();
+}
+
 /* A forked child's own work: a graph run twice, then every build waited for; its values, and
  * (unless compiling is off) native code ran. Exit status 0 when all is right; an alarm turns a
  * hang into a failure. */
@@ -809,6 +883,7 @@ int main(void) {
   RUN(compiler_supports_decides_what_compiles);
   RUN(queued_steps_wait_for_a_sooner_build);
   RUN(queued_steps_switch_to_native_code);
+  RUN(builds_go_on_while_a_reader_holds_the_lock);
   RUN(fork_during_build_and_queued_steps);
   graft_shutdown();
   return CHECK_DONE();

@@ -10,6 +10,7 @@ _Static_assert(sizeof(uintptr_t) >= 8, "a handle packs a 32-bit index and a 32-b
 static pthread_mutex_t tensor_mu = PTHREAD_MUTEX_INITIALIZER;
 void tensor_lock(void) { pthread_mutex_lock(&tensor_mu); }
 void tensor_unlock(void) { pthread_mutex_unlock(&tensor_mu); }
+bool tensor_trylock(void) { return pthread_mutex_trylock(&tensor_mu) == 0; }
 
 /* Slots live in chunks that never move while graft runs; the table of chunks is fixed-size so a
  * handle decodes with two loads. */

@@ -19,6 +19,8 @@ typedef struct tensor_slot {
 /* The one lock that guards tracing, graphs and the caches (a lock per device later). */
 void tensor_lock(void);
 void tensor_unlock(void);
+/* Takes the lock if no other thread holds it; false otherwise. */
+bool tensor_trylock(void);
 
 /* Decodes a handle (lock held); sets the error (naming fn) and returns NULL if it is NULL,
  * released, or not a graft tensor. */

@@ -37,6 +37,7 @@ void graft_metrics_get(graft_metrics *m) {
   if (!m) return;
   tensor_lock();
   async_drain(); /* the executor thread's counters describe finished steps */
+  tier_record_results(); /* and the compile thread's, finished builds */
   *m = metrics.m;
   m->live_tensors = (uint64_t)tensor_live_count();
   m->pending_nodes = (uint64_t)ir_pending_count();

@@ -42,6 +42,23 @@ static int q_forking; /* a fork waits for the build in progress: start no other 
 static pthread_t q_thread;
 static int warned;
 
+/* A build's result that waits for graft's lock to be recorded (tier_finish). A thread that
+ * reads a value holds that lock while it waits for the steps queued before it (a training
+ * loop traced far ahead, then `loss.item()`): the compile thread, which had waited for the lock
+ * after each build, ran no other build meanwhile (a GPT LM on 4 lengths ran 150 of 200 steps on
+ * the first tier, the other lengths' builds queued behind the lock). It leaves the result here
+ * and starts its next build; the next thread to hold the lock records it (tier_hit). The steps
+ * do not wait for the record: they run what tier_landed published. */
+typedef struct tier_result {
+  struct tier_result *next;
+  cache_entry *e;
+  void *exe;
+  tier_level level;
+  double ms;
+  char err[512];
+} tier_result;
+static tier_result *q_results, **q_results_tail = &q_results; /* q_mu; in landing order */
+
 static tier_mode tier_get_mode(void) {
   static atomic_int unknown_said;
   const char *m = getenv("GRAFT_COMPILE");
@@ -87,6 +104,41 @@ static void tier_finish(cache_entry *e, void *exe, tier_level level, const char 
     fprintf(stderr, "graft: warning: the %s backend could not compile a graph; graphs that fail "
             "run on the first tier: %s\n", e->fast->name, err);
   }
+}
+
+void tier_record_results(void) {
+  pthread_mutex_lock(&q_mu);
+  tier_result *r = q_results;
+  q_results = NULL;
+  q_results_tail = &q_results;
+  pthread_mutex_unlock(&q_mu);
+  while (r) {
+    tier_result *next = r->next;
+    tier_finish(r->e, r->exe, r->level, r->err, r->ms);
+    free(r);
+    r = next;
+  }
+}
+
+/* Records a build's result now if graft's lock is free, else leaves it for the next holder
+ * (compile thread, no lock held). */
+static void tier_record(cache_entry *e, void *exe, tier_level level, const char *err, double ms) {
+  if (!tensor_trylock()) {
+    tier_result *r = malloc(sizeof *r);
+    if (r) {
+      *r = (tier_result){.e = e, .exe = exe, .level = level, .ms = ms};
+      snprintf(r->err, sizeof r->err, "%s", err);
+      pthread_mutex_lock(&q_mu);
+      *q_results_tail = r;
+      q_results_tail = &r->next;
+      pthread_mutex_unlock(&q_mu);
+      return;
+    }
+    tensor_lock(); /* no memory for the record: wait for the lock as before */
+  }
+  tier_record_results();
+  tier_finish(e, exe, level, err, ms);
+  tensor_unlock();
 }
 
 /* GRAFT_COMPILE_QUICK (default on): a graph compiled in the background first gets a quick build,
@@ -187,9 +239,7 @@ static void *tier_worker(void *arg) {
     if (level == TIER_LEVEL_QUICK && exe && tier_compiler_runs(e->fast) > runs) /* it compiled */
       atomic_store(&q_build_ms_per_instr, ms / (e->prog->ninstr + 1));
     tier_landed(e, exe);
-    tensor_lock();
-    tier_finish(e, exe, level, err, ms);
-    tensor_unlock();
+    tier_record(e, exe, level, err, ms);
     pthread_mutex_lock(&q_mu);
     q_busy = 0;
     pthread_cond_broadcast(&q_between);
@@ -389,9 +439,8 @@ void *tier_native_for(cache_entry *e, int queued) {
   until.tv_sec += (time_t)(wait_ms / 1000);
   until.tv_nsec += (long)(fmod(wait_ms, 1000) * 1e6);
   if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-  /* Only for a build that is running: one queued behind others waits for them, and the compile
-   * thread takes graft's lock between builds, which a traced step reading a value (holding it)
-   * may keep until this step ran. */
+  /* Only for a build that is running: one queued behind others waits for them too, which the
+   * estimate does not count. */
   pthread_mutex_lock(&q_mu);
   while (atomic_load(&e->building) && q_current == e && q_started && !q_stop && !q_forking)
     if (pthread_cond_timedwait(&q_landed, &q_mu, &until) == ETIMEDOUT) break;
@@ -400,6 +449,7 @@ void *tier_native_for(cache_entry *e, int queued) {
 }
 
 void tier_hit(cache_entry *e) {
+  tier_record_results();
   e->inherited = false;
   if (e->tier != TIER_ONCE || tier_get_mode() == TIER_MODE_OFF) return;
   if (e->varying && tier_from_library(e)) return;
@@ -418,9 +468,16 @@ void graft_wait_compiles(void) {
   tensor_lock(); /* graphs that ran once are compiled too: the caller wants native code */
   cache_foreach(tier_want_full);
   tensor_unlock();
-  pthread_mutex_lock(&q_mu);
-  while (q_started && (q_head || q_busy)) pthread_cond_wait(&q_idle, &q_mu);
-  pthread_mutex_unlock(&q_mu);
+  for (;;) { /* a quick build's result, recorded, queues its full build */
+    pthread_mutex_lock(&q_mu);
+    while (q_started && (q_head || q_busy)) pthread_cond_wait(&q_idle, &q_mu);
+    bool left = q_results != NULL;
+    pthread_mutex_unlock(&q_mu);
+    if (!left) return;
+    tensor_lock();
+    tier_record_results();
+    tensor_unlock();
+  }
 }
 
 static void tier_stop_thread(void) {
@@ -434,6 +491,9 @@ static void tier_stop_thread(void) {
   pthread_cond_broadcast(&q_landed);
   pthread_mutex_unlock(&q_mu);
   pthread_join(q_thread, NULL);
+  tensor_lock(); /* the results the thread left own their code (freed with the graphs) */
+  tier_record_results();
+  tensor_unlock();
   /* Emptied after the join: a quick build finishing during the stop re-queues its entry for the
    * full one (tier_finish), and the queue must not keep it past cache_clear, which frees it
    * (a later session's enqueue wrote through the stale tail: AddressSanitizer, test_tiers). */
