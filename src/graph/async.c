@@ -172,6 +172,7 @@ static buffer_failure *job_execute(async_job *j) {
   double ms = metrics_now_ms() - x0;
   async_count_run(p, ms, native != NULL, rc == 0);
   if (!native && !rc) j->e->first_tier_ms = ms;
+  if (native && !rc) atomic_store(&j->e->native_ms, atomic_load(&j->e->native_ms) + ms);
   for (int k = 0; k < p->nparams; k++)
     if (!j->donated[k]) buffer_release(j->bufs[k]); /* the backend released the donated ones */
   if (!rc) return NULL;

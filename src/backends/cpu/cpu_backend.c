@@ -45,7 +45,7 @@ static bool cpu_supports(const exec_instr *ins) {
 }
 
 /* Compiles may come from the background compile thread and from a caller at once (sync mode):
- * one at a time, and the counters they write are read under the same lock. */
+ * one at a time. */
 static pthread_mutex_t cpu_compile_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t cpu_src_mu = PTHREAD_MUTEX_INITIALIZER; /* cpu_last_src */
 
@@ -80,8 +80,10 @@ static void *cpu_compile_cached(const exec_program *p, bool *full) {
   return e;
 }
 
+/* Without the compile lock: a build holds it for seconds, and graft_metrics_get asks here with
+ * graft's lock held (graft.metrics() after a step waited 1.7 s for resnet18's background build,
+ * and every traced op with it). Every counter is written with atomics. */
 static void cpu_backend_stats(backend_stats *out) {
-  pthread_mutex_lock(&cpu_compile_mu);
   out->compiles = __atomic_load_n(&cpu_stats.compiles, __ATOMIC_RELAXED);
   out->disk_hits = __atomic_load_n(&cpu_stats.disk_hits, __ATOMIC_RELAXED);
   out->kernels_compiled = __atomic_load_n(&cpu_stats.bodies_compiled, __ATOMIC_RELAXED);
@@ -92,7 +94,6 @@ static void cpu_backend_stats(backend_stats *out) {
   out->kernels_demoted = __atomic_load_n(&cpu_stats.demoted, __ATOMIC_RELAXED);
   for (int op = 0; op < IR_OP_COUNT; op++) /* runs on two threads add to them */
     out->fallbacks[op] = __atomic_load_n(&cpu_stats.fallback[op], __ATOMIC_RELAXED);
-  pthread_mutex_unlock(&cpu_compile_mu);
 }
 
 static void cpu_backend_shutdown(void) {
