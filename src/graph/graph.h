@@ -132,7 +132,7 @@ void *tier_native_for(cache_entry *e, int queued);
 /* Stops the compile thread (lock NOT held: the thread takes it to publish results). */
 void tier_shutdown(void);
 /* Records the builds the compile thread finished while graft's lock was held elsewhere (lock
- * held): their metrics, and a quick build's queued full one. */
+ * held): their metrics and levels (a quick build's full one then waits until it pays). */
 void tier_record_results(void);
 /* Tests: returns when no build is queued or running (queues nothing), so that the caller may
  * change the environment the compile thread reads. */
