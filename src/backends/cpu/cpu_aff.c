@@ -14,10 +14,9 @@
 #include <string.h>
 
 static cpu_apos *aff_new(cpu_cg *g) {
-  cpu_apos *q = rd_arena_alloc(&g->ar, sizeof *q);
+  cpu_apos *q = rd_arena_alloc(&g->r.ar, sizeof *q);
   if (!q) {
-    if (!g->failed) snprintf(g->fail_what, sizeof g->fail_what, ": out of memory merging loops");
-    g->failed = 1;
+    rd_fail(&g->r, "out of memory merging loops");
   }
   return q;
 }
@@ -137,8 +136,7 @@ const char *cpu_aff_load(cpu_cg *g, const cpu_apos *ap, int nd, const int64_t *s
   for (int j = 0; j < g->aff_ncand; j++)
     if (g->aff_gone >> g->aff_cand[j] & 1) { j0 = j; break; }
   if (aff_pairs_bad(g, &L, j0)) { /* the trial said they compose: a generator bug */
-    if (!g->failed) snprintf(g->fail_what, sizeof g->fail_what, ": merged loop dims disagree");
-    g->failed = 1;
+    rd_fail(&g->r, "merged loop dims disagree");
   }
   rd_sb e = {0};
   rd_sb_printf(&e, "(%" PRId64, L.b);
@@ -146,8 +144,8 @@ const char *cpu_aff_load(cpu_cg *g, const cpu_apos *ap, int nd, const int64_t *s
     if (L.a[r] && g->aff_n[r] > 1 && !(g->aff_gone >> r & 1))
       rd_sb_printf(&e, " + i%d * %" PRId64, r, L.a[r]);
   rd_sb_puts(&e, ")");
-  const char *s = rd_fmt(&g->ar, "%s", e.s ? e.s : "0");
-  if (e.oom) g->failed = 1;
+  const char *s = rd_fmt(&g->r.ar, "%s", e.s ? e.s : "0");
+  if (e.oom) g->r.failed = 1;
   rd_sb_free(&e);
   return s;
 }
@@ -160,8 +158,8 @@ const char *cpu_aff_key(cpu_cg *g, const cpu_apos *ap, int nd) {
     for (int r = 0; r < g->aff_nv; r++) rd_sb_printf(&e, ",%" PRId64, ap->c[d].a[r]);
     rd_sb_puts(&e, ";");
   }
-  const char *s = rd_fmt(&g->ar, "%s", e.s ? e.s : "");
-  if (e.oom) g->failed = 1;
+  const char *s = rd_fmt(&g->r.ar, "%s", e.s ? e.s : "");
+  if (e.oom) g->r.failed = 1;
   rd_sb_free(&e);
   return s;
 }
@@ -177,19 +175,19 @@ int cpu_aff_plan(cpu_cg *g, int v, int nd, const int64_t *shape, const int *cand
   g->aff_ncand = nc;
   for (int d = 0; d < nd; d++) g->aff_n[d] = shape[d];
   for (int j = 0; j < nc; j++) g->aff_cand[j] = cand[j];
-  cpu_pos pos = {.nd = nd, .shape = shape, .has_c = 1, .ap = cpu_aff_root(g, nd)};
-  for (int d = 0; d < nd; d++) pos.c[d] = shape[d] == 1 ? "0" : rd_fmt(&g->ar, "i%d", d);
-  rd_sb trial = {0}, *body = g->body;
+  rd_pos pos = {.nd = nd, .shape = shape, .has_c = 1, .ap = cpu_aff_root(g, nd)};
+  for (int d = 0; d < nd; d++) pos.c[d] = shape[d] == 1 ? "0" : rd_fmt(&g->r.ar, "i%d", d);
+  rd_sb trial = {0}, *body = g->r.body;
   unsigned char *rc_state = g->rc_state;
-  int ntmp = g->ntmp;
-  g->body = &trial;
+  int ntmp = g->r.ntmp;
+  g->r.body = &trial;
   g->rc_state = NULL;
-  g->nmemo = 0;
-  cpu_value(g, v, pos);
-  g->body = body;
+  g->r.nmemo = 0;
+  rd_value(&g->r, v, pos);
+  g->r.body = body;
   g->rc_state = rc_state;
-  g->ntmp = ntmp;
-  g->nmemo = 0;
+  g->r.ntmp = ntmp;
+  g->r.nmemo = 0;
   rd_sb_free(&trial);
   int k = 1;
   while (k < nc && !(g->aff_bad >> (nc - 1 - k) & 1)) k++;
@@ -205,8 +203,7 @@ int cpu_aff_plan(cpu_cg *g, int v, int nd, const int64_t *shape, const int *cand
 
 void cpu_aff_end(cpu_cg *g) {
   if (g->aff_emit && g->aff_fail) { /* the trial found none of this: a generator bug */
-    if (!g->failed) snprintf(g->fail_what, sizeof g->fail_what, ": merged loop dims disagree");
-    g->failed = 1;
+    rd_fail(&g->r, "merged loop dims disagree");
   }
   g->aff_on = g->aff_emit = g->aff_fail = 0;
   g->aff_gone = 0;

@@ -117,9 +117,9 @@ static void cpu_close_loops(rd_sb *b, int n) {
   for (int d = 0; d < n; d++) rd_sb_puts(b, "    }\n");
 }
 
-static cpu_pos cpu_loop_pos(cpu_cg *g, int nd, const int64_t *shape) {
-  cpu_pos pos = {.nd = nd, .shape = shape, .has_c = 1};
-  for (int d = 0; d < nd; d++) pos.c[d] = shape[d] == 1 ? "0" : rd_fmt(&g->ar, "i%d", d);
+static rd_pos cpu_loop_pos(cpu_cg *g, int nd, const int64_t *shape) {
+  rd_pos pos = {.nd = nd, .shape = shape, .has_c = 1};
+  for (int d = 0; d < nd; d++) pos.c[d] = shape[d] == 1 ? "0" : rd_fmt(&g->r.ar, "i%d", d);
   return pos;
 }
 
@@ -127,20 +127,20 @@ static cpu_pos cpu_loop_pos(cpu_cg *g, int nd, const int64_t *shape) {
 /* The split factor for member i's innermost loop (see cpu_cg.split_var): a trial generation
  * into a scratch body, with row-scratch caching off so that it changes no planning state. */
 static int64_t cpu_member_split(cpu_cg *g, int i, int a) {
-  const exec_instr *ins = &g->p->instr[i];
+  const exec_instr *ins = &g->r.p->instr[i];
   int L = ins->ndim - 1;
   if (L < a || ins->shape[L] < 2) return 0;
-  rd_sb trial = {0}, *body = g->body;
+  rd_sb trial = {0}, *body = g->r.body;
   unsigned char *rc_state = g->rc_state;
-  g->body = &trial;
+  g->r.body = &trial;
   g->rc_state = NULL;
-  g->split_var = rd_fmt(&g->ar, "i%d", L);
+  g->split_var = rd_fmt(&g->r.ar, "i%d", L);
   g->split_want = 0;
   g->split_f = 0;
-  g->nmemo = 0;
-  g->self = i;
-  cpu_value(g, i, cpu_loop_pos(g, ins->ndim, ins->shape));
-  g->body = body;
+  g->r.nmemo = 0;
+  g->r.self = i;
+  rd_value(&g->r, i, cpu_loop_pos(g, ins->ndim, ins->shape));
+  g->r.body = body;
   g->rc_state = rc_state;
   rd_sb_free(&trial);
   int64_t F = g->split_want;
@@ -150,55 +150,55 @@ static int64_t cpu_member_split(cpu_cg *g, int i, int a) {
 /* A lone row kernel whose trailing dims [from, ndim) were merged (cpu_kernel_merge): one loop
  * on the innermost merged dim over their product; the others read "0". */
 static void cpu_member_kernel_merged(cpu_cg *g, int i, int a) {
-  const exec_instr *ins = &g->p->instr[i];
+  const exec_instr *ins = &g->r.p->instr[i];
   int nl = 0;
   for (int d = a; d < ins->ndim; d++) {
     if (g->aff_gone >> d & 1) continue;
     int64_t n = ins->shape[d];
     for (int e = a; e < ins->ndim && d == g->aff_inner; e++)
       if (g->aff_gone >> e & 1) n *= ins->shape[e];
-    rd_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d, n, d);
+    rd_sb_printf(g->r.body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d, n, d);
     nl++;
   }
-  g->nmemo = 0;
-  g->self = i;
-  cpu_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
+  g->r.nmemo = 0;
+  g->r.self = i;
+  rd_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
   pos.ap = cpu_aff_root(g, ins->ndim);
   for (int d = 0; d < ins->ndim; d++)
     if (g->aff_gone >> d & 1) pos.c[d] = "0";
-  const char *v = cpu_value(g, i, pos);
+  const char *v = rd_value(&g->r, i, pos);
   pos.ap = NULL; /* the output: row-major, so its merged dims compose */
   pos.lin = NULL;
-  rd_sb_printf(g->body, "      p%d[%s] = %s;\n", i, rd_lin(&g->ar, ins->ndim, ins->shape, pos.c), v);
-  cpu_close_loops(g->body, nl);
+  rd_sb_printf(g->r.body, "      p%d[%s] = %s;\n", i, rd_lin(&g->r.ar, ins->ndim, ins->shape, pos.c), v);
+  cpu_close_loops(g->r.body, nl);
 }
 
 /* The loops over dims [a, ndim) of a kernel member, the innermost split by F (when not 0). */
 static void cpu_member_loops(cpu_cg *g, const exec_instr *ins, int a, int64_t F) {
   int L = ins->ndim - 1;
   if (F) {
-    cpu_open_loops(g->body, a, L, ins->shape, NULL);
-    rd_sb_printf(g->body, "    for (int64_t i%dh = 0; i%dh < %" PRId64 "; i%dh++)\n", L, L,
+    cpu_open_loops(g->r.body, a, L, ins->shape, NULL);
+    rd_sb_printf(g->r.body, "    for (int64_t i%dh = 0; i%dh < %" PRId64 "; i%dh++)\n", L, L,
                   ins->shape[L] / F, L);
-    rd_sb_printf(g->body, "    for (int64_t i%dl = 0; i%dl < %" PRId64 "; i%dl++) {\n", L, L, F, L);
-    rd_sb_printf(g->body, "      const int64_t i%d = i%dh * %" PRId64 " + i%dl;\n", L, L, F, L);
+    rd_sb_printf(g->r.body, "    for (int64_t i%dl = 0; i%dl < %" PRId64 "; i%dl++) {\n", L, L, F, L);
+    rd_sb_printf(g->r.body, "      const int64_t i%d = i%dh * %" PRId64 " + i%dl;\n", L, L, F, L);
   } else {
-    cpu_open_loops(g->body, a, ins->ndim, ins->shape, NULL);
+    cpu_open_loops(g->r.body, a, ins->ndim, ins->shape, NULL);
   }
 }
 
 /* A member's element loops are generated in two bodies: the statements that run once per row
- * (g->row_pre: cpu_value_concat_rowsel's part pointers) and the element loop's own, written out
+ * (g->row_pre: cpu_concat_rowsel's part pointers) and the element loop's own, written out
  * by cpu_row_body_end as the first, the loops over dims [a, ndim), the second. Returns the body
  * to restore. */
 static rd_sb *cpu_row_body_begin(cpu_cg *g, int a) {
-  rd_sb *outer = g->body;
-  g->body = calloc(1, sizeof(rd_sb));
+  rd_sb *outer = g->r.body;
+  g->r.body = calloc(1, sizeof(rd_sb));
   g->row_pre = calloc(1, sizeof(rd_sb));
-  if (!g->body || !g->row_pre) { /* generate into the outer body, nothing per row */
-    free(g->body), free(g->row_pre);
-    g->body = outer, g->row_pre = NULL;
-    g->failed = 1;
+  if (!g->r.body || !g->row_pre) { /* generate into the outer body, nothing per row */
+    free(g->r.body), free(g->row_pre);
+    g->r.body = outer, g->row_pre = NULL;
+    g->r.failed = 1;
     return NULL;
   }
   g->row_vars = a;
@@ -212,13 +212,13 @@ static void cpu_row_body_end(cpu_cg *g, rd_sb *outer, const exec_instr *ins, int
     cpu_member_loops(g, ins, a, F); /* (a failed generation: the text is never compiled) */
     return;
   }
-  rd_sb *elems = g->body, *pre = g->row_pre;
-  g->body = outer;
+  rd_sb *elems = g->r.body, *pre = g->row_pre;
+  g->r.body = outer;
   g->row_pre = NULL;
   if (pre->n) rd_sb_puts(outer, pre->s);
   cpu_member_loops(g, ins, a, F);
   if (elems->n) rd_sb_puts(outer, elems->s);
-  if (elems->oom || pre->oom) g->failed = 1;
+  if (elems->oom || pre->oom) g->r.failed = 1;
   rd_sb_free(elems), rd_sb_free(pre);
   free(elems), free(pre);
 }
@@ -227,40 +227,40 @@ static void cpu_row_body_end(cpu_cg *g, rd_sb *outer, const exec_instr *ins, int
  * row lies in is fixed for the row, so the if/else chain runs once per row around the inner
  * loops, each branch its own loops, instead of inside the innermost loop for every element. */
 static void cpu_member_concat_rows(cpu_cg *g, int i, int a, int64_t F) {
-  const exec_instr *ins = &g->p->instr[i];
+  const exec_instr *ins = &g->r.p->instr[i];
   int ax = (int)IR_ATTR(ins->attr, AXIS, axis), nparts = 0, seen = 0;
-  for (int k = 0; k < ins->nin; k++) nparts += g->p->instr[ins->in[k]].shape[ax] != 0;
+  for (int k = 0; k < ins->nin; k++) nparts += g->r.p->instr[ins->in[k]].shape[ax] != 0;
   int64_t off = 0;
   for (int k = 0; k < ins->nin; k++) {
-    const exec_instr *xk = &g->p->instr[ins->in[k]];
+    const exec_instr *xk = &g->r.p->instr[ins->in[k]];
     int64_t ext = xk->shape[ax];
     if (ext == 0) continue;
     seen++;
-    if (seen == 1 && nparts > 1) rd_sb_printf(g->body, "    if (i%d < %" PRId64 ") {\n", ax, off + ext);
-    else if (seen < nparts) rd_sb_printf(g->body, "    } else if (i%d < %" PRId64 ") {\n", ax, off + ext);
-    else if (nparts > 1) rd_sb_puts(g->body, "    } else {\n");
+    if (seen == 1 && nparts > 1) rd_sb_printf(g->r.body, "    if (i%d < %" PRId64 ") {\n", ax, off + ext);
+    else if (seen < nparts) rd_sb_printf(g->r.body, "    } else if (i%d < %" PRId64 ") {\n", ax, off + ext);
+    else if (nparts > 1) rd_sb_puts(g->r.body, "    } else {\n");
     rd_sb *outer = cpu_row_body_begin(g, a);
-    g->split_var = F ? rd_fmt(&g->ar, "i%d", ins->ndim - 1) : NULL;
+    g->split_var = F ? rd_fmt(&g->r.ar, "i%d", ins->ndim - 1) : NULL;
     g->split_f = F;
-    g->nmemo = 0;
-    g->self = i;
-    cpu_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
-    cpu_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
+    g->r.nmemo = 0;
+    g->r.self = i;
+    rd_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
+    rd_pos qk = {.nd = xk->ndim, .shape = xk->shape, .has_c = 1};
     for (int d = 0; d < ins->ndim; d++) qk.c[d] = pos.c[d];
-    qk.c[ax] = off ? rd_fmt(&g->ar, "(%s - %" PRId64 ")", pos.c[ax], off) : pos.c[ax];
-    const char *v = cpu_value(g, ins->in[k], qk);
-    rd_sb_printf(g->body, "      p%d[%s] = %s;\n", i, cpu_pos_lin(g, &pos), v);
+    qk.c[ax] = off ? rd_fmt(&g->r.ar, "(%s - %" PRId64 ")", pos.c[ax], off) : pos.c[ax];
+    const char *v = rd_value(&g->r, ins->in[k], qk);
+    rd_sb_printf(g->r.body, "      p%d[%s] = %s;\n", i, rd_pos_lin(&g->r, &pos), v);
     cpu_row_body_end(g, outer, ins, a, F);
-    cpu_close_loops(g->body, ins->ndim - a);
+    cpu_close_loops(g->r.body, ins->ndim - a);
     off += ext;
   }
-  if (nparts > 1) rd_sb_puts(g->body, "    }\n");
+  if (nparts > 1) rd_sb_puts(g->r.body, "    }\n");
   g->split_var = NULL;
   g->split_f = 0;
 }
 
 static void cpu_member_kernel(cpu_cg *g, int i, int a, bool lone) {
-  const exec_instr *ins = &g->p->instr[i];
+  const exec_instr *ins = &g->r.p->instr[i];
   if (g->kmerge_from >= 0 && g->aff_emit) {
     cpu_member_kernel_merged(g, i, a);
     return;
@@ -272,31 +272,31 @@ static void cpu_member_kernel(cpu_cg *g, int i, int a, bool lone) {
     return;
   }
   rd_sb *outer = cpu_row_body_begin(g, a);
-  g->split_var = F ? rd_fmt(&g->ar, "i%d", L) : NULL;
+  g->split_var = F ? rd_fmt(&g->r.ar, "i%d", L) : NULL;
   g->split_f = F;
-  g->nmemo = 0;
-  g->self = i;
-  cpu_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
-  const char *v = cpu_value(g, i, pos);
+  g->r.nmemo = 0;
+  g->r.self = i;
+  rd_pos pos = cpu_loop_pos(g, ins->ndim, ins->shape);
+  const char *v = rd_value(&g->r, i, pos);
   g->split_var = NULL;
   g->split_f = 0;
   cpu_row_body_end(g, outer, ins, a, F);
   if (g->stream == i) {
-    rd_sb_printf(g->body, "      ob%d[%s] = %s;\n", i, cpu_row_inner(g), v);
-    cpu_close_loops(g->body, ins->ndim - a);
+    rd_sb_printf(g->r.body, "      ob%d[%s] = %s;\n", i, cpu_row_inner(g), v);
+    cpu_close_loops(g->r.body, ins->ndim - a);
     int64_t len = cpu_row_len(g);
-    rd_sb_printf(g->body, "    gc_stream(p%d + r * %" PRId64 ", ob%d, %" PRId64 ");\n", i, len, i,
+    rd_sb_printf(g->r.body, "    gc_stream(p%d + r * %" PRId64 ", ob%d, %" PRId64 ");\n", i, len, i,
                   len * (int64_t)graft_dtype_size(ins->dtype));
     return;
   }
-  rd_sb_printf(g->body, "      p%d[%s] = %s;\n", i, cpu_pos_lin(g, &pos), v);
-  cpu_close_loops(g->body, ins->ndim - a);
+  rd_sb_printf(g->r.body, "      p%d[%s] = %s;\n", i, rd_pos_lin(&g->r, &pos), v);
+  cpu_close_loops(g->r.body, ins->ndim - a);
 }
 
 /* Reduction root i: vars for its kept dims exist; the unit index r is the output index. */
 static void cpu_member_reduce(cpu_cg *g, int i, bool merge) {
-  const exec_instr *ins = &g->p->instr[i];
-  const exec_instr *x = &g->p->instr[ins->in[0]];
+  const exec_instr *ins = &g->r.p->instr[i];
+  const exec_instr *x = &g->r.p->instr[ins->in[0]];
   int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
   graft_dtype dt = ins->dtype;
   rd_red R = rd_reduce(&rd_dialect_c, true, ins);
@@ -311,7 +311,7 @@ static void cpu_member_reduce(cpu_cg *g, int i, bool merge) {
     }
   /* A lone reduction's reduced dims whose strides compose in every load run as one loop
    * (cpu_aff.c); the innermost of them carries it, over the product of their sizes. */
-  g->self = -1;
+  g->r.self = -1;
   int64_t run = last >= 0 ? x->shape[last] : 1;
   if (merge && cpu_aff_plan(g, ins->in[0], x->ndim, x->shape, cand, nc)) {
     last = g->aff_inner;
@@ -320,13 +320,13 @@ static void cpu_member_reduce(cpu_cg *g, int i, bool merge) {
       if (g->aff_gone >> d & 1) run *= x->shape[d];
     nr -= __builtin_popcount(g->aff_gone);
   }
-  rd_sb_printf(g->body, "    %s acc%d = %s; int nfa%d = 0; (void)nfa%d;\n", acc_t, i, init, i, i);
+  rd_sb_printf(g->r.body, "    %s acc%d = %s; int nfa%d = 0; (void)nfa%d;\n", acc_t, i, init, i, i);
   /* outer reduced loops */
   for (int d = 0; d < x->ndim; d++)
     if ((mask >> d & 1) && d != last && !(g->aff_emit && (g->aff_gone >> d & 1)))
-      rd_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d,
+      rd_sb_printf(g->r.body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", d, d,
                     x->shape[d], d);
-  const char *a2 = nr ? "a2" : rd_fmt(&g->ar, "acc%d", i), *nf = nr ? "nf" : rd_fmt(&g->ar, "nfa%d", i);
+  const char *a2 = nr ? "a2" : rd_fmt(&g->r.ar, "acc%d", i), *nf = nr ? "nf" : rd_fmt(&g->r.ar, "nfa%d", i);
   /* An f32 sum over a short innermost run accumulates in f32 lanes (full vector width; PyTorch
    * sums in f32 throughout), and the runs add up in double; a merged run longer than
    * CPU_F32_RUN does so in blocks of CPU_F32_RUN. */
@@ -334,41 +334,41 @@ static void cpu_member_reduce(cpu_cg *g, int i, bool merge) {
                    (run <= CPU_F32_RUN || g->aff_emit);
   bool blocks = f32_lanes && run > CPU_F32_RUN;
   if (blocks)
-    rd_sb_printf(g->body, "    for (int64_t i%db = 0; i%db < %" PRId64 "; i%db += %d) {\n", last,
+    rd_sb_printf(g->r.body, "    for (int64_t i%db = 0; i%db < %" PRId64 "; i%db += %d) {\n", last,
                   last, run, last, CPU_F32_RUN);
   if (nr) {
-    rd_sb_printf(g->body, "    %s a2 = %s; int nf = 0;\n", f32_lanes ? "float" : acc_t, init);
-    rd_sb_printf(g->body, "    #pragma omp simd reduction(%s:a2)%s\n", red,
+    rd_sb_printf(g->r.body, "    %s a2 = %s; int nf = 0;\n", f32_lanes ? "float" : acc_t, init);
+    rd_sb_printf(g->r.body, "    #pragma omp simd reduction(%s:a2)%s\n", red,
                   fl && (mx || mn) ? " reduction(|:nf)" : "");
     if (blocks)
-      rd_sb_printf(g->body, "    for (int64_t i%d = i%db; i%d < (i%db + %d < %" PRId64 " ? i%db + %d : %"
+      rd_sb_printf(g->r.body, "    for (int64_t i%d = i%db; i%d < (i%db + %d < %" PRId64 " ? i%db + %d : %"
                     PRId64 "); i%d++) {\n", last, last, last, last, CPU_F32_RUN, run, last,
                     CPU_F32_RUN, run, last);
     else
-      rd_sb_printf(g->body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", last, last,
+      rd_sb_printf(g->r.body, "    for (int64_t i%d = 0; i%d < %" PRId64 "; i%d++) {\n", last, last,
                     run, last);
   }
-  g->nmemo = 0;
-  cpu_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
+  g->r.nmemo = 0;
+  rd_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
   if (g->aff_emit) {
     pos.ap = cpu_aff_root(g, x->ndim);
     for (int d = 0; d < x->ndim; d++)
       if (g->aff_gone >> d & 1) pos.c[d] = "0";
   }
-  const char *v = cpu_value(g, ins->in[0], pos);
+  const char *v = rd_value(&g->r, ins->in[0], pos);
   cpu_aff_end(g);
-  if (f32_lanes) rd_sb_printf(g->body, "      %s += %s;\n", a2, v);
-  else rd_red_step(g->body, "      ", &R, a2, nf, v);
+  if (f32_lanes) rd_sb_printf(g->r.body, "      %s += %s;\n", a2, v);
+  else rd_red_step(g->r.body, "      ", &R, a2, nf, v);
   if (nr) {
-    rd_sb_puts(g->body, "    }\n");
-    if (!mx && !mn) rd_sb_printf(g->body, "    acc%d %s= a2;\n", i, red);
-    else rd_sb_printf(g->body, "    acc%d = a2 %s acc%d ? a2 : acc%d; nfa%d |= nf;\n", i,
+    rd_sb_puts(g->r.body, "    }\n");
+    if (!mx && !mn) rd_sb_printf(g->r.body, "    acc%d %s= a2;\n", i, red);
+    else rd_sb_printf(g->r.body, "    acc%d = a2 %s acc%d ? a2 : acc%d; nfa%d |= nf;\n", i,
                        mx ? ">" : "<", i, i, i);
-    cpu_close_loops(g->body, nr - 1 + blocks);
+    cpu_close_loops(g->r.body, nr - 1 + blocks);
   }
-  const char *fin = rd_red_final(&g->ar, &rd_dialect_c, ins, &R, rd_fmt(&g->ar, "acc%d", i),
-                                 rd_fmt(&g->ar, "nfa%d", i));
-  rd_sb_printf(g->body, "    p%d[r] = %s;\n", i, fin);
+  const char *fin = rd_red_final(&g->r.ar, &rd_dialect_c, ins, &R, rd_fmt(&g->r.ar, "acc%d", i),
+                                 rd_fmt(&g->r.ar, "nfa%d", i));
+  rd_sb_printf(g->r.body, "    p%d[r] = %s;\n", i, fin);
 }
 
 static bool cpu_is_arg(ir_op op) { return op == IR_ARGMAX || op == IR_ARGMIN; }
@@ -388,12 +388,12 @@ static bool cpu_is_colsum(const exec_program *p, int i) {
 }
 
 static void cpu_member_colsum(cpu_cg *g, int i) {
-  const exec_instr *ins = &g->p->instr[i];
-  const exec_instr *x = &g->p->instr[ins->in[0]];
+  const exec_instr *ins = &g->r.p->instr[i];
+  const exec_instr *x = &g->r.p->instr[ins->in[0]];
   int64_t mask = IR_ATTR(ins->attr, REDUCE, mask);
   int last = x->ndim - 1;
   int64_t W = x->shape[last];
-  rd_sb *b = g->body;
+  rd_sb *b = g->r.body;
   rd_sb_printf(b, "  double cacc[%d];\n", CPU_COLSUM_BLOCK);
   rd_sb_puts(b, "  for (int64_t r0 = lo; r0 < hi;) {\n");
   rd_sb_printf(b, "    const int64_t o = r0 / %" PRId64 ", w0 = r0 %% %" PRId64 ";\n", W, W);
@@ -414,10 +414,10 @@ static void cpu_member_colsum(cpu_cg *g, int i) {
     }
   rd_sb_printf(b, "    #pragma omp simd\n    for (int64_t i%d = w0; i%d < w1; i%d++) {\n", last,
                 last, last);
-  g->nmemo = 0;
-  g->self = -1;
-  cpu_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
-  const char *v = cpu_value(g, ins->in[0], pos);
+  g->r.nmemo = 0;
+  g->r.self = -1;
+  rd_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
+  const char *v = rd_value(&g->r, ins->in[0], pos);
   rd_sb_printf(b, "      cacc[i%d - w0] += (double)%s;\n    }\n", last, v);
   cpu_close_loops(b, nr);
   rd_sb_printf(b, "    for (int64_t w = w0; w < w1; w++) p%d[o * %" PRId64 " + w] = %s(cacc[w - w0]);\n",
@@ -428,29 +428,29 @@ static void cpu_member_colsum(cpu_cg *g, int i) {
 /* argmax/argmin root i (a standalone kernel: vars for the other dims exist; r is the output
  * index). As the reference: the first extreme wins; for floats the first NaN is the extreme. */
 static void cpu_member_arg(cpu_cg *g, int i) {
-  const exec_instr *ins = &g->p->instr[i];
-  const exec_instr *x = &g->p->instr[ins->in[0]];
+  const exec_instr *ins = &g->r.p->instr[i];
+  const exec_instr *x = &g->r.p->instr[ins->in[0]];
   int ax = (int)IR_ATTR(ins->attr, ARG, axis);
   bool fl = dtype_is_float(x->dtype), mn = ins->op == IR_ARGMIN;
   const char *T = fl ? cpu_ctype(x->dtype) : "int64_t";
-  g->nmemo = 0;
-  g->self = -1;
-  cpu_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
+  g->r.nmemo = 0;
+  g->r.self = -1;
+  rd_pos pos = cpu_loop_pos(g, x->ndim, x->shape);
   pos.c[ax] = "0";
-  const char *v0 = cpu_value(g, ins->in[0], pos);
-  rd_sb_printf(g->body, "    %s bv = (%s)%s; int64_t best = 0;\n", T, T, v0);
-  rd_sb_printf(g->body, "    for (int64_t i%d = 1; i%d < %" PRId64 "; i%d++) {\n", ax, ax,
+  const char *v0 = rd_value(&g->r, ins->in[0], pos);
+  rd_sb_printf(g->r.body, "    %s bv = (%s)%s; int64_t best = 0;\n", T, T, v0);
+  rd_sb_printf(g->r.body, "    for (int64_t i%d = 1; i%d < %" PRId64 "; i%d++) {\n", ax, ax,
                 x->shape[ax], ax);
-  g->nmemo = 0;
+  g->r.nmemo = 0;
   pos = cpu_loop_pos(g, x->ndim, x->shape);
-  const char *v = cpu_value(g, ins->in[0], pos);
+  const char *v = rd_value(&g->r, ins->in[0], pos);
   if (fl)
-    rd_sb_printf(g->body, "      const %s v = %s;\n      if (bv == bv && (v != v || v %s bv)) "
+    rd_sb_printf(g->r.body, "      const %s v = %s;\n      if (bv == bv && (v != v || v %s bv)) "
                   "{ bv = v; best = i%d; }\n", T, v, mn ? "<" : ">", ax);
   else
-    rd_sb_printf(g->body, "      const int64_t v = (int64_t)%s;\n      if (v %s bv) { bv = v; "
+    rd_sb_printf(g->r.body, "      const int64_t v = (int64_t)%s;\n      if (v %s bv) { bv = v; "
                   "best = i%d; }\n", v, mn ? "<" : ">", ax);
-  rd_sb_printf(g->body, "    }\n    p%d[r] = best;\n", i);
+  rd_sb_printf(g->r.body, "    }\n    p%d[r] = best;\n", i);
 }
 
 /* The kernel's signature: the slots it touches are restrict-qualified parameters of k<kid>_
@@ -458,10 +458,10 @@ static void cpu_member_arg(cpu_cg *g, int i) {
  * and gave up vectorizing past a few dozen pointers), called by k<kid>(S, lo, hi). */
 /* ", const float *restrict p<s>" for each slot the kernel reads or writes, in slot order. */
 static void cpu_kernel_params(cpu_cg *g, rd_sb *out, const unsigned char *writes) {
-  for (int s = 0; s < g->p->ninstr; s++) {
-    if (!g->reads[s] && !writes[s]) continue;
+  for (int s = 0; s < g->r.p->ninstr; s++) {
+    if (!g->r.reads[s] && !writes[s]) continue;
     rd_sb_printf(out, ", %s%s *restrict p%d", writes[s] ? "" : "const ",
-                  cpu_ctype(g->p->instr[s].dtype), s);
+                  cpu_ctype(g->r.p->instr[s].dtype), s);
   }
 }
 
@@ -472,13 +472,13 @@ static void cpu_kernel_head(cpu_cg *g, rd_sb *out, int kid, const unsigned char 
   cpu_kernel_params(g, out, writes);
   rd_sb_puts(out, ") {\n");
   int64_t len = g->oshape ? cpu_row_len(g) : 0;
-  for (int s = 0; s < g->p->ninstr && g->rc_state; s++)
+  for (int s = 0; s < g->r.p->ninstr && g->rc_state; s++)
     if (g->rc_state[s])
       rd_sb_printf(out, "  %s rc%d[%" PRId64 "] __attribute__((aligned(64)));\n",
-                    cpu_ctype(g->p->instr[s].dtype), s, len);
+                    cpu_ctype(g->r.p->instr[s].dtype), s, len);
   if (g->stream >= 0)
     rd_sb_printf(out, "  %s ob%d[%" PRId64 "] __attribute__((aligned(64)));\n",
-                  cpu_ctype(g->p->instr[g->stream].dtype), g->stream, g->oshape ? len : CPU_NT_BLOCK);
+                  cpu_ctype(g->r.p->instr[g->stream].dtype), g->stream, g->oshape ? len : CPU_NT_BLOCK);
 }
 
 /* Records kernel kid: its body (a new one's definition def also goes to the rendering out
@@ -490,14 +490,14 @@ static void cpu_kernel_emit(cpu_cg *g, rd_sb *out, int kid, const unsigned char 
   bool fresh = false;
   int body = def->s ? cpu_dedup_find(&g->dedup, def->s, &fresh) : -1;
   if (body < 0) {
-    g->failed = 1;
+    g->r.failed = 1;
     return;
   }
   g->cur_body = body;
   g->cur_slot0 = g->code->nslots;
   g->cur_nslot = 0;
-  for (int s = 0; s < g->p->ninstr; s++)
-    if (g->reads[s] || writes[s]) {
+  for (int s = 0; s < g->r.p->ninstr; s++)
+    if (g->r.reads[s] || writes[s]) {
       cpu_code_slot(g->code, s);
       g->cur_nslot++;
     }
@@ -518,7 +518,7 @@ enum { CPU_GEN_OK = 0, CPU_GEN_NOT_ROW_LOCAL = 1, CPU_GEN_NEEDS_COORDS = 2 };
  * (or its value, memoized); the member whose output streams out (the last) goes through a
  * block buffer. Returns CPU_GEN_NEEDS_COORDS when some load needs coordinates. */
 static int cpu_gen_flat(cpu_cg *g, const cpu_group *G, unsigned char *writes, rd_sb *body) {
-  const exec_program *p = g->p;
+  const exec_program *p = g->r.p;
   bool streams = g->stream >= 0;
   if (streams) { /* blocks computed into ob<i>, streamed out */
     rd_sb_printf(body, "  for (int64_t L0 = lo; L0 < hi; L0 += %d) {\n", CPU_NT_BLOCK);
@@ -528,18 +528,18 @@ static int cpu_gen_flat(cpu_cg *g, const cpu_group *G, unsigned char *writes, rd
   } else {
     rd_sb_puts(body, "  for (int64_t L = lo; L < hi; L++) {\n");
   }
-  g->nmemo = 0;
+  g->r.nmemo = 0;
   for (int m = 0; m < G->nm && !g->violation; m++) {
     int i = G->inst[m];
     const exec_instr *ins = &p->instr[i];
     writes[i] = 1;
-    g->self = i;
-    cpu_pos pos = {.nd = ins->ndim, .shape = ins->shape, .lin = "L"};
+    g->r.self = i;
+    rd_pos pos = {.nd = ins->ndim, .shape = ins->shape, .lin = "L"};
     if (ins->ndim <= 1) {
       pos.has_c = 1;
       if (ins->ndim == 1) pos.c[0] = ins->shape[0] == 1 ? "0" : "L";
     }
-    const char *v = cpu_value(g, i, pos);
+    const char *v = rd_value(&g->r, i, pos);
     if (g->stream == i) rd_sb_printf(body, "      ob%d[L - L0] = %s;\n", i, v);
     else rd_sb_printf(body, "      p%d[L] = %s;\n", i, v);
     if (G->nm > 1) g->member[i] = 1;
@@ -550,23 +550,23 @@ static int cpu_gen_flat(cpu_cg *g, const cpu_group *G, unsigned char *writes, rd
   else
     rd_sb_puts(body, "  }\n");
   if (g->violation) return CPU_GEN_NOT_ROW_LOCAL;
-  return g->need_unravel && p->instr[G->inst[0]].ndim >= 2 ? CPU_GEN_NEEDS_COORDS : CPU_GEN_OK;
+  return g->r.need_unravel && p->instr[G->inst[0]].ndim >= 2 ? CPU_GEN_NEEDS_COORDS : CPU_GEN_OK;
 }
 
 /* Generates the kernel of group G into out; returns a CPU_GEN_* code. One function (~95 lines):
  * the loop nest's header, members' bodies and stores, and the row-scratch and streaming
  * declarations share the same per-kernel locals; split, each piece would take most of them. */
 static int cpu_gen_once(cpu_cg *g, const cpu_group *G, int kid, rd_sb *out) {
-  const exec_program *p = g->p;
+  const exec_program *p = g->r.p;
   int n = p->ninstr;
   unsigned char *writes = calloc((size_t)n, 1);
   rd_sb body = {0};
-  g->body = &body;
-  memset(g->reads, 0, (size_t)n);
+  g->r.body = &body;
+  memset(g->r.reads, 0, (size_t)n);
   memset(g->member, 0, (size_t)n);
   g->violation = 0;
-  g->need_unravel = 0;
-  g->ntmp = 0;
+  g->r.need_unravel = 0;
+  g->r.ntmp = 0;
   g->gouter = G->a > 0 ? G->a : 0;
   g->oshape = G->a >= 0 ? G->oshape : NULL;
   g->ond = G->a >= 0 ? G->ond : 0;
@@ -622,11 +622,11 @@ done:
     cpu_kernel_head(g, &def, kid, writes);
     rd_sb_puts(&def, body.s ? body.s : "");
     rd_sb_puts(&def, "}\n\n");
-    if (def.oom) g->failed = 1;
+    if (def.oom) g->r.failed = 1;
     cpu_kernel_emit(g, out, kid, writes, &def);
     rd_sb_free(&def);
   }
-  if (body.oom) g->failed = 1;
+  if (body.oom) g->r.failed = 1;
   rd_sb_free(&body);
   free(writes);
   return rc;
@@ -648,12 +648,12 @@ static size_t cpu_nt_min_bytes(const cpu_cg *g, const exec_instr *ins) {
 /* Generates group G: picks the member whose output streams out, and (row groups) the values
  * worth a row scratch, by generating it a few times and counting re-evaluations. */
 static int cpu_gen_group(cpu_cg *g, const cpu_group *G, int kid, rd_sb *out) {
-  const exec_program *p = g->p;
+  const exec_program *p = g->r.p;
   int n = p->ninstr, last = G->inst[G->nm - 1];
   const exec_instr *li = &p->instr[last];
   size_t esz = graft_dtype_size(li->dtype);
   g->stream = -1;
-  if (g->pl->role[last] == FUSE_KERNEL && (size_t)li->numel * esz >= cpu_nt_min_bytes(g, li)) {
+  if (g->r.pl->role[last] == FUSE_KERNEL && (size_t)li->numel * esz >= cpu_nt_min_bytes(g, li)) {
     if (G->a < 0) g->stream = last;
     else if (li->ndim == G->ond && !memcmp(li->shape, G->oshape, sizeof(int64_t) * (size_t)G->ond)) {
       int64_t len = 1;
@@ -704,12 +704,12 @@ void cpu_costs(const exec_program *p, const fuse_plan *pl, int *cost) {
 /* Records where instruction step `step` ends among the code's steps; releases are inserted
  * there once every step's reads are known (cpu_finish_steps). */
 static void cpu_emit_releases(cpu_cg *g, int step) {
-  if (step < g->p->ninstr) g->step_end[step] = (size_t)g->code->nstep;
+  if (step < g->r.p->ninstr) g->step_end[step] = (size_t)g->code->nstep;
 }
 
 /* The code's steps with each buffer's release after the step of its last use. */
 static void cpu_finish_steps(const cpu_cg *g, const int *last_step, int nsteps) {
-  const exec_program *p = g->p;
+  const exec_program *p = g->r.p;
   cpu_code *c = g->code;
   cpu_step *raw = c->step;
   int nraw = c->nstep, from = 0;
@@ -761,11 +761,11 @@ void cpu_gen_prelude(rd_sb *out) {
 
 /* A BLAS call for the GEMM instruction i (a zero fill when K == 0); marks what it reads. */
 static void cpu_gen_gemm_call(const cpu_cg *g, int i, int step, int *last_step) {
-  const exec_program *p = g->p;
+  const exec_program *p = g->r.p;
   const exec_instr *ins = &p->instr[i], *A = &p->instr[ins->in[0]];
   int64_t M = A->shape[A->ndim - 2], K = A->shape[A->ndim - 1], N = ins->shape[ins->ndim - 1];
   int64_t batch = (M != 0 && N != 0) ? ins->numel / (M * N) : 0;
-  int ta, tb, sa = fuse_library_operand(p, g->pl, ins->in[0], &ta), sb = fuse_library_operand(p, g->pl, ins->in[1], &tb);
+  int ta, tb, sa = fuse_library_operand(p, g->r.pl, ins->in[0], &ta), sb = fuse_library_operand(p, g->r.pl, ins->in[1], &tb);
   cpu_gemm_call c = {.dbl = ins->dtype != GRAFT_F32, .ta = ta ? CPU_CBLAS_TRANS : CPU_CBLAS_NO_TRANS,
                      .tb = tb ? CPU_CBLAS_TRANS : CPU_CBLAS_NO_TRANS, .a = sa, .b = sb, .c = i,
                      .m = M, .n = N, .k = batch ? K : 0, .lda = ta ? M : K, .sa = M * K,
@@ -780,9 +780,9 @@ static void cpu_gen_gemm_call(const cpu_cg *g, int i, int step, int *last_step) 
  * share its rows (dims [0, *a) of *osh). */
 static void cpu_form_group(const cpu_cg *g, int i, int *inst, cpu_group *G, int *a,
                            const int64_t **osh, int *ond) {
-  const exec_program *p = g->p;
+  const exec_program *p = g->r.p;
   const exec_instr *ins = &p->instr[i];
-  int role = g->pl->role[i];
+  int role = g->r.pl->role[i];
   *a = 0, *ond = 0, *osh = NULL;
   *G = (cpu_group){.inst = inst, .nm = 0, .a = -1, .oshape = NULL};
   if (role == FUSE_REDUCE && !cpu_is_arg(ins->op) && cpu_is_trailing_reduce(p, i, a)) {
@@ -796,9 +796,9 @@ static void cpu_form_group(const cpu_cg *g, int i, int *inst, cpu_group *G, int 
   inst[G->nm++] = i;
   if (!*osh || *a < 1) return;
   for (int j = i + 1; j < p->ninstr; j++) {
-    int rj = g->pl->role[j];
+    int rj = g->r.pl->role[j];
     if (rj == FUSE_INLINE || rj == FUSE_DEAD || rj == FUSE_PARAM) continue;
-    if (!cpu_can_join(p, g->pl, j, *a, *osh)) break;
+    if (!cpu_can_join(p, g->r.pl, j, *a, *osh)) break;
     inst[G->nm++] = j;
   }
 }
@@ -808,18 +808,18 @@ static void cpu_form_group(const cpu_cg *g, int i, int *inst, cpu_group *G, int 
  * (cpu_aff.c; the emitting state stays set for cpu_member_kernel), or -1. Not for outputs that
  * stream out (their rows are written through cpu_row_inner's coordinates). */
 static int cpu_kernel_merge(cpu_cg *g, int i) {
-  const exec_instr *ins = &g->p->instr[i];
+  const exec_instr *ins = &g->r.p->instr[i];
   if ((size_t)ins->numel * graft_dtype_size(ins->dtype) >= cpu_nt_min_bytes(g, ins)) return -1;
   int cand[GRAFT_MAX_DIMS], nc = 0;
   for (int d = 1; d < ins->ndim; d++)
     if (ins->shape[d] > 1) cand[nc++] = d;
   rd_sb scratch = {0};
-  g->body = &scratch;
-  memset(g->member, 0, (size_t)g->p->ninstr);
+  g->r.body = &scratch;
+  memset(g->member, 0, (size_t)g->r.p->ninstr);
   g->split_var = NULL;
-  g->self = i;
+  g->r.self = i;
   int k = cpu_aff_plan(g, i, ins->ndim, ins->shape, cand, nc);
-  g->body = NULL;
+  g->r.body = NULL;
   rd_sb_free(&scratch);
   return k ? cand[nc - k] : -1;
 }
@@ -827,12 +827,12 @@ static int cpu_kernel_merge(cpu_cg *g, int i) {
 /* A group of several elementwise members of one shape: a candidate for one flat loop (the
  * rows of a [512, 512, 3, 3] weight update would be 3 elements long). */
 static bool cpu_group_flat_shaped(const cpu_cg *g, const cpu_group *G) {
-  const exec_program *p = g->p;
+  const exec_program *p = g->r.p;
   const exec_instr *f = &p->instr[G->inst[0]];
   if (G->nm < 2) return false;
   for (int m = 0; m < G->nm; m++) {
     const exec_instr *x = &p->instr[G->inst[m]];
-    if (g->pl->role[G->inst[m]] != FUSE_KERNEL || x->ndim != f->ndim ||
+    if (g->r.pl->role[G->inst[m]] != FUSE_KERNEL || x->ndim != f->ndim ||
         memcmp(x->shape, f->shape, sizeof(int64_t) * (size_t)f->ndim))
       return false;
   }
@@ -843,8 +843,8 @@ static bool cpu_group_flat_shaped(const cpu_cg *g, const cpu_group *G) {
  * flat when it can be, else by rows; a row group shrinks until its members are row-local. Returns a CPU_GEN_* code (OK when done). */
 static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *osh, int ond,
                                 int kid, rd_sb *kern) {
-  const exec_instr *ins = &g->p->instr[G->inst[0]];
-  int role = g->pl->role[G->inst[0]], rc;
+  const exec_instr *ins = &g->r.p->instr[G->inst[0]];
+  int role = g->r.pl->role[G->inst[0]], rc;
   if (G->nm == 1 && role == FUSE_KERNEL) {
     G->a = -1; /* try flat */
     rc = cpu_gen_group(g, G, kid, kern);
@@ -878,11 +878,11 @@ static int cpu_gen_group_fitted(cpu_cg *g, cpu_group *G, int a, const int64_t *o
  * on the pool when its work (elements times a rough per-element cost: a col2im sum of 9 padded
  * slices over a small tensor is worth both threads; a copy of the same size is not) is enough. */
 static void cpu_gen_launch(const cpu_cg *g, const cpu_group *G, int kid, int *kernel_of) {
-  const exec_program *p = g->p;
+  const exec_program *p = g->r.p;
   const exec_instr *ins = &p->instr[G->inst[0]];
   int64_t units, work = 0;
   if (G->a < 0) units = ins->numel;
-  else if (G->nm == 1 && g->pl->role[G->inst[0]] == FUSE_REDUCE) units = ins->numel;
+  else if (G->nm == 1 && g->r.pl->role[G->inst[0]] == FUSE_REDUCE) units = ins->numel;
   else {
     units = 1;
     for (int d = 0; d < G->a; d++) units *= G->oshape[d];
@@ -904,10 +904,11 @@ static cpu_cg *cpu_cg_new(const exec_program *p, const fuse_plan *pl) {
   size_t n = (size_t)p->ninstr + 1;
   cpu_cg *g = calloc(1, sizeof *g);
   if (!g) return NULL;
-  g->p = p;
-  g->pl = pl;
+  g->r.p = p;
+  g->r.pl = pl;
+  cpu_expr_init(g);
   g->step_end = calloc(n, sizeof(size_t));
-  g->reads = calloc(n, 1);
+  g->r.reads = calloc(n, 1);
   g->member = calloc(n, 1);
   g->rc_state = calloc(n, 1);
   g->rc_count = calloc(n, sizeof(int));
@@ -922,11 +923,11 @@ static cpu_cg *cpu_cg_new(const exec_program *p, const fuse_plan *pl) {
 }
 
 static void cpu_cg_free(cpu_cg *g) {
-  rd_arena_free(&g->ar);
+  rd_arena_free(&g->r.ar);
   cpu_dedup_free(&g->dedup);
-  cpu_memo_free(g);
+  rd_memo_free(&g->r);
   free(g->step_end);
-  free(g->reads);
+  free(g->r.reads);
   free(g->member);
   free(g->rc_state);
   free(g->rc_count);
@@ -939,11 +940,11 @@ static void cpu_cg_free(cpu_cg *g) {
  * instructions sharing rows). Returns the number of instruction steps (releases come later);
  * the new bodies' definitions go to kern. */
 static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, rd_sb *kern) {
-  const exec_program *p = g->p;
+  const exec_program *p = g->r.p;
   int n = p->ninstr, kid = 0, step = 0;
   for (int i = 0; i < n; i++) last_step[i] = -1;
   for (int i = 0; i < n; i++, step++) {
-    int role = g->pl->role[i];
+    int role = g->r.pl->role[i];
     const exec_instr *ins = &p->instr[i];
     if (role == FUSE_FALLBACK) {
       cpu_code_step(g->code, CPU_STEP_FALLBACK, i);
@@ -957,10 +958,10 @@ static int cpu_gen_steps(cpu_cg *g, int *inst, int *last_step, int *kernel_of, r
       cpu_form_group(g, i, inst, &G, &a, &osh, &ond);
       g->cur_body = -1;
       if (cpu_gen_group_fitted(g, &G, a, osh, ond, kid, kern) != CPU_GEN_OK || g->cur_body < 0)
-        g->failed = 1;
+        g->r.failed = 1;
       cpu_gen_launch(g, &G, kid, kernel_of);
       for (int s = 0; s < n; s++)
-        if (g->reads[s]) last_step[s] = step;
+        if (g->r.reads[s]) last_step[s] = step;
       kid++;
       i = G.inst[G.nm - 1]; /* skip the members consumed (and inline/dead nodes between) */
     } else {
@@ -979,7 +980,7 @@ int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, rd_s
   cpu_cg *g = cpu_cg_new(p, pl);
   int *last_step = malloc(sizeof(int) * ((size_t)n + 1));
   int *inst = malloc(sizeof(int) * ((size_t)n + 1));
-  bool ok = g && last_step && inst && g->step_end && g->reads && g->member && g->rc_state &&
+  bool ok = g && last_step && inst && g->step_end && g->r.reads && g->member && g->rc_state &&
             g->rc_count && g->cost && g->body_kid;
   if (!ok) {
     if (g) cpu_cg_free(g);
@@ -1001,9 +1002,10 @@ int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, rd_s
   }
   rd_sb_puts(out, kern.s ? kern.s : "");
   cpu_code_render(code, p, g->body_kid, out);
-  int failed = g->failed || kern.oom || out->oom || code->oom || code->nbody != g->dedup.n;
-  char fail_what[sizeof g->fail_what];
-  snprintf(fail_what, sizeof fail_what, "%s", g->failed ? g->fail_what : "");
+  int failed = g->r.failed || kern.oom || out->oom || code->oom || code->nbody != g->dedup.n;
+  char fail_what[sizeof g->r.fail_what + 2];
+  snprintf(fail_what, sizeof fail_what, "%s%s", g->r.failed && g->r.fail_what[0] ? ": " : "",
+           g->r.failed ? g->r.fail_what : "");
   rd_sb_free(&kern);
   cpu_cg_free(g);
   free(last_step);

@@ -1,10 +1,10 @@
-/* Code generator state shared by cpu_expr.c (expressions) and cpu_codegen.c (kernels, entry). */
+/* Code generator state shared by cpu_codegen.c (kernels, entry), cpu_expr.c (its hooks into the
+ * shared values at positions, render/rd_value.c) and cpu_aff.c (merged loop dims). */
 #ifndef GRAFT_CPU_CODEGEN_H
 #define GRAFT_CPU_CODEGEN_H
 #include "cpu_internal.h"
+#include "../render/rd_gen.h"
 
-/* A position in an instruction's index space: coordinates and/or a linear index (strings of
- * C expressions over the enclosing loop variables). */
 /* An affine form over a kernel's root loop variables: b + sum_r a[r] * i<r> (cpu_aff.c). A
  * position's affine form (lin: c[0] is the flat index; else one form per coordinate) is
  * tracked while loop dims may be merged. */
@@ -17,46 +17,16 @@ typedef struct {
 } cpu_apos;
 
 typedef struct {
-  int nd;
-  const int64_t *shape;
-  const char *lin;
-  const char *c[GRAFT_MAX_DIMS];
-  int has_c;
-  const cpu_apos *ap; /* the exact affine form, while merging loop dims (else NULL) */
-} cpu_pos;
-
-typedef struct {
-  const char *key, *val;
-  uint64_t hash;
-} cpu_memo;
-
-typedef struct {
-  const exec_program *p;
-  const fuse_plan *pl;
-  rd_arena ar;
-  rd_sb *body;         /* statements of the current loop body */
-  int ntmp;
+  rd_gen r;             /* first: the shared state (positions, memo, body); hooks cast back */
   size_t *step_end;     /* per instruction step: the code's step count at its end (releases
                            go there) */
   cpu_code *code;       /* what is generated */
   int *body_kid;        /* per distinct body: the first kernel that had it (the rendering's name) */
   int cur_body, cur_slot0, cur_nslot; /* the kernel just generated: body and buffers */
-  /* The values of the current loop body by (instruction, position), without a cap (cpu_expr.c,
-   * cpu_memo_*): memo[0..nmemo) in insertion order; rolling back is setting nmemo lower.
-   * memo_slot indexes it by key hash (open addressing; a slot holds index + 1, 0 is empty). */
-  cpu_memo *memo;
-  int nmemo, memo_cap;
-  int32_t *memo_slot;
-  size_t memo_nslots, memo_used;
-  int need_unravel;     /* a coordinate was recovered from a linear index (div/mod) */
-  int self;             /* the root being computed (not loaded) */
-  unsigned char *reads; /* slots loaded by the kernel being generated */
   unsigned char *member;/* slots produced earlier in the current row group */
   int gouter;           /* outer (row) dims of the current group */
   const int64_t *oshape;
   int violation;        /* a group member read another member's output off its row */
-  int failed;
-  char fail_what[128];  /* the first instruction it has no code for (the compile error names it) */
   /* Row groups: an expensive inlined value that several members compute at the same row
    * position (softmax's exp) is kept in a per-row scratch rc<i>[] by the first member that
    * computes it, and loaded by the later ones. */
@@ -91,10 +61,10 @@ typedef struct {
 } cpu_cg;
 
 const char *cpu_ctype(graft_dtype dt);
-void cpu_pos_coords(cpu_cg *g, cpu_pos *pos);
-const char *cpu_pos_lin(cpu_cg *g, cpu_pos *pos);
-const char *cpu_value(cpu_cg *g, int i, cpu_pos pos);
-void cpu_memo_free(cpu_cg *g);
+/* Sets up g->r for CPU C: the dialect, indent, index type and the hooks of cpu_expr.c (loads
+ * that check row groups and index by affine forms, reshapes by digit groups, concats picked per
+ * row, the row scratch). */
+void cpu_expr_init(cpu_cg *g);
 /* The position of element (i<a>..i<ond-1>) within a row of the group, as a C expression. */
 const char *cpu_row_inner(cpu_cg *g);
 int64_t cpu_row_len(const cpu_cg *g);

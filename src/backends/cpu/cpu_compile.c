@@ -37,7 +37,7 @@
  * into vector blends when a float compare may not trap; without it every loop calling them ran
  * scalar ("control flow in loop"). Results are the same (exceptions are masked; no
  * reassociation): a GPT block's gelu backward 4.27 -> 1.43 ms, forward 1.98 -> 0.93. Clamp
- * chains need cpu_expr.c's own max/min form under it. */
+ * chains need CPU C's own max/min form under it (render/rd_expr.c). */
 #define CPU_CFLAG_LIST "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno", \
                        "-fno-trapping-math", "-ffp-contract=off", "-mprefer-vector-width=512", "-w"
 /* The quick build vectorizes too: -O1 alone left every loop scalar, and a GPT block's gelu

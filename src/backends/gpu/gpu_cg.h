@@ -1,37 +1,14 @@
-/* Renderer state shared by gpu_expr.c (values at positions) and gpu_kernel.c (kernels). */
+/* Renderer state shared by the GPU renderer's files (kernels, row groups, special kernels);
+ * values at positions are the shared layer's (render/rd_value.c). */
 #ifndef GRAFT_GPU_CG_H
 #define GRAFT_GPU_CG_H
 #include "gpu_render.h"
-#include "../render/render.h"
-
-/* A position in an instruction's index space: coordinates and/or a linear index (strings of
- * kernel expressions). */
-typedef struct {
-  int nd;
-  const int64_t *shape;
-  const char *lin;
-  const char *c[GRAFT_MAX_DIMS];
-  int has_c;
-} gpu_pos;
+#include "../render/rd_gen.h"
 
 typedef struct {
-  const char *key, *val;
-} gpu_memo;
-
-typedef struct {
-  const exec_program *p;
-  const fuse_plan *pl;
+  rd_gen r;              /* first: the shared state (positions, memo, body) */
   const gpu_dialect *d;
   const gpu_caps *caps;
-  rd_arena ar;
-  rd_sb *body;          /* statements of the kernel being generated */
-  int ntmp;
-  int self;              /* the instruction being computed (not loaded) */
-  unsigned char *reads;  /* slots the kernel loads */
-  gpu_memo *memo;        /* values of the current scope by (instruction, position) */
-  int nmemo, memo_cap;
-  int failed;
-  char fail_what[160];
   /* A row group being rendered (gpu_row.c): the slots its kernel writes (NULL outside one), the
    * rows and their length; vfail: the value asked for has no vector form here. */
   unsigned char *member;
@@ -47,20 +24,6 @@ typedef struct {
   int *use_first, *use_last;
   const char *rowlin; /* "gid * <rlen> + e": element e of this work-item's row */
 } gpu_cg;
-
-const char *gpu_ctype(graft_dtype dt);
-const char *gpu_value(gpu_cg *g, int i, gpu_pos pos);
-void gpu_pos_coords(gpu_cg *g, gpu_pos *pos);
-const char *gpu_pos_lin(gpu_cg *g, gpu_pos *pos);
-const char *gpu_tmp(gpu_cg *g);
-const char *gpu_memo_find(const gpu_cg *g, const char *key);
-void gpu_memo_put(gpu_cg *g, const char *key, const char *val);
-/* The operand position a broadcast, reshape, transpose or slice reads for output position pos. */
-gpu_pos gpu_move_pos(gpu_cg *g, const exec_instr *ins, const exec_instr *x, gpu_pos *pos);
-/* Emits "const T name = expr;" and returns name. */
-const char *gpu_def(gpu_cg *g, graft_dtype dt, const char *expr);
-/* Records that the kernel cannot be generated (the first reason wins). */
-void gpu_fail(gpu_cg *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- gpu_kernel.c: pieces the kernels share ---- */
 /* Work-group size and launch for n outputs; *guard: gid may pass n (check it). */

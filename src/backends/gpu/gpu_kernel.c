@@ -72,19 +72,19 @@ void gpu_launch_shape(int64_t n, gpu_step *st, bool *guard) {
 void gpu_signature(gpu_cg *g, rd_sb *out, int s, int kernel, gpu_step *st) {
   const gpu_dialect *d = g->d;
   rd_sb_printf(out, "%s k%d(%s %s *%s p%d", d->kernel, kernel, d->global,
-                gpu_ctype(g->p->instr[s].dtype), d->restrict_, s);
+                rd_ctype(g->r.p->instr[s].dtype), d->restrict_, s);
   st->nargs = st->nout = 0;
-  st->args = malloc(sizeof(int) * ((size_t)g->p->ninstr + 1));
-  if (!st->args) gpu_fail(g, "out of memory");
-  for (int r = 0; r < g->p->ninstr && st->args && g->member; r++) { /* a row group's others */
+  st->args = malloc(sizeof(int) * ((size_t)g->r.p->ninstr + 1));
+  if (!st->args) rd_fail(&g->r, "out of memory");
+  for (int r = 0; r < g->r.p->ninstr && st->args && g->member; r++) { /* a row group's others */
     if (!g->member[r] || r == s) continue;
-    rd_sb_printf(out, ", %s %s *%s p%d", d->global, gpu_ctype(g->p->instr[r].dtype), d->restrict_, r);
+    rd_sb_printf(out, ", %s %s *%s p%d", d->global, rd_ctype(g->r.p->instr[r].dtype), d->restrict_, r);
     st->args[st->nargs++] = r;
     st->nout++;
   }
-  for (int r = 0; r < g->p->ninstr && st->args; r++) {
-    if (!g->reads[r] || r == s || (g->member && g->member[r])) continue;
-    rd_sb_printf(out, ", %s const %s *%s p%d", d->global, gpu_ctype(g->p->instr[r].dtype),
+  for (int r = 0; r < g->r.p->ninstr && st->args; r++) {
+    if (!g->r.reads[r] || r == s || (g->member && g->member[r])) continue;
+    rd_sb_printf(out, ", %s const %s *%s p%d", d->global, rd_ctype(g->r.p->instr[r].dtype),
                   d->restrict_, r);
     st->args[st->nargs++] = r;
   }
@@ -99,7 +99,7 @@ void gpu_kernel_close(gpu_cg *g, rd_sb *out, rd_sb *body, int64_t n, gpu_step *s
   }
   rd_sb_puts(out, body->s ? body->s : "");
   rd_sb_puts(out, "}\n");
-  if (body->oom) gpu_fail(g, "out of memory");
+  if (body->oom) rd_fail(&g->r, "out of memory");
   rd_sb_free(body);
 }
 
@@ -110,19 +110,19 @@ void gpu_kernel_index(gpu_cg *g, rd_sb *out, int64_t n, bool guard) {
 }
 
 void gpu_scope_begin(gpu_cg *g, rd_sb *body) {
-  memset(g->reads, 0, (size_t)g->p->ninstr + 1);
-  g->body = body;
-  g->nmemo = 0;
+  memset(g->r.reads, 0, (size_t)g->r.p->ninstr + 1);
+  g->r.body = body;
+  g->r.nmemo = 0;
 }
 
 /* Element-wise kernel: a work-item per element of slot s. */
 static void gpu_kernel_map(gpu_cg *g, int s, int kernel, rd_sb *out, gpu_step *st) {
-  const exec_instr *ins = &g->p->instr[s];
+  const exec_instr *ins = &g->r.p->instr[s];
   rd_sb body = {0};
   gpu_scope_begin(g, &body);
-  g->self = s;
-  gpu_pos pos = {.nd = ins->ndim, .shape = ins->shape, .lin = "gid"};
-  const char *v = gpu_value(g, s, pos);
+  g->r.self = s;
+  rd_pos pos = {.nd = ins->ndim, .shape = ins->shape, .lin = "gid"};
+  const char *v = rd_value(&g->r, s, pos);
   rd_sb_printf(&body, "  p%d[gid] = %s;\n", s, v);
   gpu_signature(g, out, s, kernel, st);
   gpu_kernel_close(g, out, &body, ins->numel, st);
@@ -137,9 +137,9 @@ static int64_t gpu_reduced_count(const exec_instr *x, int64_t mask) {
 
 /* The operand position of output element `out` (kept dims unravelled from it) with the reduced
  * dims at coordinates red (unravelled from the expression e over the reduced dims). */
-static gpu_pos gpu_red_pos(gpu_cg *g, const exec_instr *x, int64_t mask, const char *out,
+static rd_pos gpu_red_pos(gpu_cg *g, const exec_instr *x, int64_t mask, const char *out,
                            const char *e) {
-  gpu_pos pos = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
+  rd_pos pos = {.nd = x->ndim, .shape = x->shape, .has_c = 1};
   int64_t ost = 1, rst = 1, rtotal = gpu_reduced_count(x, mask), ototal = x->numel / (rtotal ? rtotal : 1);
   for (int d = x->ndim - 1; d >= 0; d--) {
     bool red = mask >> d & 1;
@@ -147,9 +147,9 @@ static gpu_pos gpu_red_pos(gpu_cg *g, const exec_instr *x, int64_t mask, const c
     int64_t st = red ? rst : ost, total = red ? rtotal : ototal;
     if (x->shape[d] == 1) pos.c[d] = "0";
     else if (st == 1 && x->shape[d] == total) pos.c[d] = base; /* the only non-unit dim */
-    else if (st == 1) pos.c[d] = rd_fmt(&g->ar, "(%s %% %" PRId64 ")", base, x->shape[d]);
-    else if (st * x->shape[d] == total) pos.c[d] = rd_fmt(&g->ar, "(%s / %" PRId64 ")", base, st);
-    else pos.c[d] = rd_fmt(&g->ar, "(%s / %" PRId64 " %% %" PRId64 ")", base, st, x->shape[d]);
+    else if (st == 1) pos.c[d] = rd_fmt(&g->r.ar, "(%s %% %" PRId64 ")", base, x->shape[d]);
+    else if (st * x->shape[d] == total) pos.c[d] = rd_fmt(&g->r.ar, "(%s / %" PRId64 ")", base, st);
+    else pos.c[d] = rd_fmt(&g->r.ar, "(%s / %" PRId64 " %% %" PRId64 ")", base, st, x->shape[d]);
     if (red) rst *= x->shape[d];
     else ost *= x->shape[d];
   }
@@ -160,10 +160,10 @@ static gpu_pos gpu_red_pos(gpu_cg *g, const exec_instr *x, int64_t mask, const c
 static void gpu_arg_body(gpu_cg *g, const exec_instr *ins, const exec_instr *x, rd_sb *b) {
   int ax = (int)IR_ATTR(ins->attr, ARG, axis);
   bool mx = ins->op == IR_ARGMAX, fl = dtype_is_float(x->dtype);
-  rd_sb_printf(b, "  int64_t best = 0; %s bv = 0; int seen = 0;\n", gpu_ctype(x->dtype));
+  rd_sb_printf(b, "  int64_t best = 0; %s bv = 0; int seen = 0;\n", rd_ctype(x->dtype));
   rd_sb_printf(b, "  for (gi_t e = 0; e < %" PRId64 "; e++) {\n", x->shape[ax]);
-  gpu_pos pos = gpu_red_pos(g, x, (int64_t)1 << ax, "gid", "e");
-  const char *v = gpu_value(g, ins->in[0], pos);
+  rd_pos pos = gpu_red_pos(g, x, (int64_t)1 << ax, "gid", "e");
+  const char *v = rd_value(&g->r, ins->in[0], pos);
   if (fl)
     rd_sb_printf(b, "  if (!seen || (%s != %s && bv == bv) || (bv == bv && %s %s bv)) { best = e; "
                   "bv = %s; seen = 1; }\n", v, v, v, mx ? ">" : "<", v);
@@ -174,8 +174,8 @@ static void gpu_arg_body(gpu_cg *g, const exec_instr *ins, const exec_instr *x, 
 
 /* Reduction kernel of slot s: a work-item per output, or a work-group per output (coop). */
 static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, rd_sb *out, gpu_step *st) {
-  const exec_instr *ins = &g->p->instr[s];
-  const exec_instr *x = &g->p->instr[ins->in[0]];
+  const exec_instr *ins = &g->r.p->instr[s];
+  const exec_instr *x = &g->r.p->instr[ins->in[0]];
   bool arg = ins->op == IR_ARGMAX || ins->op == IR_ARGMIN;
   int64_t mask = arg ? 0 : IR_ATTR(ins->attr, REDUCE, mask);
   int64_t R = arg ? 0 : gpu_reduced_count(x, mask);
@@ -187,23 +187,23 @@ static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, rd_sb *out, gpu_step
   rd_red r = rd_reduce(g->d->expr, g->caps->fp64, ins);
   rd_sb body = {0};
   gpu_scope_begin(g, &body);
-  g->self = -1;
+  g->r.self = -1;
   if (arg) {
     gpu_arg_body(g, ins, x, &body);
     rd_sb_printf(&body, "  p%d[gid] = best;\n", s);
   } else if (!coop) {
     rd_sb_printf(&body, "  %s acc = %s; int nf = 0; (void)nf;\n", r.acc_t, r.init);
     rd_sb_printf(&body, "  for (gi_t e = 0; e < %" PRId64 "; e++) {\n", R);
-    gpu_pos pos = gpu_red_pos(g, x, mask, "gid", "e");
-    rd_red_step(&body, "  ", &r, "acc", "nf", gpu_value(g, ins->in[0], pos));
+    rd_pos pos = gpu_red_pos(g, x, mask, "gid", "e");
+    rd_red_step(&body, "  ", &r, "acc", "nf", rd_value(&g->r, ins->in[0], pos));
     rd_sb_puts(&body, "  }\n");
-    rd_sb_printf(&body, "  p%d[gid] = %s;\n", s, rd_red_final(&g->ar, g->d->expr, ins, &r, "acc", "nf"));
+    rd_sb_printf(&body, "  p%d[gid] = %s;\n", s, rd_red_final(&g->r.ar, g->d->expr, ins, &r, "acc", "nf"));
   } else { /* each work-item strides over the reduced elements, then a tree in local memory */
     rd_sb_printf(&body, "  %s acc = %s; int nf = 0; (void)nf;\n", r.acc_t, r.init);
     rd_sb_printf(&body, "  for (gi_t e = lid; e < %" PRId64 "; e += %d) {\n", R, GPU_RED_WG);
-    g->nmemo = 0;
-    gpu_pos pos = gpu_red_pos(g, x, mask, "gid", "e");
-    rd_red_step(&body, "  ", &r, "acc", "nf", gpu_value(g, ins->in[0], pos));
+    g->r.nmemo = 0;
+    rd_pos pos = gpu_red_pos(g, x, mask, "gid", "e");
+    rd_red_step(&body, "  ", &r, "acc", "nf", rd_value(&g->r, ins->in[0], pos));
     rd_sb_puts(&body, "  }\n");
     rd_sb_printf(&body, g->d->local_decl, r.acc_t, "sacc", GPU_RED_WG);
     rd_sb_printf(&body, g->d->local_decl, "int", "snf", GPU_RED_WG);
@@ -212,7 +212,7 @@ static void gpu_kernel_reduce(gpu_cg *g, int s, int kernel, rd_sb *out, gpu_step
     rd_red_step(&body, "  ", &r, "sacc[lid]", "snf[lid]", "sacc[lid + h]");
     rd_sb_printf(&body, "  snf[lid] |= snf[lid + h];\n    }\n    %s;\n  }\n", g->d->barrier);
     rd_sb_printf(&body, "  if (lid == 0) p%d[gid] = %s;\n", s,
-                  rd_red_final(&g->ar, g->d->expr, ins, &r, "sacc[0]", "snf[0]"));
+                  rd_red_final(&g->r.ar, g->d->expr, ins, &r, "sacc[0]", "snf[0]"));
   }
   gpu_signature(g, out, s, kernel, st);
   if (coop) {
@@ -293,22 +293,22 @@ static int gpu_operand_step(const exec_program *p, const fuse_plan *pl, int i, g
 static void gpu_kernel_step(gpu_cg *g, gpu_program *gp, int i, rd_sb *out, gpu_step *st,
                             unsigned char *done) {
   st->kind = GPU_STEP_KERNEL;
-  if (g->p->instr[i].numel == 0) {
+  if (g->r.p->instr[i].numel == 0) {
     st->global = 0; /* nothing to launch: the buffer is empty */
     return;
   }
   st->kernel = gp->nkernels++;
-  if (g->pl->role[i] == FUSE_KERNEL) gpu_kernel_map(g, i, st->kernel, out, st);
+  if (g->r.pl->role[i] == FUSE_KERNEL) gpu_kernel_map(g, i, st->kernel, out, st);
   else if (!gpu_kernel_rows(g, i, st->kernel, out, st, done))
     gpu_kernel_reduce(g, i, st->kernel, out, st);
 }
 
 static int gpu_render_steps(gpu_cg *g, gpu_program *gp, rd_sb *out) {
-  const exec_program *p = g->p;
+  const exec_program *p = g->r.p;
   unsigned char *done = calloc((size_t)p->ninstr + 1, 1); /* written by a row group */
-  if (!done) gpu_fail(g, "out of memory");
-  for (int i = 0; i < p->ninstr && !g->failed; i++) {
-    int role = g->pl->role[i];
+  if (!done) rd_fail(&g->r, "out of memory");
+  for (int i = 0; i < p->ninstr && !g->r.failed; i++) {
+    int role = g->r.pl->role[i];
     gpu_step st = {.slot = i, .kernel = -1};
     if (done[i]) {
       continue;
@@ -324,17 +324,17 @@ static int gpu_render_steps(gpu_cg *g, gpu_program *gp, rd_sb *out) {
       }
     } else if (role == FUSE_LIBRARY || role == FUSE_FALLBACK) {
       st.kind = role == FUSE_LIBRARY ? GPU_STEP_LIBRARY : GPU_STEP_FALLBACK;
-      if (gpu_operand_step(p, g->pl, i, &st)) gpu_fail(g, "out of memory");
+      if (gpu_operand_step(p, g->r.pl, i, &st)) rd_fail(&g->r, "out of memory");
     } else {
       continue;
     }
     if (gpu_add_step(gp, st)) {
       free(st.args);
-      gpu_fail(g, "out of memory");
+      rd_fail(&g->r, "out of memory");
     }
   }
   free(done);
-  return g->failed ? -1 : 0;
+  return g->r.failed ? -1 : 0;
 }
 
 static int gpu_last_steps(const exec_program *p, gpu_program *gp) {
@@ -368,17 +368,18 @@ int gpu_render(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps
   memset(gp, 0, sizeof *gp);
   fuse_plan pl = {0};
   if (fuse_plan_build(p, gpu_classify_cb, (void *)caps, &pl)) return -1;
-  gpu_cg g = {.p = p, .pl = &pl, .d = d, .caps = caps};
-  g.reads = calloc((size_t)p->ninstr + 1, 1);
+  gpu_cg g = {.r = {.p = p, .pl = &pl, .d = d->expr, .fp64 = caps->fp64, .ind = "  ", .itype = "gi_t"},
+              .d = d, .caps = caps};
+  g.r.reads = calloc((size_t)p->ninstr + 1, 1);
   rd_sb out = {0};
   int rc = -1;
-  if (!g.reads) {
+  if (!g.r.reads) {
     err_set(GRAFT_ERR_OOM, "out of memory rendering kernels");
   } else {
     gpu_source_head(p, d, caps, &out);
     if (gpu_render_steps(&g, gp, &out) || out.oom || gpu_last_steps(p, gp))
-      err_set(g.failed ? GRAFT_ERR_COMPILE : GRAFT_ERR_OOM, "%s renderer: %s", d->name,
-              g.failed ? g.fail_what : "out of memory");
+      err_set(g.r.failed ? GRAFT_ERR_COMPILE : GRAFT_ERR_OOM, "%s renderer: %s", d->name,
+              g.r.failed ? g.r.fail_what : "out of memory");
     else rc = 0;
   }
   if (rc) {
@@ -388,9 +389,9 @@ int gpu_render(const exec_program *p, const gpu_dialect *d, const gpu_caps *caps
     gp->source = out.s;
     gpu_dump_picture(p, &pl, d, gp);
   }
-  free(g.reads);
-  free(g.memo);
-  rd_arena_free(&g.ar);
+  free(g.r.reads);
+  rd_memo_free(&g.r);
+  rd_arena_free(&g.r.ar);
   fuse_plan_free(&pl);
   return rc;
 }

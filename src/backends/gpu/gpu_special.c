@@ -39,8 +39,8 @@ static void gpu_unravel(rd_sb *b, const char *v, const char *prefix, int nd, con
 }
 
 static const char *gpu_load_expr(gpu_cg *g, int s, const char *idx) {
-  g->reads[s] = 1;
-  return rd_fmt(&g->ar, "p%d[%s]", s, idx);
+  g->r.reads[s] = 1;
+  return rd_fmt(&g->r.ar, "p%d[%s]", s, idx);
 }
 
 /* One spatial tap: "p" := o * stride + k * dil - lo within the input dilated by ld; skip it when
@@ -57,15 +57,15 @@ static void gpu_conv_tap(rd_sb *b, const char *v, const char *o, const char *k, 
 }
 
 static void gpu_special_conv(gpu_cg *g, int s, rd_sb *b) {
-  const exec_instr *ins = &g->p->instr[s];
+  const exec_instr *ins = &g->r.p->instr[s];
   int xs = ins->in[0], ws = ins->in[1];
-  const exec_instr *x = &g->p->instr[xs], *w = &g->p->instr[ws];
+  const exec_instr *x = &g->r.p->instr[xs], *w = &g->r.p->instr[ws];
   const ir_attrs *a = &ins->attr;
   int64_t C = x->shape[1], H = x->shape[2], W = x->shape[3];
   int64_t O = w->shape[0], CG = w->shape[1], KH = w->shape[2], KW = w->shape[3];
   int64_t groups = IR_ATTR(*a, CONV2D, groups) > 0 ? IR_ATTR(*a, CONV2D, groups) : 1;
   int64_t OG = O / groups > 0 ? O / groups : 1;
-  const char *T = gpu_ctype(ins->dtype);
+  const char *T = rd_ctype(ins->dtype);
   gpu_unravel(b, "gid", "c", 4, ins->shape);
   rd_sb_printf(b, "  %s acc = 0;\n  const gi_t grp = c1 / %" PRId64 ";\n", T, OG);
   rd_sb_printf(b, "  for (gi_t cg = 0; cg < %" PRId64 "; cg++)\n  for (gi_t kh = 0; kh < %" PRId64
@@ -75,9 +75,9 @@ static void gpu_special_conv(gpu_cg *g, int s, rd_sb *b) {
   rd_sb_printf(b, "  for (gi_t kw = 0; kw < %" PRId64 "; kw++) {\n", KW);
   gpu_conv_tap(b, "iw", "c3", "kw", IR_ATTR_AT(*a, CONV2D, stride, 1), IR_ATTR_AT(*a, CONV2D, dilation, 1),
                IR_ATTR_AT(*a, CONV2D, pad_lo, 1), IR_ATTR_AT(*a, CONV2D, lhs_dilation, 1), W);
-  const char *xi = rd_fmt(&g->ar, "((c0 * %" PRId64 " + grp * %" PRId64 " + cg) * %" PRId64
+  const char *xi = rd_fmt(&g->r.ar, "((c0 * %" PRId64 " + grp * %" PRId64 " + cg) * %" PRId64
                            " + ih) * %" PRId64 " + iw", C, CG, H, W);
-  const char *wi = rd_fmt(&g->ar, "((c1 * %" PRId64 " + cg) * %" PRId64 " + kh) * %" PRId64 " + kw",
+  const char *wi = rd_fmt(&g->r.ar, "((c1 * %" PRId64 " + cg) * %" PRId64 " + kh) * %" PRId64 " + kw",
                            CG, KH, KW);
   rd_sb_printf(b, "  acc += (%s)%s * (%s)%s;\n  }\n  }\n", T, gpu_load_expr(g, xs, xi), T,
                 gpu_load_expr(g, ws, wi));
@@ -85,9 +85,9 @@ static void gpu_special_conv(gpu_cg *g, int s, rd_sb *b) {
 }
 
 static void gpu_special_window(gpu_cg *g, int s, rd_sb *b) {
-  const exec_instr *ins = &g->p->instr[s];
+  const exec_instr *ins = &g->r.p->instr[s];
   int xs = ins->in[0];
-  const exec_instr *x = &g->p->instr[xs];
+  const exec_instr *x = &g->r.p->instr[xs];
   exec_instr red = *ins; /* the accumulator of the equivalent reduction */
   red.op = IR_ATTR(ins->attr, WINDOW, kind) == 0 ? IR_REDUCE_MAX : IR_REDUCE_SUM;
   rd_red r = rd_reduce(g->d->expr, g->caps->fp64, &red);
@@ -104,11 +104,11 @@ static void gpu_special_window(gpu_cg *g, int s, rd_sb *b) {
     rd_sb_printf(&e, "%sq%d * %" PRId64, e.n ? " + " : "", d, st);
     st *= x->shape[d];
   }
-  const char *v = gpu_def(g, x->dtype, gpu_load_expr(g, xs, e.s ? e.s : "0"));
+  const char *v = rd_def(&g->r, x->dtype, gpu_load_expr(g, xs, e.s ? e.s : "0"));
   rd_sb_free(&e);
   rd_red_step(b, "  ", &r, "acc", "nf", v);
   for (int d = 0; d < x->ndim; d++) rd_sb_puts(b, "  }\n");
-  rd_sb_printf(b, "  p%d[gid] = %s;\n", s, rd_red_final(&g->ar, g->d->expr, &red, &r, "acc", "nf"));
+  rd_sb_printf(b, "  p%d[gid] = %s;\n", s, rd_red_final(&g->r.ar, g->d->expr, &red, &r, "acc", "nf"));
 }
 
 /* The windows along one dim that hold coordinate c: o * S - P <= c < o * S - P + K, o in
@@ -127,14 +127,14 @@ static void gpu_pool_grad_range(rd_sb *b, const char *o, const char *c, int64_t 
  * window chooses nothing): the host kernel's and the reference's rule, and their order of
  * summation (windows by row, then column), without atomics. */
 static void gpu_special_pool_grad(gpu_cg *g, int s, rd_sb *b) {
-  const exec_instr *ins = &g->p->instr[s];
+  const exec_instr *ins = &g->r.p->instr[s];
   int xs = ins->in[0], gs = ins->in[1], nd = ins->ndim;
-  const exec_instr *dy = &g->p->instr[gs];
+  const exec_instr *dy = &g->r.p->instr[gs];
   int64_t H = ins->shape[nd - 2], W = ins->shape[nd - 1], OH = dy->shape[nd - 2], OW = dy->shape[nd - 1];
   int64_t KH = IR_ATTR_AT(ins->attr, WINDOW, window, nd - 2), KW = IR_ATTR_AT(ins->attr, WINDOW, window, nd - 1);
   int64_t SH = IR_ATTR_AT(ins->attr, WINDOW, stride, nd - 2), SW = IR_ATTR_AT(ins->attr, WINDOW, stride, nd - 1);
   int64_t PH = IR_ATTR_AT(ins->attr, WINDOW, pad_lo, nd - 2), PW = IR_ATTR_AT(ins->attr, WINDOW, pad_lo, nd - 1);
-  const char *T = gpu_ctype(ins->dtype);
+  const char *T = rd_ctype(ins->dtype);
   rd_sb_printf(b, "  const gi_t plane = gid / %" PRId64 ", h = gid / %" PRId64 " %% %" PRId64
                 ", w = gid %% %" PRId64 ";\n", H * W, W, H, W);
   rd_sb_printf(b, "  const gi_t xb = plane * %" PRId64 ", gb = plane * %" PRId64 ";\n  %s acc = 0;\n",
@@ -149,20 +149,20 @@ static void gpu_special_pool_grad(gpu_cg *g, int s, rd_sb *b) {
                 " + kw - %" PRId64 ";\n", SH, PH, SW, PW);
   rd_sb_printf(b, "      const int in = ih >= 0 && ih < %" PRId64 " && iw >= 0 && iw < %" PRId64 ";\n",
                 H, W);
-  const char *xv = gpu_load_expr(g, xs, rd_fmt(&g->ar, "xb + (in ? ih * %" PRId64 " + iw : 0)", W));
+  const char *xv = gpu_load_expr(g, xs, rd_fmt(&g->r.ar, "xb + (in ? ih * %" PRId64 " + iw : 0)", W));
   rd_sb_printf(b, "      const %s v = in ? (%s)%s : (%s)(-INFINITY);\n", T, T, xv, T);
   rd_sb_puts(b, "      nf |= v != v;\n");
   rd_sb_printf(b, "      if (first || v > m) { m = v; best = in ? ih * %" PRId64 " + iw : -1; first = 0; }\n", W);
   rd_sb_puts(b, "    }\n");
-  const char *gv = gpu_load_expr(g, gs, rd_fmt(&g->ar, "gb + oh * %" PRId64 " + ow", OW));
+  const char *gv = gpu_load_expr(g, gs, rd_fmt(&g->r.ar, "gb + oh * %" PRId64 " + ow", OW));
   rd_sb_printf(b, "    if (!nf && best == h * %" PRId64 " + w) acc += %s;\n  }\n", W, gv);
   rd_sb_printf(b, "  p%d[gid] = acc;\n", s);
 }
 
 static void gpu_special_gather(gpu_cg *g, int s, rd_sb *b) {
-  const exec_instr *ins = &g->p->instr[s];
+  const exec_instr *ins = &g->r.p->instr[s];
   int xs = ins->in[0], is = ins->in[1];
-  const exec_instr *x = &g->p->instr[xs];
+  const exec_instr *x = &g->r.p->instr[xs];
   int ax = (int)IR_ATTR(ins->attr, AXIS, axis);
   gpu_unravel(b, "gid", "c", ins->ndim, ins->shape);
   rd_sb_printf(b, "  int64_t v = (int64_t)%s;\n", gpu_load_expr(g, is, "gid"));
@@ -172,7 +172,7 @@ static void gpu_special_gather(gpu_cg *g, int s, rd_sb *b) {
   int64_t st = 1;
   for (int d = x->ndim - 1; d >= 0; d--) {
     if (d < ins->ndim) rd_sb_printf(&e, "%s%s * %" PRId64, e.n ? " + " : "",
-                                     d == ax ? "(gi_t)v" : rd_fmt(&g->ar, "c%d", d), st);
+                                     d == ax ? "(gi_t)v" : rd_fmt(&g->r.ar, "c%d", d), st);
     st *= x->shape[d];
   }
   const char *load = gpu_load_expr(g, xs, e.s ? e.s : "0");
@@ -181,10 +181,10 @@ static void gpu_special_gather(gpu_cg *g, int s, rd_sb *b) {
 }
 
 void gpu_kernel_special(gpu_cg *g, int s, int kernel, rd_sb *out, gpu_step *st) {
-  const exec_instr *ins = &g->p->instr[s];
+  const exec_instr *ins = &g->r.p->instr[s];
   rd_sb body = {0};
   gpu_scope_begin(g, &body);
-  g->self = -1;
+  g->r.self = -1;
   if (ins->op == IR_CONV2D) gpu_special_conv(g, s, &body);
   else if (ins->op == IR_REDUCE_WINDOW) gpu_special_window(g, s, &body);
   else if (ins->op == IR_MAX_POOL_GRAD) gpu_special_pool_grad(g, s, &body);

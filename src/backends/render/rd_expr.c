@@ -60,7 +60,7 @@ const char *rd_float_binary(rd_arena *ar, ir_op op, const char *a, const char *b
   case IR_MUL: return rd_fmt(ar, "%s * %s", a, b);
   case IR_DIV: return rd_fmt(ar, "%s / %s", a, b);
   /* NaN-propagating: a when a > b or a is NaN, else b (b's NaN included); valid on the GPU
-   * dialects' vectors. The CPU generator has its own form (cpu_expr.c): under its
+   * dialects' vectors. CPU C has its own form (rd_dialect_c.minmax_unordered): under its
    * -fno-trapping-math gcc does not vectorize a clamp chain of this one. */
   case IR_MAX: return rd_fmt(ar, "((%s > %s || %s != %s) ? %s : %s)", a, b, a, a, a, b);
   case IR_MIN: return rd_fmt(ar, "((%s < %s || %s != %s) ? %s : %s)", a, b, a, a, a, b);
