@@ -4,7 +4,7 @@
  *   ref    : the kernel exists and runs (a float op without its M1/M2 math line fails here);
  *   interp : cpu_interp_route() takes the declared path (LOOP / COPY / HOST / REF) and the
  *            first tier's result equals the reference kernel's;
- *   cpu    : the graph compiles (a missing cpu_expr.c case fails the compile), runs without a
+ *   cpu    : the graph compiles (a missing render/rd_expr.c case fails the compile), runs without a
  *            reference fallback unless the row declares REF (or f16/bf16), and agrees with the
  *            reference kernel;
  *   device : with GRAFT_TEST_DEVICE=opencl (or cuda), the compiler of that device's kind builds

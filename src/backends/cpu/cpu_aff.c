@@ -4,7 +4,7 @@
  * loop variables and the strides compose along a run of loop dims (stride[d] == stride[e] *
  * size[e] for consecutive dims d, e of the run), the run is one loop over the product of the
  * sizes: the loads index by the affine form, in which the folded dims' terms are the inner
- * variable's. A trial generation (the same recursion as the real one, cpu_expr.c) tracks the
+ * variable's. A trial generation (the same recursion as the real one, render/rd_value.c) tracks the
  * affine forms through broadcast, reshape, transpose and slice; anything else that reads
  * coordinates (pad, concat, iota) or an unravel that is not exact keeps the loops as they are. */
 #include "cpu_codegen.h"

@@ -45,7 +45,7 @@ static const char cpu_prelude[] =
     "static inline int64_t gc_irem(int64_t a, int64_t b) { return (b == 0 || b == -1) ? 0 : a % b; }\n"
     "/* hides a float->double widening so gcc cannot narrow (float)f((double)x) to f##f(x) */\n"
     "static inline double gc_wide(double x) { __asm__(\"\" : \"+x\"(x)); return x; }\n"
-    "/* an f32 rounding of a double that gcc cannot drop (see cpu_unary) */\n"
+    "/* an f32 rounding of a double that gcc cannot drop (see graft's rd_unary_float) */\n"
     "static inline float gc_f32(double x) { float f = (float)x; __asm__(\"\" : \"+x\"(f)); return f; }\n"
     /* an integer made a float: the integer opaque, so that gcc cannot fold a float -> integer
      * -> float round trip into trunc() (which keeps -0.0 where the integer 0 gives +0.0) */

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Prefixes of the generator's numbered names (cpu_codegen.c, cpu_expr.c). */
+/* Prefixes of the generator's numbered names (cpu_codegen.c, render/rd_value.c). */
 static const char *const dedup_prefixes[] = {"p", "t", "acc", "nfa", "ob", "rc"};
 
 static bool dedup_ident_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
