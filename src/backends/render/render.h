@@ -22,8 +22,10 @@ void rd_sb_printf(rd_sb *b, const char *fmt, ...) __attribute__((format(printf, 
 void rd_sb_puts(rd_sb *b, const char *s);
 void rd_sb_free(rd_sb *b);
 typedef struct {
-  char **v;
+  char **v;          /* its chunks, freed together */
   int n, cap;
+  char *cur;         /* where the current chunk's free bytes start */
+  size_t left;       /* and how many */
 } rd_arena;
 char *rd_fmt(rd_arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3), nonnull(2)));
 void *rd_arena_alloc(rd_arena *a, size_t n); /* zeroed; NULL when out of memory */
