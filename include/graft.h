@@ -218,11 +218,24 @@ graft_tensor *graft_cos(graft_tensor *a);        /**< cosine (float dtypes) */
 graft_tensor *graft_floor(graft_tensor *a);      /**< round down (float dtypes) */
 graft_tensor *graft_ceil(graft_tensor *a);       /**< round up (float dtypes) */
 graft_tensor *graft_round(graft_tensor *a);      /**< round half to even (float dtypes) */
+graft_tensor *graft_trunc(graft_tensor *a);      /**< round toward zero (float dtypes) */
 graft_tensor *graft_sign(graft_tensor *a);       /**< -1, 0 or 1 */
 graft_tensor *graft_reciprocal(graft_tensor *a); /**< 1/a (float dtypes) */
 graft_tensor *graft_log1p(graft_tensor *a);      /**< log(1+a) (float dtypes) */
 graft_tensor *graft_expm1(graft_tensor *a);      /**< e^a-1 (float dtypes) */
 graft_tensor *graft_atan(graft_tensor *a);       /**< arctangent, in (-pi/2, pi/2) (float dtypes) */
+graft_tensor *graft_tan(graft_tensor *a);        /**< tangent (float dtypes) */
+graft_tensor *graft_asin(graft_tensor *a);       /**< arcsine, in [-pi/2, pi/2] (float dtypes) */
+graft_tensor *graft_acos(graft_tensor *a);       /**< arccosine, in [0, pi] (float dtypes) */
+graft_tensor *graft_sinh(graft_tensor *a);       /**< hyperbolic sine (float dtypes) */
+graft_tensor *graft_cosh(graft_tensor *a);       /**< hyperbolic cosine (float dtypes) */
+graft_tensor *graft_asinh(graft_tensor *a);      /**< inverse hyperbolic sine (float dtypes) */
+graft_tensor *graft_acosh(graft_tensor *a);      /**< inverse hyperbolic cosine, a >= 1 (float dtypes) */
+graft_tensor *graft_atanh(graft_tensor *a);      /**< inverse hyperbolic tangent, |a| <= 1 (float dtypes) */
+graft_tensor *graft_log2(graft_tensor *a);       /**< base-2 log (float dtypes) */
+graft_tensor *graft_log10(graft_tensor *a);      /**< base-10 log (float dtypes) */
+graft_tensor *graft_exp2(graft_tensor *a);       /**< 2^a (float dtypes) */
+graft_tensor *graft_erfc(graft_tensor *a);       /**< 1-erf(a), without its cancellation (float dtypes) */
 graft_tensor *graft_logical_not(graft_tensor *a);/**< !a (bool) or ~a (integers) */
 
 graft_tensor *graft_add(graft_tensor *a, graft_tensor *b);     /**< a+b */

@@ -140,6 +140,18 @@ U(reciprocal, graft_reciprocal(x[0]))
 U(log1p, graft_log1p(x[0]))
 U(expm1, graft_expm1(x[0]))
 U(atan, graft_atan(x[0]))
+U(tan, graft_tan(x[0]))
+U(asin, graft_asin(x[0]))
+U(acos, graft_acos(x[0]))
+U(sinh, graft_sinh(x[0]))
+U(cosh, graft_cosh(x[0]))
+U(asinh, graft_asinh(x[0]))
+U(acosh, graft_acosh(x[0]))
+U(atanh, graft_atanh(x[0]))
+U(log2, graft_log2(x[0]))
+U(log10, graft_log10(x[0]))
+U(exp2, graft_exp2(x[0]))
+U(erfc, graft_erfc(x[0]))
 /* through f32 and back: the rule converts the gradient back to each side's dtype */
 U(convert, graft_convert(graft_mul(graft_convert(x[0], GRAFT_F32), graft_convert(x[0], GRAFT_F32)), GRAFT_F64))
 U(add, graft_add(x[0], x[1]))
@@ -218,6 +230,18 @@ static const ad_case cases[] = {
     C1(log1p, LOG1P, 2, SH(2, 3), -0.5, 2),
     C1(expm1, EXPM1, 2, SH(2, 3), -1, 1),
     C1(atan, ATAN, 2, SH(2, 3), -2, 2),
+    C1(tan, TAN, 2, SH(2, 3), -1, 1),
+    C1(asin, ASIN, 2, SH(2, 3), -0.9, 0.9),
+    C1(acos, ACOS, 2, SH(2, 3), -0.9, 0.9),
+    C1(sinh, SINH, 2, SH(2, 3), -2, 2),
+    C1(cosh, COSH, 2, SH(2, 3), -2, 2),
+    C1(asinh, ASINH, 2, SH(2, 3), -2, 2),
+    C1(acosh, ACOSH, 2, SH(2, 3), 1.2, 3),
+    C1(atanh, ATANH, 2, SH(2, 3), -0.9, 0.9),
+    C1(log2, LOG2, 2, SH(2, 3), 0.5, 2),
+    C1(log10, LOG10, 2, SH(2, 3), 0.5, 2),
+    C1(exp2, EXP2, 2, SH(2, 3), -1, 1),
+    C1(erfc, ERFC, 2, SH(2, 3), -2, 2),
     {"convert", IR_CONVERT, f_convert, 1, {2}, {SH(2, 3)}, -1, 1, 1e-3, 1e-3}, /* via f32 */
     C2(add, ADD, 2, SH(2, 3), 2, SH(2, 3), -1, 1),
     C2(sub, SUB, 2, SH(2, 3), 2, SH(2, 3), -1, 1),

@@ -40,6 +40,10 @@ static const struct {
     {"ceil", graft_ceil, ceil},        {"round", graft_round, r_round},
     {"sign", graft_sign, r_sign},      {"reciprocal", graft_reciprocal, r_recip},
     {"log1p", graft_log1p, log1p},     {"expm1", graft_expm1, expm1},
+    {"tan", graft_tan, tan},           {"sinh", graft_sinh, sinh},
+    {"cosh", graft_cosh, cosh},        {"asinh", graft_asinh, asinh},
+    {"exp2", graft_exp2, exp2},        {"erfc", graft_erfc, erfc},
+    {"trunc", graft_trunc, trunc},
 };
 #define NFU (int)(sizeof FLOAT_UNARY / sizeof FLOAT_UNARY[0])
 
@@ -63,6 +67,38 @@ TEST(test_unary_float) {
   CHECK(expect1_d(graft_round(mk1(GRAFT_F32, 6, r)), GRAFT_F32, 6, rw, 0));
   CHECK(expect1_d(graft_floor(mk1(GRAFT_F64, 6, r)), GRAFT_F64, 6, fw, 0));
   CHECK(expect1_d(graft_ceil(mk1(GRAFT_F16, 6, r)), GRAFT_F16, 6, cw, 0));
+  END();
+}
+
+/* Ops defined on part of the line, each on inputs inside its domain (test_unary_float's inputs
+ * would make NaN of most of them). */
+static const struct {
+  const char *name;
+  unary_fn fn;
+  double (*ref)(double);
+  double x[6];
+} DOMAIN_UNARY[] = {
+    {"asin", graft_asin, asin, {-0.9, -0.5, -0.25, 0, 0.3, 0.75}},
+    {"acos", graft_acos, acos, {-0.9, -0.5, -0.25, 0, 0.3, 0.75}},
+    {"atanh", graft_atanh, atanh, {-0.9, -0.5, -0.25, 0, 0.3, 0.75}},
+    {"acosh", graft_acosh, acosh, {1, 1.25, 1.5, 2, 3, 10}},
+    {"log2", graft_log2, log2, {0.125, 0.5, 1, 2, 3.5, 10}},
+    {"log10", graft_log10, log10, {0.125, 0.5, 1, 2, 3.5, 10}},
+};
+#define NDU (int)(sizeof DOMAIN_UNARY / sizeof DOMAIN_UNARY[0])
+
+TEST(test_unary_float_domains) {
+  BEGIN();
+  for (int d = 0; d < 4; d++) {
+    graft_dtype dt = FLOAT_DT[d];
+    for (int k = 0; k < NDU; k++) {
+      double want[6];
+      for (int i = 0; i < 6; i++) want[i] = DOMAIN_UNARY[k].ref(q(dt, DOMAIN_UNARY[k].x[i]));
+      int ok = expect1_d(DOMAIN_UNARY[k].fn(mk1(dt, 6, DOMAIN_UNARY[k].x)), dt, 6, want, tol_of(dt));
+      if (!ok) fprintf(stderr, "  op %s dtype %s\n", DOMAIN_UNARY[k].name, graft_dtype_name(dt));
+      CHECK(ok);
+    }
+  }
   END();
 }
 
@@ -140,6 +176,8 @@ TEST(test_unary_dtype_rejects) {
               FLOAT_UNARY[k].fn == graft_sign;
     for (int d = num ? 3 : 0; d < 4; d++) CHECK(rejects1(FLOAT_UNARY[k].fn, nonfloat[d], FLOAT_UNARY[k].name));
   }
+  for (int k = 0; k < NDU; k++)
+    for (int d = 0; d < 4; d++) CHECK(rejects1(DOMAIN_UNARY[k].fn, nonfloat[d], DOMAIN_UNARY[k].name));
   for (int d = 0; d < 4; d++) CHECK(rejects1(graft_logical_not, FLOAT_DT[d], "logical_not"));
   CHECK(sane());
 }
@@ -664,6 +702,7 @@ TEST(test_rand) {
 int main(void) {
   if (ops_device_init("test_ops_elementwise")) return 2;
   RUN(test_unary_float);
+  RUN(test_unary_float_domains);
   RUN(test_unary_float_properties);
   RUN(test_unary_int);
   RUN(test_unary_dtype_rejects);

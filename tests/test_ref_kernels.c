@@ -83,7 +83,7 @@ static exec_instr mk(ir_op op, graft_dtype dt, int nd, const int64_t *shape, int
 }
 
 static ref_arg arg(const void *data, graft_dtype dt, int nd, const int64_t *shape) {
-  ref_arg a = {data, dt, nd, shape, numel_of(nd, shape)};
+  ref_arg a = {.data = data, .dtype = dt, .ndim = nd, .shape = shape, .numel = numel_of(nd, shape)};
   return a;
 }
 

@@ -2,7 +2,7 @@
  * is written on the public API, so the gradient is IR like the forward. Rules follow PyTorch's
  * conventions where a derivative is a choice: maximum/minimum split a tie's gradient evenly,
  * a max/min reduction divides it among the elements equal to the result, pow's exponent gradient
- * is 0 where the base is 0, floor/round/sign pass none (ZERO rows). The table at the end is
+ * is 0 where the base is 0, floor/round/trunc/sign pass none (ZERO rows). The table at the end is
  * generated from ops.def: a VJP row without its ad_vjp_<ENUM> here does not build. */
 #include "autodiff.h"
 #include "api.h"
@@ -94,6 +94,18 @@ AD_ONE(RECIPROCAL, graft_neg(graft_mul(g, ad_sq(y))))
 AD_ONE(LOG1P, graft_div(g, graft_add_scalar(a, 1.0)))
 AD_ONE(EXPM1, graft_mul(g, graft_add_scalar(y, 1.0)))
 AD_ONE(ATAN, graft_div(g, graft_add_scalar(ad_sq(a), 1.0)))
+AD_ONE(TAN, graft_mul(g, graft_add_scalar(ad_sq(y), 1.0)))
+AD_ONE(ASIN, graft_div(g, graft_sqrt(graft_add_scalar(graft_neg(ad_sq(a)), 1.0))))
+AD_ONE(ACOS, graft_neg(graft_div(g, graft_sqrt(graft_add_scalar(graft_neg(ad_sq(a)), 1.0)))))
+AD_ONE(SINH, graft_mul(g, graft_cosh(a)))
+AD_ONE(COSH, graft_mul(g, graft_sinh(a)))
+AD_ONE(ASINH, graft_div(g, graft_sqrt(graft_add_scalar(ad_sq(a), 1.0))))
+AD_ONE(ACOSH, graft_div(g, graft_sqrt(graft_add_scalar(ad_sq(a), -1.0))))
+AD_ONE(ATANH, graft_div(g, graft_add_scalar(graft_neg(ad_sq(a)), 1.0)))
+AD_ONE(LOG2, graft_div(g, graft_mul_scalar(a, 0.6931471805599453 /* ln 2 */)))
+AD_ONE(LOG10, graft_div(g, graft_mul_scalar(a, 2.302585092994046 /* ln 10 */)))
+AD_ONE(EXP2, graft_mul(g, graft_mul_scalar(y, 0.6931471805599453 /* ln 2 */)))
+AD_ONE(ERFC, graft_mul(g, graft_mul_scalar(graft_exp(graft_neg(ad_sq(a))), -1.1283791670955126 /* -2 / sqrt(pi) */)))
 
 /* Integer sources carry no gradient (the driver only asks for float operands). */
 static int ad_vjp_CONVERT(const ad_op *o, graft_tensor *g, graft_tensor **gin) {
@@ -128,10 +140,7 @@ static graft_tensor *ad_pow_exp(graft_tensor *g, graft_tensor *a, graft_tensor *
 }
 AD_TWO(POW, ad_pow_base(g, a, b), ad_pow_exp(g, a, b, y))
 /* fmod(a, b) = a - trunc(a / b) b. */
-static graft_tensor *ad_trunc(graft_tensor *x) {
-  return graft_where(graft_lt(x, ad_zeros_like(x)), graft_ceil(x), graft_floor(x));
-}
-AD_TWO(REM, g, graft_neg(graft_mul(g, ad_trunc(graft_div(a, b)))))
+AD_TWO(REM, g, graft_neg(graft_mul(g, graft_trunc(graft_div(a, b)))))
 
 /* maximum / minimum: the gradient goes to the operand that won, half to each on a tie. */
 static int ad_pick(const ad_op *o, graft_tensor *g, graft_tensor **gin, bool max) {

@@ -79,7 +79,10 @@ MUST_LOWER = ["add", "sub", "mul", "div", "neg", "abs", "exp", "log", "sqrt", "r
               "nn.functional.upsample_nearest", "nn.functional.upsample_bilinear",
               "nn.functional.interpolate.nearest", "nn.functional.interpolate.linear",
               "nn.functional.interpolate.bilinear", "nn.functional.interpolate.trilinear",
-              "nn.functional.group_norm"]
+              "nn.functional.group_norm",
+              # ops.def's elementwise math rows beyond the core
+              "atan", "tan", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh", "log2",
+              "log10", "exp2", "erfc", "trunc"]
 
 
 def _full_name(op):

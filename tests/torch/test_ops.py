@@ -20,6 +20,10 @@ def idx(n, *s):
     return torch.randint(0, n, s)
 
 
+def sym(lim, *s):
+    return (torch.rand(*s) * 2 - 1) * lim
+
+
 # name, function, input factory (returns CPU tensors), whether to check gradients
 CASES = [
     ("add", lambda a, b: a + b, lambda: (r(3, 4), r(4)), True),
@@ -63,6 +67,22 @@ CASES = [
     ("expm1", torch.expm1, lambda: (r(3, 4),), True),
     ("atan", torch.atan, lambda: (r(3, 4) * 3,), True),
     ("atan_int", torch.atan, lambda: (idx(5, 3, 4),), False),
+    ("tan", torch.tan, lambda: (sym(1.3, 3, 4),), True),
+    ("asin", torch.asin, lambda: (sym(0.9, 3, 4),), True),
+    ("acos", torch.acos, lambda: (sym(0.9, 3, 4),), True),
+    ("sinh", torch.sinh, lambda: (r(3, 4),), True),
+    ("cosh", torch.cosh, lambda: (r(3, 4),), True),
+    ("asinh", torch.asinh, lambda: (r(3, 4) * 3,), True),
+    ("acosh", torch.acosh, lambda: (pos(3, 4) * 2 + 1.1,), True),
+    ("atanh", torch.atanh, lambda: (sym(0.9, 3, 4),), True),
+    ("log2", torch.log2, lambda: (pos(3, 4),), True),
+    ("log10", torch.log10, lambda: (pos(3, 4),), True),
+    ("exp2", torch.exp2, lambda: (r(3, 4),), True),
+    ("erfc", torch.erfc, lambda: (r(3, 4),), True),
+    ("log2_int", torch.log2, lambda: (idx(5, 3, 4) + 1,), False),
+    ("trunc", torch.trunc, lambda: (r(3, 4) * 3,), False),
+    ("trunc_int", torch.trunc, lambda: (idx(9, 3, 4) - 4,), False),
+    ("floor_int", torch.floor, lambda: (idx(9, 3, 4) - 4,), False),
     ("exp_int", torch.exp, lambda: (idx(3, 3, 4),), False),
     ("relu", torch.relu, lambda: (r(3, 4),), True),
     ("gelu", F.gelu, lambda: (r(3, 4),), True),
@@ -173,6 +193,18 @@ def test_op_matches_cpu(name, fn, make, grad):
                 torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=1e-4, atol=1e-5)
     fb = {k: v for k, v in graft.metrics().items() if k.startswith("aten::")}
     assert fb == {}, fb
+
+
+@pytest.mark.parametrize("fn", [torch.tan, torch.asin, torch.acos, torch.sinh, torch.cosh,
+                                torch.asinh, torch.acosh, torch.atanh, torch.log2, torch.log10,
+                                torch.exp2, torch.erfc, torch.trunc], ids=lambda f: f.__name__)
+def test_unary_math_is_native(fn):
+    """ops.def rows, not PyTorch host calls inside the graph (which test_op_matches_cpu allows)."""
+    x = torch.rand(8) + (1 if fn is torch.acosh else 0)
+    graft.reset_metrics()
+    torch.testing.assert_close(fn(x.to(DEV)).cpu(), fn(x))
+    hc = [k for k in graft.metrics() if k.startswith(("hostcall::", "aten::"))]
+    assert hc == [], hc
 
 
 def test_fallback_runs_and_is_counted():

@@ -94,6 +94,17 @@ void unop(const c10::OperatorHandle &op, Stack *s) {
   push(s, wrap(chk(F(x.get()), op.schema().name().c_str())));
 }
 
+// floor / ceil / round / trunc: PyTorch returns an integer input unchanged (a copy, its dtype),
+// where graft's ops take floats only. Bool goes to the op, which refuses it as PyTorch does.
+template <Un F>
+void rounding(const c10::OperatorHandle &op, Stack *s) {
+  Args a(op, s);
+  G x = tv(a.t(0));
+  if (!at::isIntegralType(gst(x), /*includeBool=*/false))
+    x = chk(F(x.get()), op.schema().name().c_str());
+  push(s, wrap(std::move(x)));
+}
+
 graft_tensor *g_relu(graft_tensor *x) { return graft_relu(x); }
 graft_tensor *g_bitnot(graft_tensor *x) { return graft_logical_not(x); }
 
@@ -560,6 +571,10 @@ void add_elementwise_lowerings(LoweringTable &t) {
       {"aten::native_dropout", &native_dropout},
       {"aten::native_dropout_backward", &native_dropout_backward},
       {"aten::sgn", &unop<graft_sign, false>},
+      {"aten::floor", &rounding<graft_floor>},
+      {"aten::ceil", &rounding<graft_ceil>},
+      {"aten::round", &rounding<graft_round>},
+      {"aten::trunc", &rounding<graft_trunc>},
   });
   // aten::<fn> for every UNARY / UNARY_FLOAT row of ops.def, one-to-one (UNARY_FLOAT promotes
   // integer inputs to float first, as PyTorch does). A lowering above wins (logical_not's):
