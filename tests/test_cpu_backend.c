@@ -1563,6 +1563,29 @@ TEST(sized_bodies_serve_other_sizes) {
   release_all();
 }
 
+/* A size whose bodies were shown to the library (a library-only lookup that missed: the tier
+ * shows a family's first size before its second size's build) but never compiled: once the
+ * second size's templates exist, the first size runs them and compiles nothing. */
+TEST(sized_first_size_runs_later_templates) {
+  cpu_klib_forget();
+  bool full;
+  /* a constant no other test's bodies have: nothing from the disk cache */
+  exec_program *p1 = sized_prog(6, 100, 0.375), *p2 = sized_prog(9, 37, 0.375);
+  CHECK(!cpu_backend.compile_cached(p1, &full)); /* nothing compiled yet: its bodies are shown */
+  graft_clear_error();
+  uint64_t c0 = cpu_stats.compiles;
+  void *e2 = cpu_backend.compile(p2);
+  CHECK(e2 && exe_right(p2, e2) && cpu_stats.compiles == c0 + 1);
+  uint64_t sized = cpu_stats.bodies_sized;
+  void *e1 = cpu_backend.compile_cached(p1, &full);
+  CHECK(e1 && exe_right(p1, e1) && cpu_stats.compiles == c0 + 1 && cpu_stats.bodies_sized > sized);
+  if (e1) cpu_backend.free_exe(e1);
+  if (e2) cpu_backend.free_exe(e2);
+  program_free(p1);
+  program_free(p2);
+  release_all();
+}
+
 /* A template the compiler refuses: the bodies that were to run it compile as they are, right,
  * and their skeleton stays specialised (no template is tried again). */
 TEST(sized_template_failure_falls_back) {
@@ -2853,6 +2876,7 @@ int main(void) {
   RUN(disk_cache);
   RUN(kernels_shared_between_graphs);
   RUN(sized_bodies_serve_other_sizes);
+  RUN(sized_first_size_runs_later_templates);
   RUN(sized_template_failure_falls_back);
   RUN(cache_path_is_not_shell_code);
   RUN(read_only_cache_folder);

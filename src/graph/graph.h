@@ -52,7 +52,8 @@ typedef struct cache_entry {
   tier_state tier;
   tier_level level;
   bool full_only;           /* the caller waits for native code (wait_compiles): no quick build */
-  bool varying;             /* another size of it was cached before (cache_sibling) */
+  bool varying;             /* another size of it is cached (cache_sibling) */
+  bool sizes_shown;         /* the backend saw its sizes for a sibling's templates (tier.c) */
   bool inherited;           /* made before a fork and not run since in this (child) process:
                                graft_wait_compiles leaves it alone */
   unsigned char check_reported; /* GRAFT_CHECK: bit 0 first tier, bit 1 compiled code reported */

@@ -59,6 +59,12 @@ typedef struct tier_result {
 } tier_result;
 static tier_result *q_results, **q_results_tail = &q_results; /* q_mu; in landing order */
 
+/* The families (prog->shape_free) whose builds landed since the last tier_library_drain (q_mu):
+ * their queued sizes may now be built from the kernel library. */
+#define TIER_LANDED_MAX 8
+static uint64_t q_landed_family[TIER_LANDED_MAX];
+static int q_nlanded; /* > TIER_LANDED_MAX: more landed than were kept, try every family */
+
 static tier_mode tier_get_mode(void) {
   static atomic_int unknown_said;
   const char *m = getenv("GRAFT_COMPILE");
@@ -166,6 +172,10 @@ static tier_level tier_build(cache_entry *e, bool quick, void **exe, char *err, 
 static void tier_landed(cache_entry *e, void *exe) {
   if (exe) atomic_store_explicit(&e->published, exe, memory_order_release);
   pthread_mutex_lock(&q_mu);
+  if (exe && atomic_load(&e->prog->varying)) {
+    if (q_nlanded < TIER_LANDED_MAX) q_landed_family[q_nlanded] = e->prog->shape_free;
+    if (q_nlanded <= TIER_LANDED_MAX) q_nlanded++;
+  }
   atomic_store(&e->building, false);
   q_current = NULL;
   pthread_cond_broadcast(&q_landed);
@@ -316,7 +326,7 @@ static bool tier_from_library(cache_entry *e) {
 static cache_entry *tier_mark_varying(cache_entry *e) {
   cache_entry *sib = cache_sibling(e);
   if (!sib) return NULL;
-  e->varying = true;
+  e->varying = sib->varying = true; /* the sibling's next hit tries the library too */
   atomic_store(&e->prog->varying, true);
   atomic_store(&sib->prog->varying, true);
   return sib;
@@ -331,18 +341,78 @@ static cache_entry *tier_mark_varying(cache_entry *e) {
 static bool tier_submit_varying(cache_entry *e) {
   cache_entry *sib = tier_mark_varying(e);
   if (!sib) return false;
-  if (sib->level == TIER_LEVEL_NONE && sib->fast == e->fast) {
+  if (sib->level == TIER_LEVEL_NONE && sib->fast == e->fast && !sib->sizes_shown) {
     bool full;
     void *x = e->fast->compile_cached(sib->prog, &full);
     if (x) e->fast->free_exe(x);
+    sib->sizes_shown = true; /* once: it is code generation, ~6 ms of this thread */
   }
   if (tier_from_library(e)) return true;
-  if (!atomic_load(&sib->building)) tier_queue(e); /* else it tries again at its next run */
-  else e->tier = TIER_ONCE;
+  /* Queued even while a sibling's build is running: when that lands, tier_library_drain builds
+   * e from its kernels on this thread; a size seen once never runs again to retry. */
+  tier_queue(e);
   return true;
 }
 
+/* Whether a build of family f landed since the last drain (q_mu held). */
+static bool tier_family_landed(uint64_t f) {
+  if (q_nlanded > TIER_LANDED_MAX) return true;
+  for (int i = 0; i < q_nlanded; i++)
+    if (q_landed_family[i] == f) return true;
+  return false;
+}
+
+/* Builds from the kernel library the queued sizes whose family's build landed since the last
+ * call (lock held: the tracing thread, at each graph it looks up). A varying LM's sizes traced
+ * while their family's first build ran were queued behind it; the compile thread, which runs
+ * under SCHED_IDLE, then built them one by one (code generation only, ~6 ms each) on a core the
+ * first tier's steps kept busy: 70-290 ms apiece, the steps meanwhile on the first tier at ~2.5x
+ * a native step. Those that still need the compiler go back to the queue's head, in order. */
+static void tier_library_drain(void) {
+  pthread_mutex_lock(&q_mu);
+  if (!q_nlanded || q_forking) {
+    pthread_mutex_unlock(&q_mu);
+    return;
+  }
+  cache_entry *take = NULL, **tt = &take, **pp = &q_head;
+  q_tail = NULL;
+  for (cache_entry *e = q_head; e; e = *pp) {
+    if (e->varying && e->level == TIER_LEVEL_NONE && e->fast->compile_cached &&
+        tier_family_landed(e->prog->shape_free)) {
+      *pp = e->qnext;
+      *tt = e;
+      tt = &e->qnext;
+      *tt = NULL;
+    } else {
+      q_tail = e;
+      pp = &e->qnext;
+    }
+  }
+  q_nlanded = 0;
+  pthread_mutex_unlock(&q_mu);
+  cache_entry *back = NULL, *last = NULL;
+  for (cache_entry *e = take, *next; e; e = next) {
+    next = e->qnext;
+    e->qnext = NULL;
+    if (tier_from_library(e)) {
+      atomic_store(&e->building, false);
+      continue;
+    }
+    if (last) last->qnext = e;
+    else back = e;
+    last = e;
+  }
+  if (!back) return;
+  pthread_mutex_lock(&q_mu);
+  last->qnext = q_head;
+  if (!q_head) q_tail = last;
+  q_head = back;
+  pthread_cond_signal(&q_cv);
+  pthread_mutex_unlock(&q_mu);
+}
+
 void tier_submit(cache_entry *e) {
+  tier_library_drain();
   tier_mode mode = tier_get_mode();
   e->fast = graph_backend(e->prog->device, BACKEND_COMPILER);
   /* A huge graph would stall the compiler for long; it stays on the first tier. So does a
@@ -471,6 +541,7 @@ static void tier_upgrade_when_it_pays(cache_entry *e, bool now) {
 
 void tier_hit(cache_entry *e) {
   tier_record_results();
+  tier_library_drain();
   tier_upgrade_when_it_pays(e, false);
   e->inherited = false;
   if (e->tier != TIER_ONCE || tier_get_mode() == TIER_MODE_OFF) return;

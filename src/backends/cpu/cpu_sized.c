@@ -343,7 +343,10 @@ int cpu_sized_template(const cpu_body *b, cpu_body *tpl, int64_t **vals) {
   pthread_mutex_lock(&sz_mu);
   sz_family *f = sz_family_get(skel, b->text, &lit, nlit, &fresh);
   if (!f) rc = -1;
-  else if (!fresh && !f->broken && strcmp(f->ref, b->text)) { /* the first body needs none */
+  /* The first body needs none until templates exist: then it runs the newest (every
+   * template fits it) rather than compiling its own code (a varying LM's first length was
+   * compiled again, 36 bodies, when it ran after the templates made for its siblings). */
+  else if (!fresh && !f->broken && (f->tpl || strcmp(f->ref, b->text))) {
     sz_tpl *t = sz_fit(f, b->text, lit);
     if (!t) t = sz_new_template(f, b->text, lit);
     if (t && (tpl->text = strdup(t->text)) && (*vals = sz_values(f, t, b->text, lit)))
