@@ -455,7 +455,8 @@ graft_status graft_trace_end(void);
 void graft_set_max_pending_nodes(int64_t n);
 /** Cap on bytes of device data (0 = none); allocations past it fail with GRAFT_ERR_OOM. */
 void graft_set_memory_limit(size_t bytes);
-/** Returns the released blocks graft keeps for reuse (its buffer pool) to the system. */
+/** Returns the released blocks graft keeps for reuse (its buffer pool) to the system, once the
+ *  queued steps have run. */
 void graft_empty_cache(void);
 
 /* ---- metrics ---- */

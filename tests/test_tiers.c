@@ -750,23 +750,27 @@ static graft_tensor *queue_sized(int64_t n, float **v) {
 
 /* Sizes traced while their family's first build runs are queued behind it; once it lands, the
  * next graph the tracing thread looks up builds them from its kernels (tier_library_drain)
- * rather than leaving them to the compile thread, which steps starve. Size 500 runs once; 600
- * is a new size: its build (the templates) is held in the compiler; 700, 800, 900 are traced
- * meanwhile. The build is let through; the compile thread takes 700 next and is held; another
- * graph is traced: 800 and 900 are built from the library on this thread. */
+ * rather than leaving them to the compile thread, which steps starve. Sizes 400 and 500 run
+ * once (a family of two: no build); 600, the third, is queued at once and its build (the
+ * templates) is held in the compiler; 700, 800, 900 are traced meanwhile. The build is let
+ * through; the compile thread takes 700 next and is held; another graph is traced: 800 and 900
+ * are built from the library on this thread. */
 TEST(sizes_queued_behind_their_family_build_use_its_kernels) {
   gates_install();
   graft_metrics_reset();
   atomic_store(&quick_open, 0);
-  const int64_t n[] = {500, 600, 700, 800, 900};
-  float *v[5], out[900];
-  graft_tensor *y[5];
-  y[0] = queue_sized(n[0], &v[0]);
-  CHECK(graft_to_host(y[0], out, sizeof(float) * 500) == GRAFT_OK);
-  y[1] = queue_sized(n[1], &v[1]);
+  const int64_t n[] = {400, 500, 600, 700, 800, 900};
+  float *v[6], out[900];
+  graft_tensor *y[6];
+  for (int k = 0; k < 2; k++) {
+    y[k] = queue_sized(n[k], &v[k]);
+    CHECK(graft_to_host(y[k], out, sizeof(float) * (size_t)n[k]) == GRAFT_OK);
+  }
+  CHECK(atomic_load(&quick_entered) == 0); /* two sizes: each runs once, nothing builds */
+  y[2] = queue_sized(n[2], &v[2]);
   for (int i = 0; i < 60000 && atomic_load(&quick_entered) < 1; i++) usleep(1000);
   CHECK(atomic_load(&quick_entered) == 1);
-  for (int k = 2; k < 5; k++) y[k] = queue_sized(n[k], &v[k]);
+  for (int k = 3; k < 6; k++) y[k] = queue_sized(n[k], &v[k]);
   atomic_store(&quick_pass, 1);
   for (int i = 0; i < 60000 && atomic_load(&quick_entered) < 2; i++) usleep(1000);
   CHECK(atomic_load(&quick_built) == 1 && atomic_load(&quick_entered) == 2);
@@ -777,7 +781,7 @@ TEST(sizes_queued_behind_their_family_build_use_its_kernels) {
   graft_scope_end();
   CHECK(M().library_builds == 2);
   atomic_store(&quick_open, 1);
-  for (int k = 0; k < 5; k++) {
+  for (int k = 0; k < 6; k++) {
     CHECK(graft_to_host(y[k], out, sizeof(float) * (size_t)n[k]) == GRAFT_OK);
     CHECK_NEAR(out[n[k] - 3], sinf(3 * v[k][n[k] - 3]), 1e-6);
     graft_release(y[k]);
@@ -786,6 +790,37 @@ TEST(sizes_queued_behind_their_family_build_use_its_kernels) {
   graft_wait_compiles();
   CHECK(atomic_load(&quick_built) == 2); /* 600 and 700 through the compile thread */
   gates_remove();
+}
+
+/* A family of two sizes keeps specialised code and builds its second size only once it has
+ * run often enough to pay (an epoch's last partial batch runs once an epoch): size 400 runs
+ * three times and is built; 500 runs twice, far from paying for a build (its first-tier runs
+ * cost microseconds), and stays on the first tier; its reason says so. A third size makes the
+ * family size-generic. */
+TEST(second_size_is_built_when_it_pays) {
+  float *v[3], out[600];
+  set_env("GRAFT_COMPILE", "async");
+  graft_metrics_reset();
+  const int64_t n[] = {400, 500, 600};
+  const int runs[] = {3, 2, 1};
+  uint64_t builds[3];
+  for (int k = 0; k < 3; k++) {
+    for (int r = 0; r < runs[k]; r++) {
+      graft_scope_begin();
+      graft_tensor *y = queue_sized(n[k], &v[k]);
+      CHECK(graft_to_host(y, out, sizeof(float) * (size_t)n[k]) == GRAFT_OK);
+      CHECK_NEAR(out[n[k] - 3], sinf(3 * v[k][n[k] - 3]), 1e-6);
+      free(v[k]);
+      graft_scope_end();
+    }
+    tier_wait_idle();
+    builds[k] = M().quick_compiles + M().native_compiles;
+  }
+  CHECK(builds[0] >= 1 && builds[1] == builds[0]);
+  CHECK(builds[2] > builds[1]); /* the third size is queued at once */
+  char *rep = graft_metrics_report();
+  CHECK(rep && strstr(rep, "a second size of a cached graph") && strstr(rep, "(size-generic)"));
+  free(rep);
 }
 
 /* A value read on another thread: graft_to_host holds graft's lock while its step is queued. */
@@ -971,6 +1006,7 @@ int main(void) {
   RUN(builds_go_on_while_a_reader_holds_the_lock);
   RUN(metrics_do_not_wait_for_a_build);
   RUN(sizes_queued_behind_their_family_build_use_its_kernels);
+  RUN(second_size_is_built_when_it_pays);
   RUN(fork_during_build_and_queued_steps);
   graft_shutdown();
   return CHECK_DONE();

@@ -508,7 +508,12 @@ graft_status graft_item(graft_tensor *t, double *out) {
 
 void graft_set_memory_limit(size_t bytes) { buffer_set_limit(bytes); }
 
-void graft_empty_cache(void) { buffer_pool_trim(); }
+/* After the queued steps: a step that has published its outputs still releases its
+ * intermediates, into the pool this empties (test_core's pool check saw them come back). */
+void graft_empty_cache(void) {
+  async_drain();
+  buffer_pool_trim();
+}
 
 void graft_shutdown(void) {
   async_shutdown(); /* runs what is queued: the executables must outlive it */

@@ -138,13 +138,24 @@ void cache_foreach(void (*fn)(cache_entry *e)) {
     for (cache_entry *e = buckets[b]; e; e = e->next) fn(e);
 }
 
-cache_entry *cache_sibling(const cache_entry *e) {
-  cache_entry *best = NULL;
+void cache_mark_family(const cache_entry *e) {
   for (int b = 0; b < NBUCKETS; b++)
     for (cache_entry *o = buckets[b]; o; o = o->next)
-      if (o != e && o->prog->shape_free == e->prog->shape_free && o->prog->device == e->prog->device &&
-          (!best || o->level > best->level))
-        best = o;
+      if (o->prog->shape_free == e->prog->shape_free && o->prog->device == e->prog->device) {
+        o->varying = o->many_sizes = true;
+        atomic_store(&o->prog->varying, true);
+      }
+}
+
+cache_entry *cache_sibling(const cache_entry *e, int *sizes) {
+  cache_entry *best = NULL;
+  *sizes = 1;
+  for (int b = 0; b < NBUCKETS; b++)
+    for (cache_entry *o = buckets[b]; o; o = o->next)
+      if (o != e && o->prog->shape_free == e->prog->shape_free && o->prog->device == e->prog->device) {
+        ++*sizes;
+        if (!best || o->level > best->level) best = o;
+      }
   return best;
 }
 

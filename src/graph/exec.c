@@ -262,8 +262,14 @@ static cache_entry *exec_lookup(double *tc) {
 #undef EXEC_PART
   if (e->varying) { /* the reason's shapes say which dims differ from the nearest graph */
     size_t k = strlen(reason);
-    snprintf(reason + k, sizeof reason - k, "; a new size of a cached graph: its kernels take "
-             "the sizes that vary as run-time values (size-generic), compiled once for every size");
+    if (e->many_sizes)
+      snprintf(reason + k, sizeof reason - k, "; a new size of a cached graph: its kernels take "
+               "the sizes that vary as run-time values (size-generic), compiled once for every "
+               "size");
+    else
+      snprintf(reason + k, sizeof reason - k, "; a second size of a cached graph: its own code, "
+               "compiled once it has run often enough (a third size makes the kernels "
+               "size-generic)");
   }
   metrics_add_reason(reason);
   dump_graph(&cap, p, reason, &ps);

@@ -53,6 +53,8 @@ typedef struct cache_entry {
   tier_level level;
   bool full_only;           /* the caller waits for native code (wait_compiles): no quick build */
   bool varying;             /* another size of it is cached (cache_sibling) */
+  bool many_sizes;          /* its family has TIER_MANY_SIZES sizes or more (tier.c) */
+  int hits;                 /* cache hits while it had no native code (lock held) */
   bool sizes_shown;         /* the backend saw its sizes for a sibling's templates (tier.c) */
   bool inherited;           /* made before a fork and not run since in this (child) process:
                                graft_wait_compiles leaves it alone */
@@ -72,8 +74,12 @@ void cache_reason(const graph_capture *g, char *buf, size_t n);
 cache_entry *cache_insert(exec_program *prog, const graph_capture *g, const backend *be,
                           void *exe);
 /* Another cached graph of e's structure up to shapes and dtypes (a loop's step at another
- * batch or sequence length), the one with the most optimized native code; NULL if none. */
-cache_entry *cache_sibling(const cache_entry *e);
+ * batch or sequence length), the one with the most optimized native code; NULL if none.
+ * *sizes: how many graphs the family has, e among them. */
+cache_entry *cache_sibling(const cache_entry *e, int *sizes);
+/* Marks every graph of e's family (e among them) varying, with many sizes, its kernels
+ * size-generic (lock held). */
+void cache_mark_family(const cache_entry *e);
 /* Calls fn on every cached entry (lock held). */
 void cache_foreach(void (*fn)(cache_entry *e));
 void cache_clear(void);

@@ -322,30 +322,48 @@ static bool tier_from_library(cache_entry *e) {
   return true;
 }
 
-/* e's sibling (cache_sibling), both marked as sizes of a varying family; NULL if none. */
+/* A family with this many sizes is taken to keep bringing new ones (text batched by length):
+ * a new size's build is queued at once and steps wait for it, as the family's templates serve
+ * the sizes to come. With two, the second may be an epoch's last partial batch: it is built
+ * at its second run as any graph is (a CNN's batch of 8 after 31 batches of 32 compiled 59
+ * template bodies for 2.9 s, beside the steps and with one waiting for it, to run 3 times). */
+#define TIER_MANY_SIZES 3
+
+/* e's sibling (cache_sibling), both marked as sizes of a varying family; NULL if none. From
+ * TIER_MANY_SIZES sizes on, every size of the family may run size-generic kernels; a family of
+ * two keeps specialised code (the second size is often an epoch's rare last batch). */
 static cache_entry *tier_mark_varying(cache_entry *e) {
-  cache_entry *sib = cache_sibling(e);
+  int sizes;
+  cache_entry *sib = cache_sibling(e, &sizes);
   if (!sib) return NULL;
-  e->varying = sib->varying = true; /* the sibling's next hit tries the library too */
-  atomic_store(&e->prog->varying, true);
-  atomic_store(&sib->prog->varying, true);
+  e->varying = sib->varying = true;
+  if (sizes < TIER_MANY_SIZES) return sib;
+  cache_mark_family(e);
+  /* The backend sees the sibling's bodies first (built or not: a library-only lookup), so
+   * that e's build compiles templates of what differs between the two rather than e's own
+   * bodies. Once per sibling: it is code generation, ~6 ms of this thread. */
+  if (sib->fast == e->fast && e->fast->compile_cached && !sib->sizes_shown) {
+    bool full;
+    void *x = e->fast->compile_cached(sib->prog, &full);
+    if (x) e->fast->free_exe(x);
+    else graft_clear_error();
+    sib->sizes_shown = true;
+  }
   return sib;
 }
 
 /* e is a new size of a cached graph (a batch or sequence length that varies): its kernels may
  * all be compiled already (the backend's size-generic ones), and then it is native from its
- * first run. Else it is queued at once rather than at its second run: its build serves every
- * later size of the family, and the steps wait for it (tier_native_for). The backend first
- * sees the sibling (if that has no native code yet) so that what varies between the two is
- * known to this build. False when e has no sibling. */
+ * first run. Else, in a family of many sizes, it is queued at once rather than at its second
+ * run: its build serves every later size, and the steps wait for it (tier_native_for); a
+ * family's second size is built at its second run, as any graph. False when e has no
+ * sibling. */
 static bool tier_submit_varying(cache_entry *e) {
   cache_entry *sib = tier_mark_varying(e);
   if (!sib) return false;
-  if (sib->level == TIER_LEVEL_NONE && sib->fast == e->fast && !sib->sizes_shown) {
-    bool full;
-    void *x = e->fast->compile_cached(sib->prog, &full);
-    if (x) e->fast->free_exe(x);
-    sib->sizes_shown = true; /* once: it is code generation, ~6 ms of this thread */
+  if (!e->many_sizes) {
+    e->tier = TIER_ONCE;
+    return true;
   }
   if (tier_from_library(e)) return true;
   /* Queued even while a sibling's build is running: when that lands, tier_library_drain builds
@@ -377,7 +395,7 @@ static void tier_library_drain(void) {
   cache_entry *take = NULL, **tt = &take, **pp = &q_head;
   q_tail = NULL;
   for (cache_entry *e = q_head; e; e = *pp) {
-    if (e->varying && e->level == TIER_LEVEL_NONE && e->fast->compile_cached &&
+    if (e->many_sizes && e->level == TIER_LEVEL_NONE && e->fast->compile_cached &&
         tier_family_landed(e->prog->shape_free)) {
       *pp = e->qnext;
       *tt = e;
@@ -489,8 +507,8 @@ static double tier_build_left_ms(const cache_entry *e) {
 /* The share of a first-tier step's time native code saves (its quick build runs resnet18's
  * step in 55 ms against the first tier's 110, mobilenet_v2's in 50 against 90). */
 #define TIER_NATIVE_SAVING 0.5
-/* A build for a new size of a graph (e->varying) serves the sizes to come: waited for as if
- * this many steps would run it. */
+/* A build for a new size of a family of many sizes (e->many_sizes) serves the sizes to come:
+ * waited for as if this many steps would run it. */
 #define TIER_FAMILY_RUNS 64
 /* The least a step waits for a build it decided to wait for (tier_native_for). */
 #define TIER_WAIT_MIN_MS 1000.0
@@ -499,7 +517,7 @@ void *tier_native_for(cache_entry *e, int queued) {
   void *exe = atomic_load_explicit(&e->published, memory_order_acquire);
   if (exe || !atomic_load(&e->building)) return exe;
   double step_ms = e->first_tier_ms > 0 ? e->first_tier_ms : tier_ref_cost_ms(e->prog);
-  if (e->varying && queued < TIER_FAMILY_RUNS) queued = TIER_FAMILY_RUNS;
+  if (e->many_sizes && queued < TIER_FAMILY_RUNS) queued = TIER_FAMILY_RUNS;
   /* waiting pays when the queued steps would save more on native code than the wait costs */
   if ((queued + 1) * step_ms * TIER_NATIVE_SAVING <= tier_build_left_ms(e)) return NULL;
   /* Steps are queued ahead (the front-end traces faster than the first tier runs them): the
@@ -539,13 +557,27 @@ static void tier_upgrade_when_it_pays(cache_entry *e, bool now) {
   tier_enqueue(e);
 }
 
+/* Whether a size of a two-size family, whose sibling is built or building, has run often
+ * enough for its own build to pay: its runs so far (a ski rental: as many again to come) times
+ * what native code saves a run on the estimate of the first tier's time, against the build's
+ * estimated time. An epoch's last partial batch is not built for the few epochs a short run
+ * has; a size that keeps coming is. */
+static bool tier_rare_size_pays(const cache_entry *e) {
+  int sizes;
+  const cache_entry *sib = cache_sibling(e, &sizes);
+  if (!sib || (sib->level == TIER_LEVEL_NONE && !atomic_load(&sib->building))) return true;
+  return e->hits * tier_ref_cost_ms(e->prog) * TIER_NATIVE_SAVING >= tier_build_left_ms(e);
+}
+
 void tier_hit(cache_entry *e) {
   tier_record_results();
   tier_library_drain();
   tier_upgrade_when_it_pays(e, false);
   e->inherited = false;
   if (e->tier != TIER_ONCE || tier_get_mode() == TIER_MODE_OFF) return;
-  if (e->varying && tier_from_library(e)) return;
+  e->hits++;
+  if (e->many_sizes && tier_from_library(e)) return;
+  if (e->varying && !e->many_sizes && !e->full_only && !tier_rare_size_pays(e)) return;
   tier_queue(e);
 }
 

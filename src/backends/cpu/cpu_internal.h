@@ -152,9 +152,11 @@ void cpu_klib_shutdown(void);
 /* When body b's skeleton (its text with the numeric literals masked) was seen before with
  * other literals: the template that serves it into tpl (the text with the varying literals
  * read from its last parameter; nparam one more than b's) and its literal values into *vals
- * (malloc'd). Otherwise tpl->text is NULL (b is recorded as its skeleton's first). 0, or -1
- * when out of memory. GRAFT_SIZED=0 turns templates off. */
-int cpu_sized_template(const cpu_body *b, cpu_body *tpl, int64_t **vals);
+ * (malloc'd). Otherwise tpl->text is NULL (b is recorded as its skeleton's first). The
+ * skeleton's first body itself gets one only if `first_too` (a build from compiled kernels
+ * only, where its own code is missing) and a template exists. 0, or -1 when out of memory.
+ * GRAFT_SIZED=0 turns templates off. */
+int cpu_sized_template(const cpu_body *b, bool first_too, cpu_body *tpl, int64_t **vals);
 /* Records b as its skeleton's first body if the skeleton is new (b was found compiled: a later
  * size can make a template from it). 0, or -1 when out of memory. */
 int cpu_sized_note(const cpu_body *b);

@@ -260,10 +260,10 @@ typedef struct {
 /* Graph body i missed the library: it runs as a size-generic template when its skeleton was
  * seen with other literals (found compiled, or queued once per resolve), else it compiles as it
  * is. 0, or -1 when out of memory. */
-static int klib_miss(klib_need *w, int i, cpu_opt opt, cpu_kernel_fn *fn, int64_t **lits,
-                     bool *all_full) {
+static int klib_miss(klib_need *w, int i, cpu_opt opt, bool lib_only, cpu_kernel_fn *fn,
+                     int64_t **lits, bool *all_full) {
   cpu_body t;
-  if (cpu_sized_template(&w->all[i], &t, &lits[i])) return -1;
+  if (cpu_sized_template(&w->all[i], lib_only, &t, &lits[i])) return -1;
   if (!t.text) {
     w->miss[w->nm++] = i;
     *all_full = *all_full && opt == CPU_OPT_FULL;
@@ -329,7 +329,7 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool
     fn[i] = klib_lookup(b[i].text, *opt, w.key[i], &full);
     if (fn[i] && !full) all_full = false; /* found at the quick level only */
     if (fn[i] && sized && cpu_sized_note(&b[i])) rc = -1;
-    if (!fn[i] && sized) rc = klib_miss(&w, i, *opt, fn, lits, &all_full);
+    if (!fn[i] && sized) rc = klib_miss(&w, i, *opt, lib_only, fn, lits, &all_full);
     else if (!fn[i]) {
       w.miss[w.nm++] = i;
       all_full = all_full && *opt == CPU_OPT_FULL;

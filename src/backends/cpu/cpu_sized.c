@@ -330,7 +330,7 @@ int cpu_sized_note(const cpu_body *b) {
   return f ? 0 : -1;
 }
 
-int cpu_sized_template(const cpu_body *b, cpu_body *tpl, int64_t **vals) {
+int cpu_sized_template(const cpu_body *b, bool first_too, cpu_body *tpl, int64_t **vals) {
   sz_lit *lit;
   int nlit;
   uint64_t skel;
@@ -343,10 +343,11 @@ int cpu_sized_template(const cpu_body *b, cpu_body *tpl, int64_t **vals) {
   pthread_mutex_lock(&sz_mu);
   sz_family *f = sz_family_get(skel, b->text, &lit, nlit, &fresh);
   if (!f) rc = -1;
-  /* The first body needs none until templates exist: then it runs the newest (every
-   * template fits it) rather than compiling its own code (a varying LM's first length was
-   * compiled again, 36 bodies, when it ran after the templates made for its siblings). */
-  else if (!fresh && !f->broken && (f->tpl || strcmp(f->ref, b->text))) {
+  /* The first body compiles as it is (a family's first size, often its most frequent, keeps
+   * specialised code); in a build from compiled kernels only it runs the newest template
+   * (every one fits it): a varying LM's first length had compiled 36 bodies of its own when it
+   * ran again after the templates made for its siblings. */
+  else if (!fresh && !f->broken && (strcmp(f->ref, b->text) || (first_too && f->tpl))) {
     sz_tpl *t = sz_fit(f, b->text, lit);
     if (!t) t = sz_new_template(f, b->text, lit);
     if (t && (tpl->text = strdup(t->text)) && (*vals = sz_values(f, t, b->text, lit)))
