@@ -1586,6 +1586,32 @@ TEST(sized_first_size_runs_later_templates) {
   release_all();
 }
 
+/* A graph not seen to vary (its own family: a varying LM's longest length, where PyTorch
+ * elides a slice) takes the templates compiled for other graphs in its quick build, compiling
+ * nothing; its full build compiles its own bodies. */
+TEST(quick_build_takes_compiled_templates) {
+  cpu_klib_forget();
+  exec_program *p1 = sized_prog(6, 100, 0.625), *p2 = sized_prog(9, 37, 0.625);
+  void *e1 = cpu_backend.compile(p1), *e2 = cpu_backend.compile(p2); /* p2: templates */
+  CHECK(e1 && e2);
+  exec_program *p3 = sized_prog(13, 50, 0.625);
+  atomic_store(&p3->varying, false);
+  uint64_t c0 = cpu_stats.compiles, sized = cpu_stats.bodies_sized;
+  bool full = true;
+  void *q = cpu_backend.compile_quick(p3, &full);
+  CHECK(q && exe_right(p3, q) && !full);
+  CHECK(cpu_stats.compiles == c0 && cpu_stats.bodies_sized > sized);
+  void *f = cpu_backend.compile(p3);
+  CHECK(f && exe_right(p3, f) && cpu_stats.compiles == c0 + 1);
+  void *exes[] = {e1, e2, q, f};
+  for (int k = 0; k < 4; k++)
+    if (exes[k]) cpu_backend.free_exe(exes[k]);
+  program_free(p1);
+  program_free(p2);
+  program_free(p3);
+  release_all();
+}
+
 /* A template the compiler refuses: the bodies that were to run it compile as they are, right,
  * and their skeleton stays specialised (no template is tried again). */
 TEST(sized_template_failure_falls_back) {
@@ -2877,6 +2903,7 @@ int main(void) {
   RUN(kernels_shared_between_graphs);
   RUN(sized_bodies_serve_other_sizes);
   RUN(sized_first_size_runs_later_templates);
+  RUN(quick_build_takes_compiled_templates);
   RUN(sized_template_failure_falls_back);
   RUN(cache_path_is_not_shell_code);
   RUN(read_only_cache_folder);

@@ -141,8 +141,10 @@ void cpu_object_close(cpu_object *obj);
  * On return *opt is CPU_OPT_FULL when every body is fully optimized. sized (a program whose
  * sizes vary, exec_program.varying): a body may run as a size-generic template (cpu_sized.c),
  * its literals in lits[i] (the caller frees them; NULL for the others), passed to its run
- * function after its buffers. lib_only: nothing is compiled; 1 (no error set) when something
- * would be. 0, or -1 with the error set. */
+ * function after its buffers. Any other program's quick build runs a template already compiled
+ * where its own body is missing (a size of its own, e.g. a varying LM's longest length, whose
+ * graph differs from the family's by a slice PyTorch elides). lib_only: nothing is compiled; 1
+ * (no error set) when something would be. 0, or -1 with the error set. */
 int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool sized,
                      cpu_kernel_fn *fn, int64_t **lits);
 /* Closes every object (graft_shutdown, after the last graph is freed). */
@@ -160,6 +162,9 @@ int cpu_sized_template(const cpu_body *b, bool first_too, cpu_body *tpl, int64_t
 /* Records b as its skeleton's first body if the skeleton is new (b was found compiled: a later
  * size can make a template from it). 0, or -1 when out of memory. */
 int cpu_sized_note(const cpu_body *b);
+/* The template made before that serves body b, whatever graph b is from (nothing recorded):
+ * as cpu_sized_template, tpl->text NULL when none fits. */
+int cpu_sized_existing(const cpu_body *b, cpu_body *tpl, int64_t **vals);
 /* A template of that text failed to compile: its skeleton's bodies stay specialised. */
 void cpu_sized_broken(const char *tpl_text);
 /* Forgets every skeleton (tests; graft_shutdown). */

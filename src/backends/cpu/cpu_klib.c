@@ -288,6 +288,24 @@ static int klib_miss(klib_need *w, int i, cpu_opt opt, bool lib_only, cpu_kernel
   return 0;
 }
 
+/* Graph body i (of a program not seen to vary) missed the library at the quick level: it runs
+ * a template compiled for another graph when one fits it. 0 (fn[i] NULL when none), or -1 when
+ * out of memory. */
+static int klib_compiled_template(const cpu_body *b, cpu_kernel_fn *fn, int64_t **lits) {
+  cpu_body t;
+  if (cpu_sized_existing(b, &t, lits)) return -1;
+  if (!t.text) return 0;
+  uint64_t k[2];
+  bool full;
+  *fn = klib_lookup(t.text, CPU_OPT_QUICK, k, &full);
+  free(t.text);
+  if (!*fn) {
+    free(*lits);
+    *lits = NULL;
+  }
+  return 0;
+}
+
 /* The templates failed to compile: their skeletons are marked, and the bodies that were to run
  * them compile as they are. */
 static void klib_drop_templates(klib_need *w, int64_t **lits) {
@@ -330,7 +348,10 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool
     if (fn[i] && !full) all_full = false; /* found at the quick level only */
     if (fn[i] && sized && cpu_sized_note(&b[i])) rc = -1;
     if (!fn[i] && sized) rc = klib_miss(&w, i, *opt, lib_only, fn, lits, &all_full);
-    else if (!fn[i]) {
+    else if (!fn[i] && *opt == CPU_OPT_QUICK &&
+             (rc = klib_compiled_template(&b[i], &fn[i], &lits[i])) == 0 && fn[i])
+      all_full = false;
+    else if (!fn[i] && !rc) {
       w.miss[w.nm++] = i;
       all_full = all_full && *opt == CPU_OPT_FULL;
     }

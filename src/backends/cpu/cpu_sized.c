@@ -363,6 +363,32 @@ int cpu_sized_template(const cpu_body *b, bool first_too, cpu_body *tpl, int64_t
   return rc;
 }
 
+int cpu_sized_existing(const cpu_body *b, cpu_body *tpl, int64_t **vals) {
+  sz_lit *lit;
+  int nlit;
+  uint64_t skel;
+  tpl->text = NULL;
+  *vals = NULL;
+  if (!sz_enabled()) return 0;
+  if (sz_scan(b->text, &lit, &nlit, &skel)) return -1;
+  int rc = 0;
+  pthread_mutex_lock(&sz_mu);
+  sz_family *f = sz_family_of(skel, b->text, lit, nlit);
+  sz_tpl *t = f && !f->broken ? sz_fit(f, b->text, lit) : NULL;
+  if (t) {
+    if ((tpl->text = strdup(t->text)) && (*vals = sz_values(f, t, b->text, lit))) {
+      tpl->nparam = b->nparam + 1;
+    } else {
+      free(tpl->text);
+      tpl->text = NULL;
+      rc = -1;
+    }
+  }
+  pthread_mutex_unlock(&sz_mu);
+  free(lit);
+  return rc;
+}
+
 void cpu_sized_broken(const char *tpl_text) {
   pthread_mutex_lock(&sz_mu);
   for (int b = 0; b < SZ_BUCKETS; b++)
