@@ -330,7 +330,14 @@ int cpu_sized_note(const cpu_body *b) {
   return f ? 0 : -1;
 }
 
-int cpu_sized_template(const cpu_body *b, bool first_too, cpu_body *tpl, int64_t **vals) {
+/* What a body missing from the library may run instead. */
+typedef enum {
+  SZ_SERVE_MAKE,      /* a template, made if none fits (b recorded as the first if new) */
+  SZ_SERVE_MAKE_ALL,  /* the same, and the skeleton's first body too (when a template exists) */
+  SZ_SERVE_EXISTING   /* only a template made before; nothing recorded */
+} sz_serve_mode;
+
+static int sz_serve(const cpu_body *b, sz_serve_mode mode, cpu_body *tpl, int64_t **vals) {
   sz_lit *lit;
   int nlit;
   uint64_t skel;
@@ -339,42 +346,24 @@ int cpu_sized_template(const cpu_body *b, bool first_too, cpu_body *tpl, int64_t
   if (!sz_enabled()) return 0;
   if (sz_scan(b->text, &lit, &nlit, &skel)) return -1;
   int rc = 0;
-  bool fresh; /* the first of its skeleton: it is the reference, compiled as it is */
+  bool fresh = false; /* the first of its skeleton: it is the reference, compiled as it is */
+  sz_tpl *t = NULL;
   pthread_mutex_lock(&sz_mu);
-  sz_family *f = sz_family_get(skel, b->text, &lit, nlit, &fresh);
-  if (!f) rc = -1;
+  sz_family *f = mode == SZ_SERVE_EXISTING ? sz_family_of(skel, b->text, lit, nlit)
+                                           : sz_family_get(skel, b->text, &lit, nlit, &fresh);
+  if (!f) {
+    rc = mode == SZ_SERVE_EXISTING ? 0 : -1;
+  } else if (mode == SZ_SERVE_EXISTING) {
+    t = f->broken ? NULL : sz_fit(f, b->text, lit);
   /* The first body compiles as it is (a family's first size, often its most frequent, keeps
    * specialised code); in a build from compiled kernels only it runs the newest template
    * (every one fits it): a varying LM's first length had compiled 36 bodies of its own when it
    * ran again after the templates made for its siblings. */
-  else if (!fresh && !f->broken && (strcmp(f->ref, b->text) || (first_too && f->tpl))) {
-    sz_tpl *t = sz_fit(f, b->text, lit);
-    if (!t) t = sz_new_template(f, b->text, lit);
-    if (t && (tpl->text = strdup(t->text)) && (*vals = sz_values(f, t, b->text, lit)))
-      tpl->nparam = b->nparam + 1;
-    else {
-      free(tpl->text);
-      tpl->text = NULL;
-      rc = -1;
-    }
+  } else if (!fresh && !f->broken &&
+             (strcmp(f->ref, b->text) || (mode == SZ_SERVE_MAKE_ALL && f->tpl))) {
+    t = sz_fit(f, b->text, lit);
+    if (!t && !(t = sz_new_template(f, b->text, lit))) rc = -1;
   }
-  pthread_mutex_unlock(&sz_mu);
-  free(lit);
-  return rc;
-}
-
-int cpu_sized_existing(const cpu_body *b, cpu_body *tpl, int64_t **vals) {
-  sz_lit *lit;
-  int nlit;
-  uint64_t skel;
-  tpl->text = NULL;
-  *vals = NULL;
-  if (!sz_enabled()) return 0;
-  if (sz_scan(b->text, &lit, &nlit, &skel)) return -1;
-  int rc = 0;
-  pthread_mutex_lock(&sz_mu);
-  sz_family *f = sz_family_of(skel, b->text, lit, nlit);
-  sz_tpl *t = f && !f->broken ? sz_fit(f, b->text, lit) : NULL;
   if (t) {
     if ((tpl->text = strdup(t->text)) && (*vals = sz_values(f, t, b->text, lit))) {
       tpl->nparam = b->nparam + 1;
@@ -387,6 +376,14 @@ int cpu_sized_existing(const cpu_body *b, cpu_body *tpl, int64_t **vals) {
   pthread_mutex_unlock(&sz_mu);
   free(lit);
   return rc;
+}
+
+int cpu_sized_template(const cpu_body *b, bool first_too, cpu_body *tpl, int64_t **vals) {
+  return sz_serve(b, first_too ? SZ_SERVE_MAKE_ALL : SZ_SERVE_MAKE, tpl, vals);
+}
+
+int cpu_sized_existing(const cpu_body *b, cpu_body *tpl, int64_t **vals) {
+  return sz_serve(b, SZ_SERVE_EXISTING, tpl, vals);
 }
 
 void cpu_sized_broken(const char *tpl_text) {
