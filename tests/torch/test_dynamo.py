@@ -198,7 +198,7 @@ def test_cpu_inputs_are_read_in_place():
 
 def test_new_batch_sizes_train_and_a_seen_one_compiles_nothing():
     # dynamo marks the batch dim dynamic at the second size; graft records a function per size
-    # (built from size-generic kernels: test_dynamic_sizes_compile_each_kernel_once)
+    # (from a third size, built from size-generic kernels: test_dynamic_sizes_compile_each_kernel_once)
     import torch._dynamo
     torch._dynamo.reset()
     torch.manual_seed(2)

@@ -155,9 +155,10 @@ class _Function:
                         in enumerate(zip(old, sig)) if a[0] != "const" and a[0] != b[0]]
                 import warnings
                 warnings.warn("graft: a torch.compile graph is recorded again for new sizes (%s): "
-                              "graft records a graph per size and builds each from size-generic "
-                              "kernels, the sizes that vary passed at run time (compiled once, "
-                              "not per size)" % ", ".join(diff[:4]), stacklevel=3)
+                              "graft records a graph per size; from a third size on it builds "
+                              "them from size-generic kernels, the sizes that vary passed at run "
+                              "time (compiled once, not per size)" % ", ".join(diff[:4]),
+                              stacklevel=3)
             # later calls pass the inputs as they come (a view's value has the copy's shape)
             try:
                 self.calls[sig] = (_ops.function_capture(fresh, out_t), layout)
