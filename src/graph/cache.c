@@ -142,7 +142,8 @@ void cache_mark_family(const cache_entry *e) {
   for (int b = 0; b < NBUCKETS; b++)
     for (cache_entry *o = buckets[b]; o; o = o->next)
       if (o->prog->shape_free == e->prog->shape_free && o->prog->device == e->prog->device) {
-        o->varying = o->many_sizes = true;
+        o->varying = true;
+        atomic_store(&o->many_sizes, true);
         atomic_store(&o->prog->varying, true);
       }
 }
@@ -152,7 +153,8 @@ cache_entry *cache_sibling(const cache_entry *e, int *sizes) {
   *sizes = 1;
   for (int b = 0; b < NBUCKETS; b++)
     for (cache_entry *o = buckets[b]; o; o = o->next)
-      if (o != e && o->prog->shape_free == e->prog->shape_free && o->prog->device == e->prog->device) {
+      if (o != e && o->prog->shape_free == e->prog->shape_free &&
+          o->prog->device == e->prog->device) {
         ++*sizes;
         if (!best || o->level > best->level) best = o;
       }

@@ -262,7 +262,7 @@ static cache_entry *exec_lookup(double *tc) {
 #undef EXEC_PART
   if (e->varying) { /* the reason's shapes say which dims differ from the nearest graph */
     size_t k = strlen(reason);
-    if (e->many_sizes)
+    if (atomic_load(&e->many_sizes))
       snprintf(reason + k, sizeof reason - k, "; a new size of a cached graph: its kernels take "
                "the sizes that vary as run-time values (size-generic), compiled once for every "
                "size");

@@ -53,7 +53,8 @@ typedef struct cache_entry {
   tier_level level;
   bool full_only;           /* the caller waits for native code (wait_compiles): no quick build */
   bool varying;             /* another size of it is cached (cache_sibling) */
-  bool many_sizes;          /* its family has TIER_MANY_SIZES sizes or more (tier.c) */
+  atomic_bool many_sizes;   /* its family has TIER_MANY_SIZES sizes or more (tier.c); set under
+                               the lock, read by the executor thread (tier_native_for) */
   int hits;                 /* cache hits while it had no native code (lock held) */
   bool sizes_shown;         /* the backend saw its sizes for a sibling's templates (tier.c) */
   bool inherited;           /* made before a fork and not run since in this (child) process:

@@ -361,7 +361,7 @@ static cache_entry *tier_mark_varying(cache_entry *e) {
 static bool tier_submit_varying(cache_entry *e) {
   cache_entry *sib = tier_mark_varying(e);
   if (!sib) return false;
-  if (!e->many_sizes) {
+  if (!atomic_load(&e->many_sizes)) {
     e->tier = TIER_ONCE;
     return true;
   }
@@ -395,7 +395,7 @@ static void tier_library_drain(void) {
   cache_entry *take = NULL, **tt = &take, **pp = &q_head;
   q_tail = NULL;
   for (cache_entry *e = q_head; e; e = *pp) {
-    if (e->many_sizes && e->level == TIER_LEVEL_NONE && e->fast->compile_cached &&
+    if (atomic_load(&e->many_sizes) && e->level == TIER_LEVEL_NONE && e->fast->compile_cached &&
         tier_family_landed(e->prog->shape_free)) {
       *pp = e->qnext;
       *tt = e;
@@ -517,7 +517,7 @@ void *tier_native_for(cache_entry *e, int queued) {
   void *exe = atomic_load_explicit(&e->published, memory_order_acquire);
   if (exe || !atomic_load(&e->building)) return exe;
   double step_ms = e->first_tier_ms > 0 ? e->first_tier_ms : tier_ref_cost_ms(e->prog);
-  if (e->many_sizes && queued < TIER_FAMILY_RUNS) queued = TIER_FAMILY_RUNS;
+  if (atomic_load(&e->many_sizes) && queued < TIER_FAMILY_RUNS) queued = TIER_FAMILY_RUNS;
   /* waiting pays when the queued steps would save more on native code than the wait costs */
   if ((queued + 1) * step_ms * TIER_NATIVE_SAVING <= tier_build_left_ms(e)) return NULL;
   /* Steps are queued ahead (the front-end traces faster than the first tier runs them): the
@@ -576,8 +576,9 @@ void tier_hit(cache_entry *e) {
   e->inherited = false;
   if (e->tier != TIER_ONCE || tier_get_mode() == TIER_MODE_OFF) return;
   e->hits++;
-  if (e->many_sizes && tier_from_library(e)) return;
-  if (e->varying && !e->many_sizes && !e->full_only && !tier_rare_size_pays(e)) return;
+  bool many = atomic_load(&e->many_sizes);
+  if (many && tier_from_library(e)) return;
+  if (e->varying && !many && !e->full_only && !tier_rare_size_pays(e)) return;
   tier_queue(e);
 }
 
