@@ -138,10 +138,15 @@ void cache_foreach(void (*fn)(cache_entry *e)) {
     for (cache_entry *e = buckets[b]; e; e = e->next) fn(e);
 }
 
+/* Whether o is a size of e's family (e itself included): equal structure up to shapes. */
+static bool cache_same_family(const cache_entry *o, const cache_entry *e) {
+  return o->prog->shape_free == e->prog->shape_free && o->prog->device == e->prog->device;
+}
+
 void cache_mark_family(const cache_entry *e) {
   for (int b = 0; b < NBUCKETS; b++)
     for (cache_entry *o = buckets[b]; o; o = o->next)
-      if (o->prog->shape_free == e->prog->shape_free && o->prog->device == e->prog->device) {
+      if (cache_same_family(o, e)) {
         o->varying = true;
         atomic_store(&o->many_sizes, true);
         atomic_store(&o->prog->varying, true);
@@ -153,8 +158,7 @@ cache_entry *cache_sibling(const cache_entry *e, int *sizes) {
   *sizes = 1;
   for (int b = 0; b < NBUCKETS; b++)
     for (cache_entry *o = buckets[b]; o; o = o->next)
-      if (o != e && o->prog->shape_free == e->prog->shape_free &&
-          o->prog->device == e->prog->device) {
+      if (o != e && cache_same_family(o, e)) {
         ++*sizes;
         if (!best || o->level > best->level) best = o;
       }

@@ -64,6 +64,7 @@ static tier_result *q_results, **q_results_tail = &q_results; /* q_mu; in landin
 #define TIER_LANDED_MAX 8
 static uint64_t q_landed_family[TIER_LANDED_MAX];
 static int q_nlanded; /* > TIER_LANDED_MAX: more landed than were kept, try every family */
+static atomic_bool q_any_landed; /* q_nlanded > 0, read without q_mu on every cache hit */
 
 static tier_mode tier_get_mode(void) {
   static atomic_int unknown_said;
@@ -175,6 +176,7 @@ static void tier_landed(cache_entry *e, void *exe) {
   if (exe && atomic_load(&e->prog->varying)) {
     if (q_nlanded < TIER_LANDED_MAX) q_landed_family[q_nlanded] = e->prog->shape_free;
     if (q_nlanded <= TIER_LANDED_MAX) q_nlanded++;
+    atomic_store(&q_any_landed, true);
   }
   atomic_store(&e->building, false);
   q_current = NULL;
@@ -387,6 +389,7 @@ static bool tier_family_landed(uint64_t f) {
  * first tier's steps kept busy: 70-290 ms apiece, the steps meanwhile on the first tier at ~2.5x
  * a native step. Those that still need the compiler go back to the queue's head, in order. */
 static void tier_library_drain(void) {
+  if (!atomic_load_explicit(&q_any_landed, memory_order_relaxed)) return; /* the usual hit */
   pthread_mutex_lock(&q_mu);
   if (!q_nlanded || q_forking) {
     pthread_mutex_unlock(&q_mu);
@@ -407,6 +410,7 @@ static void tier_library_drain(void) {
     }
   }
   q_nlanded = 0;
+  atomic_store(&q_any_landed, false);
   pthread_mutex_unlock(&q_mu);
   cache_entry *back = NULL, *last = NULL;
   for (cache_entry *e = take, *next; e; e = next) {

@@ -337,6 +337,10 @@ typedef enum {
   SZ_SERVE_EXISTING   /* only a template made before; nothing recorded */
 } sz_serve_mode;
 
+/* The skeleton's first body compiles as it is (a family's first size, often its most frequent,
+ * keeps specialised code); in a build from compiled kernels only (SZ_SERVE_MAKE_ALL) it runs the
+ * newest template, which every one fits: a varying LM's first length had compiled 36 bodies of
+ * its own when it ran again after the templates made for its siblings. */
 static int sz_serve(const cpu_body *b, sz_serve_mode mode, cpu_body *tpl, int64_t **vals) {
   sz_lit *lit;
   int nlit;
@@ -355,10 +359,6 @@ static int sz_serve(const cpu_body *b, sz_serve_mode mode, cpu_body *tpl, int64_
     rc = mode == SZ_SERVE_EXISTING ? 0 : -1;
   } else if (mode == SZ_SERVE_EXISTING) {
     t = f->broken ? NULL : sz_fit(f, b->text, lit);
-  /* The first body compiles as it is (a family's first size, often its most frequent, keeps
-   * specialised code); in a build from compiled kernels only it runs the newest template
-   * (every one fits it): a varying LM's first length had compiled 36 bodies of its own when it
-   * ran again after the templates made for its siblings. */
   } else if (!fresh && !f->broken &&
              (strcmp(f->ref, b->text) || (mode == SZ_SERVE_MAKE_ALL && f->tpl))) {
     t = sz_fit(f, b->text, lit);
