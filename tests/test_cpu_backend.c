@@ -27,6 +27,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The device the fuzzers' data lives on, and the two backends they compare: cpu:0 and the CPU
@@ -1683,6 +1684,51 @@ static int compile_with_root(exec_program *p, const char *root) {
   return e != NULL;
 }
 
+/* A file of n bytes at path (0 on success). */
+static int write_bytes(const char *path, size_t n) {
+  FILE *f = fopen(path, "w");
+  if (!f) return -1;
+  for (size_t i = 0; i < n; i++) fputc('x', f);
+  return fclose(f);
+}
+
+/* A process killed mid-build leaves its work folder (source and object) and temporary files in
+ * the cache folder; the next process to compile there removes those of this user that are old,
+ * and leaves a recent one (a live build's) and the entries alone. */
+TEST(killed_builds_leftovers_are_removed) {
+  char dir[400], old_work[500], live_work[500], old_tmp[500], file[600], entry[500];
+  snprintf(dir, sizeof dir, "%s/graft", cache_root);
+  mkdir(dir, 0700);
+  snprintf(old_work, sizeof old_work, "%s/tmp-AbC123", dir);
+  snprintf(live_work, sizeof live_work, "%s/tmp-XyZ789", dir);
+  snprintf(old_tmp, sizeof old_tmp, "%s/bdeadbeef.idx.tmp4242", dir);
+  snprintf(entry, sizeof entry, "%s/bdeadbeef.idx", dir); /* not a leftover, however old */
+  CHECK(mkdir(old_work, 0700) == 0 && mkdir(live_work, 0700) == 0);
+  const char *inside[] = {"k.c", "k.so", "k.so.meta"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(file, sizeof file, "%s/%s", old_work, inside[i]);
+    CHECK(write_bytes(file, 4096) == 0);
+  }
+  snprintf(file, sizeof file, "%s/k.c", live_work);
+  CHECK(write_bytes(file, 100) == 0 && write_bytes(old_tmp, 32) == 0 && write_bytes(entry, 32) == 0);
+  struct timespec then[2] = {{time(NULL) - 2 * DCACHE_STALE_S, 0}, {time(NULL) - 2 * DCACHE_STALE_S, 0}};
+  CHECK(utimensat(AT_FDCWD, old_work, then, 0) == 0 && utimensat(AT_FDCWD, old_tmp, then, 0) == 0 &&
+        utimensat(AT_FDCWD, entry, then, 0) == 0);
+  cpu_object_forget(); /* a new process's first compile */
+  cpu_klib_forget();
+  exec_program *p = cache_prog(17.25);
+  void *e = cpu_backend.compile(p);
+  CHECK(e != NULL);
+  if (e) cpu_backend.free_exe(e);
+  CHECK(access(old_work, F_OK) != 0 && access(old_tmp, F_OK) != 0);
+  CHECK(access(file, F_OK) == 0 && access(entry, F_OK) == 0);
+  unlink(file);
+  rmdir(live_work);
+  unlink(entry);
+  program_free(p);
+  release_all();
+}
+
 /* The compiler runs without a shell: quotes and ';' in the cache path are plain characters. */
 TEST(cache_path_is_not_shell_code) {
   char base[300], root[800], pwned[400];
@@ -2906,6 +2952,7 @@ int main(void) {
   RUN(quick_build_takes_compiled_templates);
   RUN(sized_template_failure_falls_back);
   RUN(cache_path_is_not_shell_code);
+  RUN(killed_builds_leftovers_are_removed);
   RUN(read_only_cache_folder);
   RUN(disk_cache_entries_refused);
   RUN(disk_cache_shared_entries);

@@ -4,10 +4,13 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 uint64_t dcache_hash(const void *p, size_t n, uint64_t seed) {
@@ -262,4 +265,57 @@ int dcache_store(const char *dir, const char *name, const char *ext, const void 
   unlink(tmeta);
   errno = e;
   return -1;
+}
+
+/* ---- leftovers of killed processes ---- */
+
+/* Whether name is a temporary file of dcache_store: <...>.tmp<digits>, or its .meta. */
+static bool dcache_temp_name(const char *name) {
+  const char *t = strstr(name, ".tmp");
+  if (!t) return false;
+  const char *d = t + 4;
+  if (!*d || *d < '0' || *d > '9') return false;
+  while (*d >= '0' && *d <= '9') d++;
+  return !*d || !strcmp(d, ".meta");
+}
+
+/* Removes the plain files of work folder name (in dirfd) and the folder; links and folders
+ * inside are left (then the folder stays). */
+static int dcache_remove_work(int dirfd, const char *name) {
+  int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return 0;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return 0;
+  }
+  for (struct dirent *x; (x = readdir(d));)
+    if (strcmp(x->d_name, ".") && strcmp(x->d_name, "..")) unlinkat(fd, x->d_name, 0);
+  closedir(d);
+  return !unlinkat(dirfd, name, AT_REMOVEDIR);
+}
+
+int dcache_sweep(const char *dir, const char *work_prefix) {
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) return 0;
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    close(dfd);
+    return 0;
+  }
+  size_t np = strlen(work_prefix);
+  time_t now = time(NULL);
+  int removed = 0;
+  for (struct dirent *x; (x = readdir(d));) {
+    bool work = !strncmp(x->d_name, work_prefix, np) && strlen(x->d_name) == np + 6;
+    if (!work && !dcache_temp_name(x->d_name)) continue;
+    struct stat st;
+    if (fstatat(dfd, x->d_name, &st, AT_SYMLINK_NOFOLLOW) || st.st_uid != geteuid() ||
+        now - st.st_mtime < DCACHE_STALE_S)
+      continue;
+    if (work && S_ISDIR(st.st_mode)) removed += dcache_remove_work(dfd, x->d_name);
+    else if (!work && S_ISREG(st.st_mode)) removed += !unlinkat(dfd, x->d_name, 0);
+  }
+  closedir(d);
+  return removed;
 }

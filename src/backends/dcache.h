@@ -51,4 +51,11 @@ int dcache_publish(const char *dir, const char *name, const char *ext, const cha
 unsigned char *dcache_load(const char *dir, const char *name, const char *ext, size_t *n);
 /* Stores bytes as entry dir/name.<ext> (+ .meta), atomically; 0, or -1 with errno set. */
 int dcache_store(const char *dir, const char *name, const char *ext, const void *data, size_t n);
+/* A process killed mid-compile (Ctrl-C during a build) leaves its work folder (a compiler's
+ * work_prefix + 6 characters, as mkdtemp makes them: its source and object) and temporary
+ * files (<name>.<ext>.tmp<pid>, with their .meta) in dir; those of this user older than
+ * DCACHE_STALE_S are removed (a live build rewrites its files within seconds). Returns how
+ * many it removed. */
+#define DCACHE_STALE_S (60 * 60)
+int dcache_sweep(const char *dir, const char *work_prefix);
 #endif

@@ -34,6 +34,10 @@ typedef struct backend {
    * full): no compiler runs, and none in progress is waited for; NULL otherwise. What it saw
    * of p is remembered (the CPU backend's size-generic kernels learn from it). */
   void *(*compile_cached)(const exec_program *p, bool *full);
+  /* Optional, with compile_cached: how many compiled pieces it could draw on (in memory, plus
+   * one when the disk cache holds any): 0 says a try would fail, an unchanged count that a
+   * try which failed would fail again. */
+  size_t (*cached_pieces)(void);
   /* params[i] binds p->param_slot[i]; outs[i] receives a new reference for output i. */
   int (*execute)(void *exe, const exec_program *p, exec_buffer *const *params, exec_buffer **outs);
   void (*free_exe)(void *exe);

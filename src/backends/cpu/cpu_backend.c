@@ -538,6 +538,7 @@ const backend cpu_backend = {
     .compile = cpu_compile,
     .compile_quick = cpu_compile_quick,
     .compile_cached = cpu_compile_cached,
+    .cached_pieces = cpu_klib_pieces,
     .execute = cpu_execute,
     .free_exe = cpu_free_exe,
     .stats = cpu_backend_stats,

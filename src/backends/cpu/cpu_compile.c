@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <stdbool.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -131,10 +132,18 @@ static const char *cpu_tmpdir(void) {
   return t && *t ? t : "/tmp";
 }
 
-/* The cache directory, or "" when disabled or unsafe (counted in disk_refused, said once). */
+/* A compile's work folder in the cache folder: CPU_WORK_PREFIX and mkdtemp's 6 characters. */
+#define CPU_WORK_PREFIX "tmp-"
+static atomic_bool cpu_swept; /* the cache folder's leftovers were removed (once an init) */
+
+/* The cache directory, or "" when disabled or unsafe (counted in disk_refused, said once). The
+ * first time a process compiles into it, the leftovers of killed processes go (dcache_sweep). */
 static void cpu_cache_dir(char *out, size_t n) {
   const char *why;
-  if (!dcache_dir(out, n, &why)) return;
+  if (!dcache_dir(out, n, &why)) {
+    if (out[0] && !atomic_exchange(&cpu_swept, true)) dcache_sweep(out, CPU_WORK_PREFIX);
+    return;
+  }
   CPU_COUNT(disk_refused);
   if (cpu_first_warning(CPU_WARN_REFUSED))
     fprintf(stderr, "graft: warning: disk cache %s %s; compiling in a private temporary folder, "
@@ -311,7 +320,7 @@ static int cpu_publish_load(const char *dir, const char *key, const char *out, c
 /* A fresh 0700 work folder: in the cache folder dir, or under $TMPDIR (else /tmp) when dir is
  * ""; 1 on success. */
 static int cpu_make_workdir(const char *dir, char *work, size_t n) {
-  if (dir[0]) snprintf(work, n, "%s/tmp-XXXXXX", dir);
+  if (dir[0]) snprintf(work, n, "%s/" CPU_WORK_PREFIX "XXXXXX", dir);
   else snprintf(work, n, "%s/graft-XXXXXX", cpu_tmpdir());
   return mkdtemp(work) != NULL;
 }
@@ -439,6 +448,40 @@ int cpu_object_find(const uint64_t key[2], cpu_object *obj) {
   if (good) snprintf(okey, sizeof okey, "%.32s", idx);
   free(idx);
   return good && cpu_cache_lookup(dir, okey, obj);
+}
+
+enum { OBJECT_ANY_UNKNOWN, OBJECT_ANY_NO, OBJECT_ANY_YES };
+static atomic_int object_any; /* asked once between inits (two threads may both look) */
+
+/* A cold cache's folder is empty; a warm one's is mostly index entries, so the scan stops
+ * early. What this process compiles counts in the library instead. */
+static bool object_look(void) {
+  char dir[1000];
+  const char *why;
+  if (dcache_dir(dir, sizeof dir, &why) || !dir[0]) return false;
+  DIR *d = opendir(dir);
+  if (!d) return false;
+  bool any = false;
+  for (struct dirent *x; !any && (x = readdir(d));) {
+    size_t n = strlen(x->d_name);
+    any = n > 4 && !strcmp(x->d_name + n - 4, ".idx");
+  }
+  closedir(d);
+  return any;
+}
+
+bool cpu_object_any(void) {
+  int a = atomic_load_explicit(&object_any, memory_order_relaxed);
+  if (a == OBJECT_ANY_UNKNOWN) {
+    a = object_look() ? OBJECT_ANY_YES : OBJECT_ANY_NO;
+    atomic_store_explicit(&object_any, a, memory_order_relaxed);
+  }
+  return a == OBJECT_ANY_YES;
+}
+
+void cpu_object_forget(void) {
+  atomic_store(&object_any, OBJECT_ANY_UNKNOWN);
+  atomic_store(&cpu_swept, false);
 }
 
 void cpu_object_index(const cpu_object *obj) {

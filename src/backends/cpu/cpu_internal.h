@@ -131,6 +131,11 @@ void cpu_cache_key(const char *text, cpu_opt opt, uint64_t key[2]);
 int cpu_compile_source(const char *src, cpu_opt opt, cpu_object *obj, double *ms);
 /* The object holding body key from the disk cache's index into obj: 1 when loaded, else 0. */
 int cpu_object_find(const uint64_t key[2], cpu_object *obj);
+/* Whether the disk cache held any body's index entry when first asked (once between
+ * graft_init and graft_shutdown: cpu_object_forget, which also lets the next compile sweep the
+ * cache folder's leftovers again). */
+bool cpu_object_any(void);
+void cpu_object_forget(void);
 /* Records in the disk cache's index that obj (an entry of it) holds each of its bodies. */
 void cpu_object_index(const cpu_object *obj);
 void cpu_object_close(cpu_object *obj);
@@ -149,6 +154,8 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool
                      cpu_kernel_fn *fn, int64_t **lits);
 /* Closes every object (graft_shutdown, after the last graph is freed). */
 void cpu_klib_shutdown(void);
+/* Bodies in the library, plus one when the disk cache holds any (backend.cached_pieces). */
+size_t cpu_klib_pieces(void);
 
 /* ---- cpu_sized.c: size-generic bodies ---- */
 /* When body b's skeleton (its text with the numeric literals masked) was seen before with

@@ -398,6 +398,13 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool
 
 size_t cpu_klib_last_source_bytes(void) { return klib_last_bytes; }
 
+size_t cpu_klib_pieces(void) {
+  pthread_mutex_lock(&klib_mu);
+  size_t n = klib_used;
+  pthread_mutex_unlock(&klib_mu);
+  return n + cpu_object_any();
+}
+
 void cpu_klib_forget(void) {
   cpu_sized_forget();
   pthread_mutex_lock(&klib_mu);
@@ -407,6 +414,7 @@ void cpu_klib_forget(void) {
 }
 
 void cpu_klib_shutdown(void) {
+  cpu_object_forget();
   pthread_mutex_lock(&klib_mu);
   for (int k = 0; k < klib_nobj; k++) cpu_object_close(&klib_obj[k]);
   free(klib_obj);
