@@ -29,9 +29,11 @@ void cpu_copy_coalesce(cpu_copy *g, int nd, const int64_t *shape, const int64_t 
   }
 }
 
-/* One row: inner elements from stride is (0: a fill) to stride os. */
-static void copy_row(char *o, int64_t os, const char *s, int64_t is, int64_t inner,
-                            size_t es) {
+/* One row: inner elements from stride is (0: a fill) to stride os. Vectorized: the fill is
+ * how a fused group gathers a broadcast operand (a channel's scale over its pixels), and its
+ * scalar loop was 9.5% of mobilenet_v2's first-tier step. */
+CPU_ISAS static void copy_row(char *o, int64_t os, const char *s, int64_t is, int64_t inner,
+                              size_t es) {
   if (is == 1 && os == 1) {
     memcpy(o, s, (size_t)inner * es);
   } else if (es == 4) {
@@ -39,12 +41,16 @@ static void copy_row(char *o, int64_t os, const char *s, int64_t is, int64_t inn
     uint32_t *op = (uint32_t *)(void *)o;
     if (is == 0 && os == 1) {
       uint32_t v = sp[0];
-      for (int64_t k = 0; k < inner; k++) op[k] = v;
+      _Pragma("omp simd") for (int64_t k = 0; k < inner; k++) op[k] = v;
     } else if (os == 1) {
-      for (int64_t k = 0; k < inner; k++) op[k] = sp[k * is];
+      _Pragma("omp simd") for (int64_t k = 0; k < inner; k++) op[k] = sp[k * is];
     } else {
       for (int64_t k = 0; k < inner; k++) op[k * os] = sp[k * is];
     }
+  } else if (es == 8 && os == 1) {
+    const uint64_t *sp = (const uint64_t *)(const void *)s;
+    uint64_t *op = (uint64_t *)(void *)o;
+    _Pragma("omp simd") for (int64_t k = 0; k < inner; k++) op[k] = sp[k * is];
   } else {
     for (int64_t k = 0; k < inner; k++)
       memcpy(o + (size_t)(k * os) * es, s + (size_t)(k * is) * es, es);

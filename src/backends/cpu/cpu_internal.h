@@ -183,6 +183,14 @@ void cpu_parallel_run(cpu_kernel_fn fn, void **S, int64_t total);
 /* ---- cpu_blas.c ---- */
 /* Products smaller than this are not worth a second thread. */
 #define CPU_GEMM_PAR_MIN_FLOPS 4e6
+
+/* A hot loop of the first tier built for AVX-512, AVX2 and the baseline, the CPU's chosen when
+ * the library loads (an ifunc per function). */
+#if defined(__SANITIZE_THREAD__) /* TSan instruments the resolvers, which run before its runtime */
+#define CPU_ISAS
+#else
+#define CPU_ISAS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 typedef struct {
   void (*sgemm)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
                 float *, int);

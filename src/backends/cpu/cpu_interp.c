@@ -19,14 +19,9 @@ static bool interp_supports(const exec_instr *ins) {
 /* ---- float elementwise (f32 and f64; operands share the output's shape) ----
  * The loops are generated from ops.def's math lines (M1 / M2), the same lines the reference
  * kernels are generated from: equal results by construction. */
-/* The loops are built for AVX-512, AVX2 and the baseline, the CPU's chosen when the library
- * loads: baseline x86-64 did 2 doubles an instruction, and these loops are the first tier's
- * elementwise time (float math in double). */
-#if defined(__SANITIZE_THREAD__) /* TSan instruments the resolvers, which run before its runtime */
-#define INTERP_ISAS
-#else
-#define INTERP_ISAS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
+/* The loops are built for AVX-512, AVX2 and the baseline (CPU_ISAS): baseline x86-64 did 2
+ * doubles an instruction, and these loops are the first tier's elementwise time (float math
+ * in double). */
 
 #define UNARY_LOOP(T, EXPR)                                                                      \
   do {                                                                                           \
@@ -38,7 +33,7 @@ static bool interp_supports(const exec_instr *ins) {
     }                                                                                            \
   } while (0)
 
-INTERP_ISAS static int interp_unary(const exec_instr *ins, const ref_arg *in, void *out) {
+CPU_ISAS static int interp_unary(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t n = ins->numel;
   bool f32 = ins->dtype == GRAFT_F32;
   switch (ins->op) {
@@ -59,7 +54,7 @@ INTERP_ISAS static int interp_unary(const exec_instr *ins, const ref_arg *in, vo
     }                                                                                            \
   } while (0)
 
-INTERP_ISAS static int interp_binary(const exec_instr *ins, const ref_arg *in, void *out) {
+CPU_ISAS static int interp_binary(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t n = ins->numel;
   bool f32 = ins->dtype == GRAFT_F32;
   switch (ins->op) {
@@ -98,7 +93,7 @@ static bool interp_loop_ok(ir_op op, int math) {
     }                                                                                            \
   } while (0)
 
-INTERP_ISAS static int interp_compare(const exec_instr *ins, const ref_arg *in, void *out) {
+CPU_ISAS static int interp_compare(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t n = ins->numel;
   if (in[0].dtype == GRAFT_F32) COMPARE_OPS(float);
   else COMPARE_OPS(double);
@@ -113,7 +108,7 @@ INTERP_ISAS static int interp_compare(const exec_instr *ins, const ref_arg *in, 
     _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i] = c[i] ? a[i] : b[i];               \
   } while (0)
 
-INTERP_ISAS static int interp_select(const exec_instr *ins, const ref_arg *in, void *out) {
+CPU_ISAS static int interp_select(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t n = ins->numel;
   if (ins->dtype == GRAFT_F32) SELECT_LOOP(float);
   else SELECT_LOOP(double);
