@@ -172,9 +172,34 @@ void cpu_row_major(int nd, const int64_t *shape, int64_t *st) {
   }
 }
 
+/* The operand's elements of a padded row's segment [k0, k0 + m), over the fill already in o:
+ * the first one on the lattice lo + j * step at or after k0, then one every step (a division
+ * per segment, not per element: one per element was most of a convolution's input gradient's
+ * gather on the first tier). */
+static void copy_padded_row(const cpu_copy *g, int64_t k0, int64_t m, int64_t so, char *o) {
+  const ref_padding *pd = g->pad;
+  int in = g->nd - 1;
+  int64_t st = pd->step[in], lo = pd->lo[in];
+  int64_t j = k0 <= lo ? 0 : (k0 - lo + st - 1) / st; /* the first operand index */
+  int64_t k = lo + j * st - k0, n = pd->src[in] - j;   /* its place in o; how many are left */
+  if (k >= m || n <= 0) return;
+  if ((m - 1 - k) / st + 1 < n) n = (m - 1 - k) / st + 1;
+  int64_t ss = g->sst[in];
+  if (g->es == 4) {
+    const float *x = (const float *)g->src + so + j * ss;
+    float *y = (float *)(void *)o + k;
+    if (st == 1 && ss == 1) memcpy(y, x, (size_t)n * 4);
+    else _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i * st] = x[i * ss];
+  } else {
+    const double *x = (const double *)g->src + so + j * ss;
+    double *y = (double *)(void *)o + k;
+    _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i * st] = x[i * ss];
+  }
+}
+
 /* Fill, then the in-range operand elements of each row segment (cpu_copy_gather for a pad's
  * view; float data: 4 or 8 bytes). */
-static void copy_gather_padded(const cpu_copy *g, int64_t lo, int64_t n, char *o) {
+CPU_ISAS static void copy_gather_padded(const cpu_copy *g, int64_t lo, int64_t n, char *o) {
   const ref_padding *pd = g->pad;
   int nd = g->nd, in = nd - 1;
   int64_t c[GRAFT_MAX_DIMS], r = lo;
@@ -186,9 +211,9 @@ static void copy_gather_padded(const cpu_copy *g, int64_t lo, int64_t n, char *o
   while (n > 0) {
     int64_t k0 = c[in], m = g->shape[in] - k0 < n ? g->shape[in] - k0 : n;
     if (g->es == 4)
-      for (int64_t k = 0; k < m; k++) ((float *)(void *)o)[k] = ff;
+      _Pragma("omp simd") for (int64_t k = 0; k < m; k++) ((float *)(void *)o)[k] = ff;
     else
-      for (int64_t k = 0; k < m; k++) ((double *)(void *)o)[k] = pd->fill;
+      _Pragma("omp simd") for (int64_t k = 0; k < m; k++) ((double *)(void *)o)[k] = pd->fill;
     bool inside = true;
     int64_t so = g->sbase;
     for (int d = 0; d < in && inside; d++) {
@@ -196,10 +221,7 @@ static void copy_gather_padded(const cpu_copy *g, int64_t lo, int64_t n, char *o
       inside = q >= 0 && q % pd->step[d] == 0 && q / pd->step[d] < pd->src[d];
       so += inside ? q / pd->step[d] * g->sst[d] : 0;
     }
-    int64_t st = pd->step[in], k = k0 <= pd->lo[in] ? pd->lo[in] : pd->lo[in] + (k0 - pd->lo[in] + st - 1) / st * st;
-    for (; inside && k < k0 + m && (k - pd->lo[in]) / st < pd->src[in]; k += st)
-      memcpy(o + (size_t)(k - k0) * g->es,
-             (const char *)g->src + (size_t)(so + (k - pd->lo[in]) / st * g->sst[in]) * g->es, g->es);
+    if (inside) copy_padded_row(g, k0, m, so, o);
     o += (size_t)m * g->es;
     n -= m;
     c[in] += m;

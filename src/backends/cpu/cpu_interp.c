@@ -54,9 +54,28 @@ CPU_ISAS static int interp_unary(const exec_instr *ins, const ref_arg *in, void 
     }                                                                                            \
   } while (0)
 
+/* f32 +, -, *, / in float: the same result as in double rounded once (double's 53 bits are
+ * more than 2 x 24 + 2, so the double rounding is exact), in half the conversions: these loops
+ * were the first tier's biggest elementwise cost (resnet18's fused groups). */
+#define FLOAT_LOOP(OP)                                                                           \
+  do {                                                                                           \
+    const float *x = in[0].data, *z = in[1].data;                                                \
+    float *y = out;                                                                              \
+    _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i] = x[i] OP z[i];                     \
+  } while (0)
+
 CPU_ISAS static int interp_binary(const exec_instr *ins, const ref_arg *in, void *out) {
   int64_t n = ins->numel;
   bool f32 = ins->dtype == GRAFT_F32;
+  if (f32) {
+    switch (ins->op) {
+    case IR_ADD: FLOAT_LOOP(+); return 0;
+    case IR_SUB: FLOAT_LOOP(-); return 0;
+    case IR_MUL: FLOAT_LOOP(*); return 0;
+    case IR_DIV: FLOAT_LOOP(/); return 0;
+    default: break;
+    }
+  }
   switch (ins->op) {
 #define M2(e, expr) case IR_##e: if (f32) BINARY_LOOP(float, expr); else BINARY_LOOP(double, expr); break;
 #include "ops.def"
