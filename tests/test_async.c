@@ -275,6 +275,42 @@ TEST(a_read_of_a_small_graph_of_computed_inputs_does_not_wait_for_the_queue) {
   graft_release(sum), graft_release(g), graft_release(y), graft_release(sum2);
 }
 
+/* A loop that reads its loss every step and never marks one (unmodified PyTorch code): the
+ * read also syncs the live values that share its work (the new weights, computed from the
+ * forward's values), so each step is one graph of one size; a live value that shares nothing
+ * with the read stays pending. The weights and losses equal the marked loop's. */
+TEST(a_read_syncs_the_live_values_that_share_its_work) {
+  float w_marked[4], l_marked[6];
+  train(NULL, w_marked, l_marked, 6);
+  float xv[8 * 4], yv[8], wv[4] = {0.1f, -0.2f, 0.3f, 0.05f}, w_out[4];
+  for (int i = 0; i < 32; i++) xv[i] = (float)((i * 37) % 11) / 11.0f - 0.4f;
+  for (int i = 0; i < 8; i++) yv[i] = (float)(i % 3) - 1.0f;
+  graft_tensor *x = mat(xv, 8, 4), *y = mat(yv, 8, 1), *w = mat(wv, 4, 1);
+  graft_metrics_reset();
+  uint64_t nodes[6];
+  for (int s = 0; s < 6; s++) {
+    graft_scope_begin();
+    graft_tensor *err = graft_sub(graft_matmul(x, w), y);
+    graft_tensor *loss = graft_mean(graft_mul(err, err), NULL, 0, false);
+    graft_tensor *grad = graft_mul_scalar(graft_matmul(graft_t(x), err), 2.0 / 8);
+    graft_tensor *nw = graft_keep(graft_sub(w, graft_mul_scalar(graft_tanh(grad), 0.5)));
+    graft_tensor *apart = graft_keep(graft_add_scalar(y, 1)); /* live, shares nothing */
+    double l = 0;
+    CHECK(graft_item(loss, &l) == GRAFT_OK);
+    CHECK_NEAR(l, l_marked[s], 1e-6);
+    CHECK(!graft_is_pending(nw) && graft_is_pending(apart));
+    graft_scope_end();
+    graft_release(apart);
+    graft_release(w);
+    w = nw;
+    nodes[s] = M().last_graph_nodes;
+  }
+  CHECK(nodes[5] == nodes[2] && M().graphs_compiled <= 2);
+  CHECK(graft_to_host(w, w_out, sizeof w_out) == GRAFT_OK);
+  for (int i = 0; i < 4; i++) CHECK_NEAR(w_out[i], w_marked[i], 1e-6);
+  graft_release(x), graft_release(y), graft_release(w);
+}
+
 int main(void) {
   RUN(results_equal_the_synchronous_modes);
   RUN(an_error_surfaces_at_the_next_sync_and_training_continues);
@@ -283,6 +319,7 @@ int main(void) {
   RUN(shutdown_runs_what_is_queued);
   RUN(a_small_output_is_readable_while_its_step_runs);
   RUN(a_read_of_a_small_graph_of_computed_inputs_does_not_wait_for_the_queue);
+  RUN(a_read_syncs_the_live_values_that_share_its_work);
   graft_shutdown();
   return CHECK_DONE();
 }

@@ -81,6 +81,68 @@ int capture_run(graph_capture *g, ir_node *const *roots, int nroots) {
   return 0;
 }
 
+/* Marks the pending nodes reachable from roots with epoch. Data leaves are not walked, and
+ * nodes without operands (constants, iotas) not marked: computing one again costs nothing,
+ * and a live constant synced with a read would make the next graph of the same code another
+ * graph (a parameter where the first had a constant). */
+static int capture_mark_pending(ir_node *const *roots, int nroots, uint64_t epoch) {
+  int top = 0;
+  for (int r = 0; r < nroots; r++) {
+    if (roots[r]->op == IR_DATA || roots[r]->nin == 0 || roots[r]->mark == epoch) continue;
+    if (grow((void **)&stack, &stack_cap, top + 1, sizeof(frame))) return -1;
+    roots[r]->mark = epoch;
+    stack[top++] = (frame){roots[r], 0};
+    while (top) {
+      ir_node *n = stack[--top].node;
+      for (int i = 0; i < n->nin; i++) {
+        ir_node *c = n->in[i];
+        if (c->op == IR_DATA || c->nin == 0 || c->mark == epoch) continue;
+        c->mark = epoch;
+        if (grow((void **)&stack, &stack_cap, top + 1, sizeof(frame))) return -1;
+        stack[top++] = (frame){c, 0};
+      }
+    }
+  }
+  return 0;
+}
+
+int capture_overlap(ir_node *const *roots, int nroots, ir_node *const *cand, int ncand,
+                    bool *overlaps) {
+  uint64_t in_roots = ++capture_epoch, clear = ++capture_epoch, shared = ++capture_epoch;
+  if (capture_mark_pending(roots, nroots, in_roots)) return -1;
+  for (int c = 0; c < ncand; c++) { /* post-order; each node's answer kept in its mark */
+    ir_node *root = cand[c];
+    overlaps[c] = root->mark == shared; /* one the roots' sync computes is not: the sync's
+                                         * own intermediate (a C scope's, a Python local) */
+    if (root->op == IR_DATA || root->mark == in_roots || root->mark == clear ||
+        root->mark == shared)
+      continue;
+    int top = 0;
+    if (grow((void **)&stack, &stack_cap, 1, sizeof(frame))) return -1;
+    stack[top++] = (frame){root, 0};
+    root->mark = clear;
+    while (top) {
+      frame *f = &stack[top - 1];
+      ir_node *n = f->node;
+      if (f->next < n->nin) {
+        ir_node *k = n->in[f->next++];
+        if (k->mark == in_roots || k->mark == shared) {
+          n->mark = shared;
+        } else if (k->op != IR_DATA && k->mark != clear) {
+          k->mark = clear;
+          if (grow((void **)&stack, &stack_cap, top + 1, sizeof(frame))) return -1;
+          stack[top++] = (frame){k, 0};
+        }
+        continue;
+      }
+      top--;
+      if (top && n->mark == shared) stack[top - 1].node->mark = shared;
+    }
+    overlaps[c] = root->mark == shared;
+  }
+  return 0;
+}
+
 void capture_free(graph_capture *g) {
   free(g->nodes);
   free(g->params);

@@ -23,6 +23,11 @@ int capture_run(graph_capture *g, ir_node *const *roots, int nroots);
 /* Lowers a capture into a program (new allocation). */
 exec_program *capture_lower(const graph_capture *g);
 void capture_free(graph_capture *g);
+/* overlaps[c]: whether cand[c], not itself a node of the roots' pending graph, reads one (a
+ * value a sync of the roots computes and then drops, which a later sync of cand[c] would
+ * compute again). Data leaves and constants do not count. -1 when out of memory. */
+int capture_overlap(ir_node *const *roots, int nroots, ir_node *const *cand, int ncand,
+                    bool *overlaps);
 /* Tests only (no graft work in flight): every capture reports this hash instead of its own, so
  * that different graphs collide in the cache; 0 restores real hashes. Not in graft.h. */
 void capture_test_force_hash(uint64_t hash);

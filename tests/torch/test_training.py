@@ -114,6 +114,32 @@ def test_steady_loop_compiles_at_most_two():
     assert graft.metrics()["graphs_compiled"] - first <= 2
 
 
+def test_unmarked_loop_reading_its_loss_keeps_one_graph_a_step():
+    """Unmodified PyTorch code: no graft.step(), the loss read every step. The read syncs the
+    parameters' and momentum's updates with the loss (they read the forward's values), so the
+    graphs stop growing (each had recomputed every earlier step) and the losses are eager's."""
+    cpu = mlp()
+    model = copy.deepcopy(cpu).to(DEV)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (cpu, model)]
+    torch.manual_seed(1)
+    X, Y = torch.randn(32, 20), torch.randint(0, 10, (32,))
+    Xg, Yg = X.to(DEV), Y.to(DEV)
+    graft.step()
+    graft.reset_metrics()
+    nodes = []
+    for i in range(6):
+        losses = []
+        for m, opt, x, y in ((cpu, opts[0], X, Y), (model, opts[1], Xg, Yg)):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-4, abs=1e-5)
+        nodes.append(graft.metrics()["last_graph_nodes"])
+    assert nodes[5] == nodes[2] and graft.metrics()["graphs_compiled"] <= 3
+
+
 def test_changing_lr_does_not_recompile():
     model = mlp().to(DEV)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
