@@ -195,9 +195,10 @@ static backend_stats tier_stats(const backend *b) {
  * were all in memory or on disk). */
 static uint64_t tier_compiler_runs(const backend *b) { return tier_stats(b).compiles; }
 
-/* A native build as a span of the compiler thread: its graph, size, what it compiled and what
- * it found compiled (the kernel library in memory, or objects from the disk cache). */
-static void tier_trace_build(const cache_entry *e, tier_level level, bool ok, const char *err,
+/* A native build as a span (name) of the thread that built it: its graph, size, what it
+ * compiled and what it found compiled (the kernel library in memory, or objects from the disk
+ * cache). */
+static void tier_trace_build(const cache_entry *e, const char *name, bool ok, const char *err,
                              const backend_stats *before, uint64_t s0) {
   backend_stats now = tier_stats(e->fast);
   char args[900]; /* "reason": the compiler's error, if it failed */
@@ -210,8 +211,7 @@ static void tier_trace_build(const cache_entry *e, tier_level level, bool ok, co
            (unsigned long long)(now.kernels_compiled - before->kernels_compiled),
            (unsigned long long)(now.kernels_reused - before->kernels_reused),
            (unsigned long long)(now.disk_hits - before->disk_hits), ok ? "true" : "false");
-  trace_span("compile", level == TIER_LEVEL_QUICK ? "native build (quick)" : "native build (full)", s0,
-             trace_now(), args);
+  trace_span("compile", name, s0, trace_now(), args);
 }
 
 static void *tier_worker(void *arg) {
@@ -249,7 +249,9 @@ static void *tier_worker(void *arg) {
     uint64_t s0 = trace_on() ? trace_now() : 0;
     tier_level level = tier_build(e, quick, &exe, err, sizeof err);
     double ms = metrics_now_ms() - t0;
-    if (s0) tier_trace_build(e, level, exe != NULL, err, &before, s0);
+    if (s0)
+      tier_trace_build(e, level == TIER_LEVEL_QUICK ? "native build (quick)" : "native build (full)",
+                       exe != NULL, err, &before, s0);
     if (level == TIER_LEVEL_QUICK && exe && tier_compiler_runs(e->fast) > runs) /* it compiled */
       atomic_store(&q_build_ms_per_instr, ms / (e->prog->ninstr + 1));
     tier_landed(e, exe);
@@ -316,8 +318,14 @@ static double tier_compile_cost_ms(const exec_program *p) { return 50 + 1.5 * p-
 static bool tier_from_library(cache_entry *e) {
   bool full = false;
   double t0 = metrics_now_ms();
+  uint64_t s0 = trace_on() ? trace_now() : 0;
+  backend_stats before = s0 ? tier_stats(e->fast) : (backend_stats){0};
   void *exe = e->fast->compile_cached(e->prog, &full);
   graft_clear_error();
+  /* on the tracing thread: a try that found kernels missing cost its code generation there */
+  if (s0)
+    tier_trace_build(e, exe ? "native build (from the library)" : "library build (kernels missing)",
+                     exe != NULL, "", &before, s0);
   if (!exe) return false;
   metrics.m.library_builds++;
   tier_finish(e, exe, full ? TIER_LEVEL_FULL : TIER_LEVEL_QUICK, "", metrics_now_ms() - t0);

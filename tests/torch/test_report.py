@@ -79,7 +79,10 @@ def test_the_trace_alone_answers_a_users_questions(resnet_run):
     assert gemm and all(k["flops"] > 0 for k in gemm)
     # compiles: how long, on which thread, why
     builds = [c for c in a["compiles"] if c["what"].startswith("native build")]
-    assert builds and all(c["thread"] == "compiler (native builds)" and c["ms"] > 0 for c in builds)
+    # built by the compiler thread, or from kernels compiled before (earlier tests' kernels, in
+    # this process or the disk cache) on the thread that traced the graph
+    assert builds and all(c["ms"] > 0 and c["thread"] == ("tracing (syncs)" if "library" in c["what"]
+                                                          else "compiler (native builds)") for c in builds)
     assert all(c["kernels_compiled"] + c["kernels_reused"] > 0 and c["from_disk"] >= 0 for c in builds)
     plans = [c for c in a["compiles"] if c["what"] == "lower and plan (first tier)"]
     assert plans and all(c["thread"] == "tracing (syncs)" and "new graph" in c["reason"] for c in plans)

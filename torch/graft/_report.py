@@ -255,7 +255,8 @@ def render(a, metrics=None, metrics_text=None, dump_dir=None, title="graft repor
                     numeric={1, 2, 3, 4}))
 
     h.append('<h2 id="compiles">Compiles</h2><p class="sub">First-tier plans on the thread that syncs; native builds '
-             "on the compiler thread: the kernel bodies each compiled, those it found compiled (the kernel library), "
+             "on the compiler thread, or from kernels compiled before on the thread that syncs: the kernel bodies "
+             "each compiled, those it found compiled (the kernel library), "
              "the objects it loaded from the disk cache.</p>")
     h.append(_table(["what", "thread", "graph", "ms", "instructions", "compiler runs", "kernels compiled",
                      "kernels reused", "objects from disk", "ok", "reason"],
