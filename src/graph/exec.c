@@ -521,13 +521,15 @@ static int exec_read_set(tensor_slot *const *ts, int n, tensor_slot ***all, int 
 
 graft_status exec_read_locked(tensor_slot *const *ts, int n) {
   if (ir_collective_count()) return exec_step_locked();
-  tensor_slot **all;
-  int m;
-  if (exec_read_set(ts, n, &all, &m)) return GRAFT_ERR_OOM;
+  bool computes = false; /* a read of computed values (a loss after graft.step()) walks nothing */
+  for (int i = 0; i < n && !computes; i++) computes = ts[i]->node->nin > 0;
+  tensor_slot **all = (tensor_slot **)ts;
+  int m = n;
+  if (computes && exec_read_set(ts, n, &all, &m)) return GRAFT_ERR_OOM;
   exec_reading = true;
   graft_status st = exec_sync_some(all, m);
   exec_reading = false;
-  free(all);
+  if (all != ts) free(all);
   return st;
 }
 

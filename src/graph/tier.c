@@ -336,20 +336,14 @@ static bool tier_from_library(cache_entry *e) {
  * step, 3063 instructions: 31-45 ms). */
 #define TIER_CODEGEN_MS_PER_INSTR 0.012
 
-/* Whether a build of e from compiled kernels may succeed and has not failed on what there is:
- * kernels compiled in this process, or a disk cache that holds some (a second process of a
- * training script: its first graphs were compiled before). */
-static bool tier_library_may_serve(const cache_entry *e) {
+/* A build of e from the library where it may succeed: there are compiled kernels (this
+ * process's, or a disk cache that holds some: a second process of a training script) and no
+ * try failed on as many. A failed try is noted so that it is not repeated until the library
+ * grows (its code generation is wasted). */
+static bool tier_try_library(cache_entry *e) {
   if (!e->fast->compile_cached || !e->fast->cached_pieces) return false;
   size_t n = e->fast->cached_pieces();
-  return n && n != e->lib_tried;
-}
-
-/* A build of e from the library where it may succeed; on failure, what there was is noted so
- * that the try is not repeated until the library grows (its code generation is wasted). */
-static bool tier_try_library(cache_entry *e) {
-  if (!tier_library_may_serve(e)) return false;
-  size_t n = e->fast->cached_pieces();
+  if (!n || n == e->lib_tried) return false;
   if (tier_from_library(e)) return true;
   e->lib_tried = n;
   return false;
