@@ -488,11 +488,12 @@ void graft_empty_cache(void);
   X(uint64_t, native_compile_failures, "native compile failures", "compiles that failed: those graphs stay on the first tier") \
   X(double, native_compile_ms, "native compile ms", "time in the native compiler (mostly off the critical path)") \
   X(uint64_t, compiled_executions, "compiled executions", "executions that ran native code (the rest: first tier)") \
+  X(uint64_t, partial_executions, "partial executions", "of those, runs of a graph whose build was still landing: the kernels compiled so far native, the others on the first tier's loops") \
   X(uint64_t, native_disk_hits, "disk cache hits", "native code loaded from the disk cache, not compiled (the cpu backend: kernel objects)") \
   X(uint64_t, kernels_compiled, "kernels compiled", "distinct kernel bodies compiled (each once for every graph, and for later processes through the disk cache)") \
   X(uint64_t, kernels_reused, "kernels reused", "kernel bodies a build found compiled already, in memory or on disk") \
   X(uint64_t, kernels_sized, "kernels size-generic", "of the bodies builds used, those run as a template whose varying sizes are run-time values (a batch or sequence length seen to vary)") \
-  X(uint64_t, compiler_runs, "compiler runs", "native compiler invocations (a build compiles its missing kernels as up to one object per core)") \
+  X(uint64_t, compiler_runs, "compiler runs", "native compiler invocations (a build compiles its missing kernels as up to one object per core; a background first build as pieces that switch its kernels to native code as each lands)") \
   X(uint64_t, library_builds, "library builds", "graphs given native code at their first run, every kernel compiled before (a new size of a graph seen at another)") \
   X(uint64_t, native_disk_refused, "disk cache refused", "compiles that could not use the disk cache folder (warned once)") \
   X(uint64_t, fallback_ops, "reference fallbacks", "instructions of compiled graphs run on the reference kernels") \

@@ -1807,6 +1807,77 @@ static int exe_right(exec_program *p, void *exe) {
   return ok;
 }
 
+/* What a progressive build's hook saw when it was handed the executable. */
+typedef struct {
+  exec_program *p;
+  void *exe;
+  double share;
+  int right;
+  uint64_t compiles;
+} partial_seen;
+
+static void partial_hook(void *ctx, void *exe) {
+  partial_seen *s = ctx;
+  s->exe = exe;
+  s->share = cpu_backend.native_share(exe);
+  s->right = exe_right(s->p, exe);
+  s->compiles = cpu_stats.compiles;
+}
+
+/* [6, 100] softmax then layer norm of x * 0.625 (compiled first), beside a new value of g
+ * (another shape: a kernel of its own). */
+static exec_program *partial_prog(double c, bool with_new) {
+  int64_t sh[2] = {6, 100}, n = 100;
+  ir_node *x = data(GRAFT_F32, 2, sh), *g = data(GRAFT_F32, 1, &n), *b = data(GRAFT_F32, 1, &n);
+  ir_node *y[2] = {layernorm_last(softmax_last(b2(IR_MUL, x, cnst(GRAFT_F32, 0.625, 2, sh))), g, b),
+                   u1(IR_TANH, b2(IR_ADD, g, cnst(GRAFT_F32, c, 1, &n)))};
+  capture_run(&cap, y, with_new ? 2 : 1);
+  return capture_lower(&cap);
+}
+
+/* A progressive build (backend_partial_ready): before anything compiles, its executable runs
+ * right, the kernels an earlier graph compiled native and the new one on the first tier's
+ * loops; the build fills that in (the same executable, all native). A build whose compiler
+ * fails returns NULL and leaves the executable running right, the hook's to free. */
+TEST(progressive_build_runs_before_its_kernels_land) {
+  cpu_klib_forget();
+  exec_program *known = partial_prog(0, false), *grown = partial_prog(0.375, true);
+  void *ek = cpu_backend.compile(known);
+  CHECK(ek && exe_right(known, ek));
+  partial_seen seen = {grown, NULL, -1, 0, 0};
+  uint64_t c0 = cpu_stats.compiles;
+  backend_set_partial_hook(partial_hook, &seen);
+  bool full = true;
+  void *eg = cpu_backend.compile_quick(grown, &full);
+  backend_set_partial_hook(NULL, NULL);
+  CHECK(seen.exe && eg == seen.exe && seen.right && seen.compiles == c0);
+  CHECK(seen.share > 0 && seen.share < 1);
+  CHECK(cpu_stats.compiles == c0 + 1 && cpu_backend.native_share(eg) == 1.0 && exe_right(grown, eg));
+  /* the compiler fails: the executable handed out still computes right */
+  exec_program *failing = partial_prog(0.875, true);
+  const char *old = getenv("GRAFT_CC");
+  char *saved = old ? strdup(old) : NULL;
+  setenv("GRAFT_CC", "false", 1);
+  partial_seen fseen = {failing, NULL, -1, 0, 0};
+  backend_set_partial_hook(partial_hook, &fseen);
+  void *ef = cpu_backend.compile_quick(failing, &full);
+  backend_set_partial_hook(NULL, NULL);
+  if (saved) setenv("GRAFT_CC", saved, 1);
+  else unsetenv("GRAFT_CC");
+  free(saved);
+  CHECK(ef == NULL && graft_last_status() == GRAFT_ERR_COMPILE);
+  graft_clear_error();
+  CHECK(fseen.exe && fseen.right && fseen.share < 1); /* another compiler: other keys, none found */
+  CHECK(exe_right(failing, fseen.exe) && cpu_backend.native_share(fseen.exe) < 1);
+  if (fseen.exe) cpu_backend.free_exe(fseen.exe);
+  cpu_backend.free_exe(ek);
+  if (eg) cpu_backend.free_exe(eg);
+  program_free(known);
+  program_free(grown);
+  program_free(failing);
+  release_all();
+}
+
 /* Compiles, checks and frees p; 1 when it compiled and computes right. */
 static int compiles_right(exec_program *p) {
   cpu_klib_forget(); /* this layer is the disk's: nothing from memory */
@@ -2950,6 +3021,7 @@ int main(void) {
   RUN(sized_bodies_serve_other_sizes);
   RUN(sized_first_size_runs_later_templates);
   RUN(quick_build_takes_compiled_templates);
+  RUN(progressive_build_runs_before_its_kernels_land);
   RUN(sized_template_failure_falls_back);
   RUN(cache_path_is_not_shell_code);
   RUN(killed_builds_leftovers_are_removed);

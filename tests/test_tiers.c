@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -864,6 +865,62 @@ TEST(warm_disk_cache_is_native_from_the_first_run) {
   unset_env("XDG_CACHE_HOME");
 }
 
+/* exp(x) * 2 + 3 (its kernel compiled first) and, when w is given, tanh(w + 1) (a new kernel
+ * of another shape, little work); checks both values. */
+static void known_and_new(graft_tensor *x, const float *v, graft_tensor *w, const float *u) {
+  graft_scope_begin();
+  graft_tensor *y[2] = {graft_add_scalar(graft_mul_scalar(graft_exp(x), 2), 3),
+                        w ? graft_tanh(graft_add_scalar(w, 1)) : NULL};
+  CHECK(graft_sync(y, w ? 2 : 1) == GRAFT_OK);
+  float a[16], b[16];
+  const int64_t lo = 0, hi = 16, step = 1;
+  CHECK(graft_to_host(graft_slice(y[0], &lo, &hi, &step), a, sizeof a) == GRAFT_OK);
+  CHECK_NEAR(a[9], expf(v[9]) * 2 + 3, 1e-5 * fabsf(a[9]));
+  if (w) {
+    CHECK(graft_to_host(graft_slice(y[1], &lo, &hi, &step), b, sizeof b) == GRAFT_OK);
+    CHECK_NEAR(b[5], tanhf(u[5] + 1), 1e-6);
+  }
+  graft_scope_end();
+}
+
+/* A graph whose build is compiling runs its kernels compiled before (by another graph) as
+ * native code and the new ones on the first tier's loops until they land, then all native
+ * (the issue's "switch each kernel as it lands"). The compiler here waits a second first, so
+ * that steps run meanwhile. */
+TEST(kernels_switch_to_native_as_they_land) {
+  char root[] = "/tmp/graft-tiers-slowcc-XXXXXX", cc[200];
+  CHECK(mkdtemp(root) != NULL);
+  snprintf(cc, sizeof cc, "%s/slow-cc", root);
+  FILE *f = fopen(cc, "w");
+  CHECK(f != NULL);
+  if (!f) return;
+  fputs("#!/bin/sh\nsleep 1\nexec cc \"$@\"\n", f);
+  fclose(f);
+  CHECK(chmod(cc, 0755) == 0);
+  set_env("GRAFT_CC", cc);
+  set_env("GRAFT_COMPILE", "async");
+  const int64_t n = 200000, m = 1000;
+  float *v = ramp(n, 0.00001f), *u = ramp(m, 0.001f);
+  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0), *w = graft_from_host(u, GRAFT_F32, 1, &m, 0);
+  known_and_new(x, v, NULL, NULL);
+  known_and_new(x, v, NULL, NULL);
+  graft_wait_compiles(); /* exp(x) * 2 + 3's kernel is in the library */
+  graft_metrics_reset();
+  for (int r = 0; r < 2000 && !M().partial_executions; r++) known_and_new(x, v, w, u);
+  CHECK(M().partial_executions > 0);
+  graft_wait_compiles();
+  uint64_t native = M().compiled_executions, partial = M().partial_executions;
+  known_and_new(x, v, w, u);
+  CHECK(M().compiled_executions > native && M().partial_executions == partial); /* all native */
+  graft_release(x);
+  graft_release(w);
+  free(v);
+  free(u);
+  unset_env("GRAFT_CC");
+  unlink(cc);
+  rmdir(root);
+}
+
 /* A value read on another thread: graft_to_host holds graft's lock while its step is queued. */
 typedef struct {
   graft_tensor *t;
@@ -1050,6 +1107,7 @@ int main(void) {
   RUN(second_size_is_built_when_it_pays);
   RUN(fork_during_build_and_queued_steps);
   RUN(warm_disk_cache_is_native_from_the_first_run);
+  RUN(kernels_switch_to_native_as_they_land);
   graft_shutdown();
   return CHECK_DONE();
 }

@@ -63,3 +63,17 @@ bool backend_final_wanted(void) { return final_fn != NULL; }
 void backend_output_final(int output, exec_buffer *b) {
   if (final_fn) final_fn(final_ctx, output, b);
 }
+
+static _Thread_local backend_partial_fn partial_fn;
+static _Thread_local void *partial_ctx;
+
+void backend_set_partial_hook(backend_partial_fn fn, void *ctx) {
+  partial_fn = fn;
+  partial_ctx = ctx;
+}
+
+bool backend_partial_wanted(void) { return partial_fn != NULL; }
+
+void backend_partial_ready(void *exe) {
+  if (partial_fn) partial_fn(partial_ctx, exe);
+}

@@ -38,6 +38,10 @@ typedef struct backend {
    * one when the disk cache holds any): 0 says a try would fail, an unchanged count that a
    * try which failed would fail again. */
   size_t (*cached_pieces)(void);
+  /* Optional, with progressive builds (backend_partial_ready): the share (0 to 1) of exe's
+   * kernel work that runs native code now; a progressive executable's grows as the pieces of
+   * its build land. Called by the thread that runs exe. */
+  double (*native_share)(void *exe);
   /* params[i] binds p->param_slot[i]; outs[i] receives a new reference for output i. */
   int (*execute)(void *exe, const exec_program *p, exec_buffer *const *params, exec_buffer **outs);
   void (*free_exe)(void *exe);
@@ -61,6 +65,19 @@ void backend_set_final_hook(backend_final_fn fn, void *ctx);
 bool backend_final_wanted(void);
 /* Output `output`'s value in b is final: b stays the backend's (the hook copies what it keeps). */
 void backend_output_final(int output, exec_buffer *b);
+
+/* Progressive builds. A thread that sets this hook around compile or compile_quick is handed,
+ * before anything compiles, the executable the build will return: it runs at once, the
+ * kernels compiled before (by other graphs, or processes through the disk cache) as native
+ * code and the others on the first tier's loops, each switching to native code as the piece
+ * of the build that holds it lands (native_share says how far it is). When the build fails
+ * the executable stays the hook's (it still runs correctly; free it with free_exe), and the
+ * build returns NULL. The hook belongs to the calling thread, NULL after. */
+typedef void (*backend_partial_fn)(void *ctx, void *exe);
+void backend_set_partial_hook(backend_partial_fn fn, void *ctx);
+bool backend_partial_wanted(void);
+/* Called by a backend, on the building thread: exe runs from now on (see above). */
+void backend_partial_ready(void *exe);
 
 /* What a registered backend is for, on its device kind. */
 typedef enum {

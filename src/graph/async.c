@@ -132,12 +132,13 @@ static void job_output_final(void *ctx, int k, exec_buffer *b) {
  * inline (exec.c) both count, so under a lock of their own. */
 static pthread_mutex_t a_count_mu = PTHREAD_MUTEX_INITIALIZER;
 
-void async_count_run(const exec_program *p, double ms, bool native, bool ok) {
+void async_count_run(const exec_program *p, double ms, bool native, bool partial, bool ok) {
   pthread_mutex_lock(&a_count_mu);
   metrics.m.execute_ms += ms;
   if (ok) {
     metrics.m.executions++;
     if (native) metrics.m.compiled_executions++;
+    if (partial) metrics.m.partial_executions++;
     metrics.m.last_graph_nodes = (uint64_t)p->ninstr;
     if ((uint64_t)p->ninstr > metrics.m.max_graph_nodes) metrics.m.max_graph_nodes = (uint64_t)p->ninstr;
   }
@@ -151,7 +152,9 @@ static buffer_failure *job_execute(async_job *j) {
   exec_buffer **outs = j->bufs + p->nparams;
   graft_clear_error();
   uint64_t w0 = trace_on() ? trace_now() : 0;
-  void *native = tier_native_for(j->e, async_queued_for(j->e));
+  double share = 0;
+  void *native = tier_native_for(j->e, async_queued_for(j->e), &share);
+  bool partial = native && share < 1.0;
   if (w0) trace_span("wait", "wait for native code", w0, trace_now(), NULL);
   double x0 = metrics_now_ms();
   uint64_t s0 = trace_on() ? trace_now() : 0;
@@ -162,15 +165,17 @@ static buffer_failure *job_execute(async_job *j) {
                   : j->e->be->execute(j->e->exe, p, j->bufs, outs);
   backend_set_final_hook(NULL, NULL);
   if (s0) {
-    char args[160];
+    char args[200];
     snprintf(args, sizeof args,
-             "\"graph\": \"%016llx\", \"step\": %llu, \"tier\": \"%s\", \"ok\": %s, \"donated inputs\": %d",
-             (unsigned long long)j->hash, (unsigned long long)j->seq, native ? "native" : "first",
-             rc ? "false" : "true", donated);
-    trace_span("step", native ? "step (native)" : "step (first tier)", s0, trace_now(), args);
+             "\"graph\": \"%016llx\", \"step\": %llu, \"tier\": \"%s\", \"ok\": %s, \"donated inputs\": %d"
+             "%s%.3f", (unsigned long long)j->hash, (unsigned long long)j->seq,
+             partial ? "partial" : native ? "native" : "first", rc ? "false" : "true", donated,
+             ", \"native share\": ", share);
+    trace_span("step", partial ? "step (native, some kernels on the first tier)"
+                       : native ? "step (native)" : "step (first tier)", s0, trace_now(), args);
   }
   double ms = metrics_now_ms() - x0;
-  async_count_run(p, ms, native != NULL, rc == 0);
+  async_count_run(p, ms, native != NULL, partial, rc == 0);
   if (!native && !rc) j->e->first_tier_ms = ms;
   if (native && !rc) atomic_store(&j->e->native_ms, atomic_load(&j->e->native_ms) + ms);
   for (int k = 0; k < p->nparams; k++)

@@ -173,6 +173,8 @@ void cache_clear(void) {
       if (e->be->free_exe) e->be->free_exe(e->exe);
       if (e->tier == TIER_READY && e->fast->free_exe) e->fast->free_exe(e->fast_exe);
       if (e->replaced_exe && e->fast->free_exe) e->fast->free_exe(e->replaced_exe);
+      void *partial = atomic_load(&e->partial_exe);
+      if (partial && partial != e->fast_exe && e->fast->free_exe) e->fast->free_exe(partial);
       program_free(e->prog);
       free(e->sig);
       free(e);

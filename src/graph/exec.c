@@ -382,7 +382,7 @@ static graft_status exec_run_here(cache_entry *e, exec_buffer **bufs, tensor_slo
     for (int k = 0; k < p->noutputs; k++) buffer_release(ref[k]);
     free(ref);
   }
-  async_count_run(p, *tx, fast, !rc && !(bad && cm == CHECK_STRICT));
+  async_count_run(p, *tx, fast, false, !rc && !(bad && cm == CHECK_STRICT));
   if (rc) {
     graft_status st = graft_last_status() ? graft_last_status() : GRAFT_ERR_INTERNAL;
     if (here) exec_bind_failed(p, ts, n, outs, out_index, st);

@@ -54,6 +54,10 @@ typedef struct cache_entry {
   double quick_build_ms;    /* how long that quick build took (lock held) */
   _Atomic double native_ms; /* its native runs' time, all together (the executor adds) */
   void *replaced_exe;       /* the quick build fast_exe replaced: a running step may use it */
+  /* A progressive first build's executable (backend_partial_ready), published while its
+   * pieces land: fast_exe once the build is recorded, else (the build failed, or a forked
+   * child dropped it) kept here, unpublished, until the entry goes. */
+  _Atomic(void *) partial_exe;
   tier_state tier;
   tier_level level;
   bool full_only;           /* the caller waits for native code (wait_compiles): no quick build */
@@ -142,7 +146,7 @@ const backend *tier_first_backend(int device);
 /* Executor thread (no lock): e's native code, waiting for its first build when one is in
  * flight and native code would save more on e's queued steps (queued: how many, at
  * e->first_tier_ms each) than the rest of the build takes; NULL: run on the first tier. */
-void *tier_native_for(cache_entry *e, int queued);
+void *tier_native_for(cache_entry *e, int queued, double *share);
 /* Stops the compile thread (lock NOT held: the thread takes it to publish results). */
 void tier_shutdown(void);
 /* Records the builds the compile thread finished while graft's lock was held elsewhere (lock
@@ -174,7 +178,7 @@ void async_drain(void);
 /* Whether no queued or running step runs e's graph. */
 bool async_entry_idle(const cache_entry *e);
 /* Counts a run of p (ms of execution; native code or the first tier; ok) in the metrics. */
-void async_count_run(const exec_program *p, double ms, bool native, bool ok);
+void async_count_run(const exec_program *p, double ms, bool native, bool partial, bool ok);
 /* Waits until b is not pending; the error of the step that failed to compute it, as fn's. */
 graft_status async_wait_buffer(const exec_buffer *b, const char *fn);
 /* The first failure of a queued step numbered up to `upto` that no sync has reported yet, as

@@ -94,6 +94,7 @@ static void tier_publish(cache_entry *e, void *exe, tier_level level) {
  * queued again for the full one; a failed full build after a quick one keeps the quick one. */
 static void tier_finish(cache_entry *e, void *exe, tier_level level, const char *err, double ms) {
   metrics.m.native_compile_ms += ms;
+  if (exe && exe == atomic_load(&e->partial_exe)) atomic_store(&e->partial_exe, NULL); /* fast_exe now */
   if (exe) {
     tier_publish(e, exe, level);
     if (level == TIER_LEVEL_FULL) {
@@ -171,7 +172,8 @@ static tier_level tier_build(cache_entry *e, bool quick, void **exe, char *err, 
 /* A build of e finished (compile thread, before it takes the lock: an executor waiting for
  * this code may be what a drain under the lock waits for). */
 static void tier_landed(cache_entry *e, void *exe) {
-  if (exe) atomic_store_explicit(&e->published, exe, memory_order_release);
+  if (exe || atomic_load(&e->partial_exe)) /* a failed progressive build's is not run again */
+    atomic_store_explicit(&e->published, exe, memory_order_release);
   pthread_mutex_lock(&q_mu);
   if (exe && atomic_load(&e->prog->varying)) {
     if (q_nlanded < TIER_LANDED_MAX) q_landed_family[q_nlanded] = e->prog->shape_free;
@@ -214,6 +216,17 @@ static void tier_trace_build(const cache_entry *e, const char *name, bool ok, co
   trace_span("compile", name, s0, trace_now(), args);
 }
 
+/* A progressive first build's executable: steps run it from now on where enough of its
+ * kernel work is native (tier_native_for). A fork waits for the build in progress to land, so
+ * none is handed out twice; an earlier one would be a failed build's, unpublished (compile
+ * thread). */
+static void tier_partial(void *ctx, void *exe) {
+  cache_entry *e = ctx;
+  void *old = atomic_exchange(&e->partial_exe, exe);
+  if (old && old != exe) e->fast->free_exe(old);
+  atomic_store_explicit(&e->published, exe, memory_order_release);
+}
+
 static void *tier_worker(void *arg) {
   (void)arg;
   /* The compilers (started from this thread and the kernel library's, which inherit its
@@ -247,7 +260,9 @@ static void *tier_worker(void *arg) {
     backend_stats before = tier_stats(e->fast);
     uint64_t runs = before.compiles;
     uint64_t s0 = trace_on() ? trace_now() : 0;
+    if (first && e->fast->native_share) backend_set_partial_hook(tier_partial, e);
     tier_level level = tier_build(e, quick, &exe, err, sizeof err);
+    backend_set_partial_hook(NULL, NULL);
     double ms = metrics_now_ms() - t0;
     if (s0)
       tier_trace_build(e, level == TIER_LEVEL_QUICK ? "native build (quick)" : "native build (full)",
@@ -550,9 +565,23 @@ static double tier_build_left_ms(const cache_entry *e) {
 /* The least a step waits for a build it decided to wait for (tier_native_for). */
 #define TIER_WAIT_MIN_MS 1000.0
 
-void *tier_native_for(cache_entry *e, int queued) {
+/* The least share of a graph's kernel work that must run native code for a progressive build's
+ * executable to replace the first tier (its other kernels run the first tier's loops one
+ * instruction at a time, without the first tier's views and fused groups). */
+#define TIER_PARTIAL_MIN_SHARE 0.6
+
+/* exe, published while e's first build runs, if enough of it is native now (*share: how much),
+ * else NULL (executor thread). */
+static void *tier_partial_pays(cache_entry *e, void *exe, double *share) {
+  *share = exe ? 1.0 : 0.0;
+  if (!exe || !atomic_load(&e->building)) return exe; /* the build's result, or none */
+  if (e->fast->native_share) *share = e->fast->native_share(exe);
+  return *share >= TIER_PARTIAL_MIN_SHARE ? exe : NULL;
+}
+
+void *tier_native_for(cache_entry *e, int queued, double *share) {
   void *exe = atomic_load_explicit(&e->published, memory_order_acquire);
-  if (exe || !atomic_load(&e->building)) return exe;
+  if (tier_partial_pays(e, exe, share) || !atomic_load(&e->building)) return exe;
   double step_ms = e->first_tier_ms > 0 ? e->first_tier_ms : tier_ref_cost_ms(e->prog);
   if (atomic_load(&e->many_sizes) && queued < TIER_FAMILY_RUNS) queued = TIER_FAMILY_RUNS;
   /* waiting pays when the queued steps would save more on native code than the wait costs */
@@ -572,7 +601,7 @@ void *tier_native_for(cache_entry *e, int queued) {
   while (atomic_load(&e->building) && q_current == e && q_started && !q_stop && !q_forking)
     if (pthread_cond_timedwait(&q_landed, &q_mu, &until) == ETIMEDOUT) break;
   pthread_mutex_unlock(&q_mu);
-  return atomic_load_explicit(&e->published, memory_order_acquire);
+  return tier_partial_pays(e, atomic_load_explicit(&e->published, memory_order_acquire), share);
 }
 
 /* What a full build saves on a quick build's step (-O1 against -O3: resnet18's training step

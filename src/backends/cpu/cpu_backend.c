@@ -28,6 +28,15 @@ typedef struct {
   int *final_order, *final_step;
   char **what; /* per launch (nwhat): its trace span's args (cpu_describe.c), or NULL */
   int nwhat;
+  /* A progressive build (backend_partial_ready): it ran before every body had landed. fn[]
+   * is read and filled with atomics; a launch whose body is missing runs its instructions one
+   * at a time on the first tier's loops (ilist[ilist0[l]..ilist0[l+1]): its members and, as
+   * ~slot, the inlined values they read, in program order, computed into buffers of their own
+   * for the launch). */
+  bool progressive;
+  uint64_t (*key)[2];             /* per body: its key in the library */
+  _Atomic size_t seen_version;    /* cpu_klib_version at the last look for missing bodies */
+  int *ilist, *ilist0;
 } cpu_exe;
 
 typedef struct {
@@ -171,6 +180,72 @@ static int cpu_final_steps(cpu_exe *e, const exec_program *p) {
   return 0;
 }
 
+/* The launches whose body is missing get the list of instructions they run on the first tier
+ * (cpu_exe.ilist); -1 when out of memory. */
+static int cpu_interp_lists(cpu_exe *e, const exec_program *p, const fuse_plan *pl) {
+  const cpu_code *c = &e->code;
+  int n = p->ninstr, cap = 0, len = 0, *list = NULL, *stack = malloc(sizeof(int) * ((size_t)n + 1));
+  int *stamp = calloc((size_t)n + 1, sizeof(int));
+  e->ilist0 = calloc((size_t)c->nlaunch + 1, sizeof(int));
+  bool ok = stack && stamp && e->ilist0;
+  for (int l = 0; l < c->nlaunch && ok; l++) {
+    e->ilist0[l] = len;
+    const cpu_launch *la = &c->launch[l];
+    if (e->fn[la->body]) continue;
+    int top = 0, from = len;
+    for (int m = 0; m < la->nmem; m++) { /* members, then the inlined cone they read */
+      int s0 = c->members[la->mem0 + m];
+      stamp[s0] = l + 1;
+      stack[top++] = s0;
+    }
+    while (top && ok) {
+      int s0 = stack[--top];
+      if (len == cap) {
+        cap = cap ? 2 * cap : 256;
+        int *nl = realloc(list, sizeof(int) * (size_t)cap);
+        if (!nl) { ok = false; break; }
+        list = nl;
+      }
+      list[len++] = s0;
+      const exec_instr *x = &p->instr[s0];
+      for (int q = 0; q < x->nin; q++) {
+        int in = x->in[q];
+        if (stamp[in] == l + 1 || pl->role[in] != FUSE_INLINE) continue;
+        stamp[in] = l + 1;
+        stack[top++] = in;
+      }
+    }
+    for (int a = from + 1; a < len; a++) /* program order: operands first */
+      for (int b = a; b > from && list[b - 1] > list[b]; b--) {
+        int t = list[b];
+        list[b] = list[b - 1];
+        list[b - 1] = t;
+      }
+    for (int a = from; a < len; a++)
+      if (pl->role[list[a]] == FUSE_INLINE) list[a] = ~list[a];
+  }
+  if (ok) e->ilist0[c->nlaunch] = len;
+  e->ilist = list;
+  free(stack);
+  free(stamp);
+  return ok ? 0 : -1;
+}
+
+typedef struct {
+  cpu_exe *e;
+  const exec_program *p;
+  const fuse_plan *pl;
+} cpu_ready_ctx;
+
+/* A progressive build's executable is complete but for the missing bodies: it is handed out. */
+static void cpu_ready(void *arg) {
+  cpu_ready_ctx *x = arg;
+  if (cpu_interp_lists(x->e, x->p, x->pl)) return; /* out of memory: it is not handed out */
+  x->e->progressive = true;
+  atomic_store(&x->e->seen_version, cpu_klib_version());
+  backend_partial_ready(x->e);
+}
+
 static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_only) {
   const cpu_blas_fns *bl = cpu_blas();
   fuse_plan pl;
@@ -200,8 +275,23 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
   if (!rc && (!e->out_buf || !e->final_order || !e->final_step || !e->fn || !e->lits))
     rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   if (!rc && cpu_final_steps(e, p)) rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
+  e->hash = p->hash;
+  /* A progressive build hands the executable out before it compiles: what the runner reads is
+   * made first. */
+  bool progressive = !rc && !lib_only && backend_partial_wanted() && !atomic_load(&p->varying);
+  if (progressive && kof && (e->what = cpu_describe_kernels(p, &pl, &e->code, kof)))
+    e->nwhat = e->code.nlaunch;
+  e->key = progressive ? malloc(sizeof *e->key * ((size_t)e->code.nbody + 1)) : NULL;
+  cpu_ready_ctx ready = {e, p, &pl};
+  cpu_klib_progress prog = {e->key, cpu_ready, &ready};
   if (rc || cpu_klib_resolve(e->code.body, e->code.nbody, opt, lib_only,
-                             atomic_load(&p->varying), e->fn, e->lits)) {
+                             atomic_load(&p->varying), e->fn, e->lits, e->key ? &prog : NULL)) {
+    if (e->progressive) { /* handed out: the hook's now */
+      fuse_plan_free(&pl);
+      free(kof);
+      rd_sb_free(&src);
+      return NULL;
+    }
     fuse_plan_free(&pl);
     free(kof);
     rd_sb_free(&src);
@@ -211,7 +301,8 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
   if (src.s && lib_only) cpu_keep_source(p, src.s);
   if (kof && draw && lib_only) cpu_dump_picture(p, &pl, &e->code, kof);
   /* described once it builds: most library-only attempts find a kernel missing */
-  if (kof && (e->what = cpu_describe_kernels(p, &pl, &e->code, kof))) e->nwhat = e->code.nlaunch;
+  if (!progressive && kof && (e->what = cpu_describe_kernels(p, &pl, &e->code, kof)))
+    e->nwhat = e->code.nlaunch;
   fuse_plan_free(&pl);
   free(kof);
   rd_sb_free(&src);
@@ -219,7 +310,6 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
     free(e->code.body[k].text);
     e->code.body[k].text = NULL;
   }
-  e->hash = p->hash;
   return e;
 }
 
@@ -263,8 +353,9 @@ static void cpu_run_inplace(cpu_run *r, const cpu_step *st, const exec_instr *in
   r->S[i] = r->S[s];
 }
 
-static int cpu_run_fallback(cpu_run *r, const cpu_step *st) {
-  int i = st->arg;
+/* Instruction i into its buffer (made if it has none), from its operands' buffers: by the
+ * first tier's loops (interp), else by its host or reference kernel (a fallback step, st). */
+static int cpu_run_one(cpu_run *r, const cpu_step *st, int i, bool interp) {
   const exec_instr *ins = &r->p->instr[i];
   ref_arg args[16], *a = args;
   if (ins->nin > 16 && !(a = malloc(sizeof *a * (size_t)ins->nin))) {
@@ -275,21 +366,61 @@ static int cpu_run_fallback(cpu_run *r, const cpu_step *st) {
     const exec_instr *src = &r->p->instr[ins->in[k]];
     a[k] = (ref_arg){r->S[ins->in[k]], src->dtype, src->ndim, src->shape, src->numel, NULL};
   }
-  cpu_host_fn host = cpu_host_kernel(ins, a);
+  cpu_host_fn host = interp ? NULL : cpu_host_kernel(ins, a);
   if (host) cpu_run_inplace(r, st, ins, i);
   int rc = cpu_run_alloc(r, i);
-  if (!rc && !program_instr_empty(ins)) rc = host ? host(ins, a, r->S[i]) : ref_kernels[ins->op](ins, a, r->S[i]);
+  if (!rc && !program_instr_empty(ins))
+    rc = interp ? cpu_interp_one(ins, a, r->S[i]) : host ? host(ins, a, r->S[i]) : ref_kernels[ins->op](ins, a, r->S[i]);
   if (a != args) free(a);
-  if (!host) /* only true reference runs count; a syncing thread may run a graph too */
+  if (!host && !interp) /* only true reference runs count; a syncing thread may run a graph too */
     __atomic_fetch_add(&cpu_stats.fallback[ins->op], 1, __ATOMIC_RELAXED);
   return rc;
 }
 
-static void cpu_run_kernel(cpu_run *r, const cpu_launch *l) {
+static int cpu_run_fallback(cpu_run *r, const cpu_step *st) { return cpu_run_one(r, st, st->arg, false); }
+
+/* Launch l of a progressive build whose body has not landed: its instructions one at a time
+ * on the first tier's loops, the inlined ones into buffers released after it. */
+static int cpu_run_interp(cpu_run *r, const cpu_step *st, int l) {
+  const cpu_exe *e = r->e;
+  int rc = 0, q0 = e->ilist0[l], q1 = e->ilist0[l + 1];
+  for (int q = q0; q < q1 && !rc; q++) {
+    int s = e->ilist[q] < 0 ? ~e->ilist[q] : e->ilist[q];
+    rc = cpu_run_one(r, st, s, true);
+  }
+  for (int q = q0; q < q1; q++)
+    if (e->ilist[q] < 0 && r->B[~e->ilist[q]]) cpu_run_release(r, ~e->ilist[q]);
+  return rc;
+}
+
+/* A progressive build's bodies that landed since the last look (the thread that runs it). */
+static void cpu_exe_refresh(cpu_exe *e) {
+  size_t v = cpu_klib_version();
+  if (!e->progressive || atomic_load(&e->seen_version) == v) return;
+  atomic_store(&e->seen_version, v);
+  for (int k = 0; k < e->code.nbody; k++) {
+    if (__atomic_load_n(&e->fn[k], __ATOMIC_ACQUIRE)) continue;
+    cpu_kernel_fn f = cpu_klib_get(e->key[k]);
+    if (f) __atomic_store_n(&e->fn[k], f, __ATOMIC_RELEASE);
+  }
+}
+
+static double cpu_native_share(void *exe) {
+  cpu_exe *e = exe;
+  cpu_exe_refresh(e);
+  double all = 0, native = 0;
+  for (int l = 0; l < e->code.nlaunch; l++) {
+    const cpu_launch *la = &e->code.launch[l];
+    all += (double)la->work;
+    if (__atomic_load_n(&e->fn[la->body], __ATOMIC_ACQUIRE)) native += (double)la->work;
+  }
+  return all > 0 ? native / all : 1.0;
+}
+
+static void cpu_run_kernel(cpu_run *r, const cpu_launch *l, cpu_kernel_fn fn) {
   const cpu_code *c = &r->e->code;
   for (int j = 0; j < l->nslot; j++) r->P[j] = r->S[c->slots[l->slot0 + j]];
   r->P[l->nslot] = r->e->lits[l->body]; /* a template's literals, after its buffers */
-  cpu_kernel_fn fn = r->e->fn[l->body];
   if (l->par) cpu_parallel_run(fn, r->P, l->units);
   else fn(r->P, 0, l->units);
 }
@@ -312,7 +443,8 @@ static void cpu_trace_step(const cpu_run *r, const cpu_step *st, uint64_t t0) {
   args[0] = 0;
   if (st->kind == CPU_STEP_KERNEL) {
     const cpu_launch *l = &c->launch[st->arg];
-    snprintf(name, sizeof name, "kernel k%d", st->arg);
+    bool landed = __atomic_load_n(&r->e->fn[l->body], __ATOMIC_RELAXED) != NULL;
+    snprintf(name, sizeof name, landed ? "kernel k%d" : "kernel k%d (first tier)", st->arg);
     if (st->arg < r->e->nwhat && r->e->what[st->arg]) {
       trace_span(cat, name, t0, trace_now(), r->e->what[st->arg]);
       return;
@@ -354,8 +486,10 @@ static int cpu_run_step(cpu_run *r, const cpu_step *st, bool prof) {
   }
   case CPU_STEP_KERNEL: {
     const cpu_launch *l = &c->launch[st->arg];
-    cpu_run_kernel(r, l);
-    if (prof) cpu_profile_kernel(&r->e->prof, r->site++, r->e->fn[l->body], l->units, cpu_profile_now() - t0);
+    cpu_kernel_fn fn = __atomic_load_n(&r->e->fn[l->body], __ATOMIC_ACQUIRE);
+    if (!fn) return cpu_run_interp(r, st, st->arg); /* a progressive build's, not landed */
+    cpu_run_kernel(r, l, fn);
+    if (prof) cpu_profile_kernel(&r->e->prof, r->site++, fn, l->units, cpu_profile_now() - t0);
     return 0;
   }
   case CPU_STEP_GEMM: {
@@ -393,7 +527,10 @@ static int cpu_execute(void *exe, const exec_program *p, exec_buffer *const *par
     run.S[s] = params[k]->ptr;
     is_param[s] = 1;
   }
+  cpu_exe_refresh(e);
   bool prof = cpu_profile_enabled(), tr = trace_on(); /* both read once per execution */
+  for (int k = 0; prof && e->progressive && k < e->code.nbody; k++) /* its call sites differ */
+    prof = __atomic_load_n(&e->fn[k], __ATOMIC_RELAXED) != NULL;
   double t0 = prof ? cpu_profile_now() : 0;
   int rc = 0, next = 0, nout = backend_final_wanted() ? p->noutputs : 0;
   for (int k = -1; k < e->code.nstep && !rc; k++) {
@@ -529,6 +666,9 @@ static void cpu_free_exe(void *exe) {
   free(e->out_buf);
   free(e->final_order);
   free(e->final_step);
+  free(e->key);
+  free(e->ilist);
+  free(e->ilist0);
   free(e);
 }
 
@@ -539,6 +679,7 @@ const backend cpu_backend = {
     .compile_quick = cpu_compile_quick,
     .compile_cached = cpu_compile_cached,
     .cached_pieces = cpu_klib_pieces,
+    .native_share = cpu_native_share,
     .execute = cpu_execute,
     .free_exe = cpu_free_exe,
     .stats = cpu_backend_stats,

@@ -887,16 +887,18 @@ static void cpu_gen_launch(const cpu_cg *g, const cpu_group *G, int kid, int *ke
     units = 1;
     for (int d = 0; d < G->a; d++) units *= G->oshape[d];
   }
+  int mem0 = g->code->nmembers;
   for (int m = 0; m < G->nm; m++) {
     int64_t c = 1;
     const exec_instr *mi = &p->instr[G->inst[m]];
     for (int k = 0; k < mi->nin && g->cost; k++) c += g->cost[mi->in[k]];
     work += cpu_work(p, G->inst[m]) * c;
     cpu_code_step(g->code, CPU_STEP_ALLOC, G->inst[m]);
+    cpu_code_member(g->code, G->inst[m]);
     if (kernel_of) kernel_of[G->inst[m]] = kid;
   }
   cpu_launch l = {g->cur_body, work >= CPU_PAR_MIN_WORK && units >= 2, units, g->cur_slot0,
-                  g->cur_nslot};
+                  g->cur_nslot, mem0, G->nm, work};
   cpu_code_step(g->code, CPU_STEP_KERNEL, cpu_code_launch(g->code, &l));
 }
 

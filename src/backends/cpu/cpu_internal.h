@@ -37,6 +37,8 @@ typedef struct {
   int par;       /* split over the pool */
   int64_t units; /* rows (or elements) the kernel runs over */
   int slot0, nslot; /* its buffers, in its body's parameter order: cpu_code.slots[slot0..) */
+  int mem0, nmem;   /* the instructions it writes: cpu_code.members[mem0..) */
+  int64_t work;     /* elements times their rough cost: a progressive build's native share */
 } cpu_launch;
 /* CBLAS's row-major order and transpose flags, as the steps and cpu_blas_fns.gemm take them. */
 enum { CPU_CBLAS_ROW_MAJOR = 101, CPU_CBLAS_NO_TRANS = 111, CPU_CBLAS_TRANS = 112 };
@@ -58,8 +60,9 @@ typedef struct {
   int *slots;
   cpu_gemm_call *gemm;
   cpu_body *body;
-  int nstep, nlaunch, nslots, ngemm, nbody;
-  int cap[5];     /* capacities of the arrays above, in that order */
+  int *members;
+  int nstep, nlaunch, nslots, ngemm, nbody, nmembers;
+  int cap[6];     /* capacities of the arrays above, in that order */
   int max_params; /* the most buffers one kernel takes */
   int oom;
 } cpu_code;
@@ -69,6 +72,7 @@ int cpu_code_launch(cpu_code *c, const cpu_launch *l);
 int cpu_code_slot(cpu_code *c, int slot);
 int cpu_code_gemm(cpu_code *c, const cpu_gemm_call *g);
 int cpu_code_body(cpu_code *c, const cpu_body *b);
+int cpu_code_member(cpu_code *c, int slot);
 void cpu_code_render(const cpu_code *c, const exec_program *p, const int *body_kid, rd_sb *out);
 void cpu_code_free(cpu_code *c);
 /* Generates the program's kernels and steps into code; *src gets a readable rendering (the
@@ -141,6 +145,15 @@ void cpu_object_index(const cpu_object *obj);
 void cpu_object_close(cpu_object *obj);
 
 /* ---- cpu_klib.c: the kernel library ---- */
+/* A progressive build (cpu_klib_resolve): before the missing bodies compile, keys[i] gets
+ * body i's key at the build's level and ready(ctx) is called, fn[] holding the bodies found
+ * compiled; the missing ones then compile in pieces, each joining the library as it lands,
+ * and fn[] is filled with atomic stores (a runner may read it meanwhile). */
+typedef struct {
+  uint64_t (*keys)[2];
+  void (*ready)(void *ctx);
+  void *ctx;
+} cpu_klib_progress;
 /* Each body's run function at level *opt, from memory, the disk cache, or compiled now (the
  * missing ones only, in parallel objects); a quick build takes a full body when there is one.
  * On return *opt is CPU_OPT_FULL when every body is fully optimized. sized (a program whose
@@ -151,7 +164,11 @@ void cpu_object_close(cpu_object *obj);
  * graph differs from the family's by a slice PyTorch elides). lib_only: nothing is compiled; 1
  * (no error set) when something would be. 0, or -1 with the error set. */
 int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool sized,
-                     cpu_kernel_fn *fn, int64_t **lits);
+                     cpu_kernel_fn *fn, int64_t **lits, const cpu_klib_progress *progress);
+/* The function of body key if this process's library holds it (memory only), else NULL. */
+cpu_kernel_fn cpu_klib_get(const uint64_t key[2]);
+/* Counts the objects the library took: unchanged, a lookup that missed would miss again. */
+size_t cpu_klib_version(void);
 /* Closes every object (graft_shutdown, after the last graph is freed). */
 void cpu_klib_shutdown(void);
 /* Bodies in the library, plus one when the disk cache holds any (backend.cached_pieces). */
@@ -280,6 +297,11 @@ void cpu_profile_free(cpu_profile *p);
 
 /* ---- cpu_kernels.c: typed host kernels for ops without generated code ---- */
 typedef int (*cpu_host_fn)(const exec_instr *ins, const ref_arg *in, void *out);
+/* ---- cpu_interp.c ---- */
+/* Computes one instruction over plain operands as the first tier does (its typed loops, split
+ * over the pool when big, host kernels, else the reference kernel): a progressive build's
+ * kernels whose code has not landed. 0, or -1 with the error set. */
+int cpu_interp_one(const exec_instr *ins, const ref_arg *in, void *out);
 /* A host kernel for this instruction, or NULL (the reference kernel runs it). */
 cpu_host_fn cpu_host_kernel(const exec_instr *ins, const ref_arg *in);
 /* Whether ins's host kernel takes operand k as view v (a contraction reads a transpose of its

@@ -24,12 +24,19 @@ static pthread_mutex_t klib_mu = PTHREAD_MUTEX_INITIALIZER;
 static klib_entry *klib_tab; /* open addressing by key[0]; a power of two of slots */
 static size_t klib_slots, klib_used;
 static _Atomic size_t klib_last_bytes;
+static _Atomic size_t klib_objects_taken; /* cpu_klib_version */
 static cpu_object *klib_obj;
 static int klib_nobj, klib_capobj;
 
 /* Bytes of new bodies' source per object, at least, before a second object is started: an
- * object's fixed cost (the compiler's start and the prelude) is ~0.1 s. */
-enum { KLIB_CHUNK_MIN_BYTES = 24 << 10, KLIB_MAX_CHUNKS = 8 };
+ * object's fixed cost (the compiler's start and the prelude) is ~0.04 s. A progressive build
+ * compiles pieces of KLIB_PIECE_BYTES or more (at -O1, ~0.25 s of compiler each), one per core
+ * at a time, so that a running graph switches its kernels to native code as each lands and a
+ * process that exits mid-build leaves the pieces that landed on disk (mobilenet_v2's steady
+ * step as two objects of 181 KB each: 1.3 s apiece at -O1, neither landed within its 30 first
+ * steps). */
+enum { KLIB_CHUNK_MIN_BYTES = 24 << 10, KLIB_MAX_CHUNKS = 8, KLIB_PIECE_BYTES = 32 << 10,
+       KLIB_MAX_PIECES = 64 };
 
 static klib_entry *klib_slot(const uint64_t key[2]) {
   size_t m = klib_slots - 1;
@@ -68,6 +75,7 @@ static int klib_add(const cpu_object *obj) {
     free(old);
   }
   klib_obj[klib_nobj++] = *obj;
+  atomic_fetch_add(&klib_objects_taken, 1);
   for (int i = 0; i < obj->n; i++) {
     klib_entry *e = klib_slot(&obj->key[2 * i]);
     if (e->fn) continue;
@@ -119,23 +127,45 @@ typedef struct {
   char err[1100];
 } klib_job;
 
+/* The objects of one build, compiled by up to one thread per core, each taking the next. */
+typedef struct {
+  klib_job *job;
+  int nj;
+  atomic_int next;
+} klib_work;
+
+static int klib_add_locked(cpu_object *obj);
+
+/* Compiles the build's objects until none is left; each joins the disk index and the library
+ * as it lands (a process may exit, and a progressive build's runner looks, before the others
+ * land). */
 static void *klib_compile(void *arg) {
-  klib_job *j = arg;
-  klib_last_bytes = j->src.n;
-  j->rc = j->src.oom ? -1 : cpu_compile_source(j->src.s, j->opt, &j->obj, &j->ms);
-  j->status = j->src.oom ? GRAFT_ERR_OOM : graft_last_status();
-  snprintf(j->err, sizeof j->err, "%s", j->src.oom ? "cpu: out of memory" : graft_last_error());
-  if (!j->rc) cpu_object_index(&j->obj); /* at once: a process may exit before the others land */
+  klib_work *w = arg;
+  for (int q; (q = atomic_fetch_add(&w->next, 1)) < w->nj;) {
+    klib_job *j = &w->job[q];
+    klib_last_bytes = j->src.n;
+    j->rc = j->src.oom ? -1 : cpu_compile_source(j->src.s, j->opt, &j->obj, &j->ms);
+    j->status = j->src.oom ? GRAFT_ERR_OOM : graft_last_status();
+    snprintf(j->err, sizeof j->err, "%s", j->src.oom ? "cpu: out of memory" : graft_last_error());
+    if (j->rc) continue;
+    cpu_object_index(&j->obj);
+    if (klib_add_locked(&j->obj)) { /* closed */
+      j->rc = -1;
+      j->status = GRAFT_ERR_OOM;
+      snprintf(j->err, sizeof j->err, "cpu: out of memory recording compiled kernels");
+    }
+  }
   return NULL;
 }
 
 /* How many objects nm bodies of `bytes` source compile as: one per KLIB_CHUNK_MIN_BYTES, at
- * most one per core and KLIB_MAX_CHUNKS, at least one. */
-static int klib_objects(size_t bytes, int nm) {
+ * most one per core and KLIB_MAX_CHUNKS, at least one; a progressive build's one per
+ * KLIB_PIECE_BYTES, at most KLIB_MAX_PIECES. */
+static int klib_objects(size_t bytes, int nm, bool pieces) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int nj = (int)(bytes / KLIB_CHUNK_MIN_BYTES);
-  if (nj > cores) nj = (int)cores;
-  if (nj > KLIB_MAX_CHUNKS) nj = KLIB_MAX_CHUNKS;
+  int nj = (int)(bytes / (pieces ? KLIB_PIECE_BYTES : KLIB_CHUNK_MIN_BYTES));
+  if (!pieces && nj > cores) nj = (int)cores;
+  if (nj > (pieces ? KLIB_MAX_PIECES : KLIB_MAX_CHUNKS)) nj = pieces ? KLIB_MAX_PIECES : KLIB_MAX_CHUNKS;
   if (nj > nm) nj = nm;
   return nj < 1 ? 1 : nj;
 }
@@ -175,8 +205,8 @@ static int klib_partition(const cpu_body *b, const uint64_t (*key)[2], const int
   return 0;
 }
 
-/* The jobs' objects join the library; 0, or -1 with the first failure's error set (*tpl_failed
- * when a failed object held a template). */
+/* The jobs' results (their objects joined the library as they landed); 0, or -1 with the
+ * first failure's error set (*tpl_failed when a failed object held a template). */
 static int klib_collect(klib_job *job, int nj, bool *tpl_failed) {
   int rc = 0;
   for (int q = 0; q < nj; q++) {
@@ -185,34 +215,32 @@ static int klib_collect(klib_job *job, int nj, bool *tpl_failed) {
       *tpl_failed = *tpl_failed || job[q].has_tpl;
       if (!rc) err_set(job[q].status ? job[q].status : GRAFT_ERR_COMPILE, "%s", job[q].err);
       rc = -1;
-      continue;
-    }
-    if (klib_add_locked(&job[q].obj)) {
-      if (!rc) err_set(GRAFT_ERR_OOM, "cpu: out of memory recording compiled kernels");
-      rc = -1;
     }
   }
   return rc;
 }
 
-/* Compiles bodies miss[0..nm) at opt as up to one object per core, in parallel; each object's
- * bodies join the library and the disk index. 0, or -1 with the first failure's error set. */
+/* Compiles bodies miss[0..nm) at opt as objects (pieces: a progressive build's smaller ones),
+ * up to one per core at a time; each object's bodies join the library and the disk index as
+ * it lands. 0, or -1 with the first failure's error set. */
 static int klib_build(const cpu_body *b, const uint64_t (*key)[2], const int *miss, int nm,
-                      cpu_opt opt, int first_tpl, bool *tpl_failed) {
+                      cpu_opt opt, int first_tpl, bool pieces, bool *tpl_failed) {
   size_t bytes = 0;
   for (int k = 0; k < nm; k++) bytes += strlen(b[miss[k]].text);
-  int nj = klib_objects(bytes, nm), rc = -1;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int nj = klib_objects(bytes, nm, pieces), nth = nj < cores ? nj : (int)(cores < 1 ? 1 : cores);
+  int rc = -1;
   klib_job *job = calloc((size_t)nj, sizeof *job);
-  pthread_t *th = calloc((size_t)nj, sizeof *th);
-  bool *started = calloc((size_t)nj, sizeof *started);
+  pthread_t *th = calloc((size_t)nth, sizeof *th);
+  bool *started = calloc((size_t)nth, sizeof *started);
+  klib_work w = {job, nj, 0};
   if (!job || !th || !started) err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
   else if (!klib_partition(b, key, miss, nm, first_tpl, job, nj)) {
     for (int q = 0; q < nj; q++) job[q].opt = opt;
-    for (int q = 1; q < nj; q++) started[q] = !pthread_create(&th[q], NULL, klib_compile, &job[q]);
-    for (int q = 0; q < nj; q++)
-      if (!started[q]) klib_compile(&job[q]); /* the first here, and any thread that did not start */
-    for (int q = 1; q < nj; q++)
-      if (started[q]) pthread_join(th[q], NULL);
+    for (int t = 1; t < nth; t++) started[t] = !pthread_create(&th[t], NULL, klib_compile, &w);
+    klib_compile(&w); /* this thread too; it ends when no object is left */
+    for (int t = 1; t < nth; t++)
+      if (started[t]) pthread_join(th[t], NULL);
     rc = klib_collect(job, nj, tpl_failed);
   }
   for (int q = 0; job && q < nj; q++) rd_sb_free(&job[q].src);
@@ -332,7 +360,7 @@ static void klib_drop_templates(klib_need *w, int64_t **lits) {
 }
 
 int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool sized,
-                     cpu_kernel_fn *fn, int64_t **lits) {
+                     cpu_kernel_fn *fn, int64_t **lits, const cpu_klib_progress *progress) {
   klib_need w = {calloc((size_t)(2 * n + 1), sizeof *w.all), malloc(sizeof *w.key * (size_t)(2 * n + 1)),
                  malloc(sizeof(int) * (size_t)(2 * n + 1)), malloc(sizeof(int) * (size_t)(n + 1)),
                  0, n, 0};
@@ -358,16 +386,22 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool
   }
   if (rc) err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
   int built = 0;
+  /* progressive: what it runs meanwhile finds each missing body by its own key */
+  bool pieces = progress && !sized && !lib_only && !rc && w.nm && !w.nt;
+  if (pieces) {
+    memcpy(progress->keys, w.key, sizeof *w.key * (size_t)n);
+    progress->ready(progress->ctx);
+  }
   if (!rc && w.nm && lib_only) rc = 1;
   else if (!rc && w.nm) {
     built = w.nm;
     bool tpl_failed = false;
-    rc = klib_build(w.all, (const uint64_t(*)[2])w.key, w.miss, w.nm, *opt, n, &tpl_failed);
+    rc = klib_build(w.all, (const uint64_t(*)[2])w.key, w.miss, w.nm, *opt, n, pieces, &tpl_failed);
     if (rc && tpl_failed) { /* an object with a template failed: its bodies compile specialised */
       graft_clear_error();
       klib_drop_templates(&w, lits);
       built = w.nm;
-      rc = klib_build(w.all, (const uint64_t(*)[2])w.key, w.miss, w.nm, *opt, n, &tpl_failed);
+      rc = klib_build(w.all, (const uint64_t(*)[2])w.key, w.miss, w.nm, *opt, n, false, &tpl_failed);
     }
   }
   if (!rc) { /* atomics: a library-only build runs beside a compile (cpu_compile_cached) */
@@ -377,12 +411,13 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool
     __atomic_fetch_add(&cpu_stats.bodies_compiled, (uint64_t)built, __ATOMIC_RELAXED);
     __atomic_fetch_add(&cpu_stats.bodies_sized, (uint64_t)nsized, __ATOMIC_RELAXED);
   }
-  for (int i = 0; i < n && !rc; i++) {
-    if (fn[i]) continue;
+  for (int i = 0; i < n && !rc; i++) { /* atomics: a progressive build's runner fills them too */
+    if (__atomic_load_n(&fn[i], __ATOMIC_ACQUIRE)) continue;
     pthread_mutex_lock(&klib_mu);
-    fn[i] = klib_get(w.key[w.via[i]]);
+    cpu_kernel_fn f = klib_get(w.key[w.via[i]]);
     pthread_mutex_unlock(&klib_mu);
-    if (!fn[i]) {
+    if (f) __atomic_store_n(&fn[i], f, __ATOMIC_RELEASE);
+    if (!f) {
       err_set(GRAFT_ERR_INTERNAL, "cpu: a compiled kernel object lacks one of its bodies");
       rc = -1;
     }
@@ -397,6 +432,15 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool
 }
 
 size_t cpu_klib_last_source_bytes(void) { return klib_last_bytes; }
+
+cpu_kernel_fn cpu_klib_get(const uint64_t key[2]) {
+  pthread_mutex_lock(&klib_mu);
+  cpu_kernel_fn f = klib_get(key);
+  pthread_mutex_unlock(&klib_mu);
+  return f;
+}
+
+size_t cpu_klib_version(void) { return atomic_load(&klib_objects_taken); }
 
 size_t cpu_klib_pieces(void) {
   pthread_mutex_lock(&klib_mu);

@@ -41,6 +41,10 @@ int cpu_code_body(cpu_code *c, const cpu_body *b) {
   return steps_push(c, (void **)&c->body, &c->nbody, &c->cap[4], sizeof *b, b);
 }
 
+int cpu_code_member(cpu_code *c, int slot) {
+  return steps_push(c, (void **)&c->members, &c->nmembers, &c->cap[5], sizeof slot, &slot);
+}
+
 void cpu_code_free(cpu_code *c) {
   for (int k = 0; k < c->nbody; k++) free(c->body[k].text);
   free(c->step);
@@ -48,6 +52,7 @@ void cpu_code_free(cpu_code *c) {
   free(c->slots);
   free(c->gemm);
   free(c->body);
+  free(c->members);
   memset(c, 0, sizeof *c);
 }
 
