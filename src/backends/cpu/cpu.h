@@ -11,6 +11,9 @@ extern const backend cpu_backend;
 /* The first tier: interprets a program with the reference kernels, except the instructions
  * that have host kernels (BLAS contractions, convolution, pooling, gather, scatter_add). */
 extern const backend cpu_interp_backend;
+/* Tests: p's executable as a progressive build's before any kernel landed: every kernel runs
+ * on the first tier (cpu_partial.c); nothing is compiled. NULL with the error set. */
+void *cpu_compile_unlanded(const exec_program *p);
 
 /* The path the first tier takes for ins with operands in (only their dtypes and shapes are
  * read): what ops.def's interp column declares; tests/test_op_coverage.c checks the two agree. */

@@ -29,14 +29,12 @@ typedef struct {
   char **what; /* per launch (nwhat): its trace span's args (cpu_describe.c), or NULL */
   int nwhat;
   /* A progressive build (backend_partial_ready): it ran before every body had landed. fn[]
-   * is read and filled with atomics; a launch whose body is missing runs its instructions one
-   * at a time on the first tier's loops (ilist[ilist0[l]..ilist0[l+1]): its members and, as
-   * ~slot, the inlined values they read, in program order, computed into buffers of their own
-   * for the launch). */
+   * is read and filled with atomics; a launch whose body is missing runs on the first tier
+   * (cpu_partial.c). */
   bool progressive;
   uint64_t (*key)[2];             /* per body: its key in the library */
   _Atomic size_t seen_version;    /* cpu_klib_version at the last look for missing bodies */
-  int *ilist, *ilist0;
+  cpu_partial *partial;
 } cpu_exe;
 
 typedef struct {
@@ -58,11 +56,13 @@ static bool cpu_supports(const exec_instr *ins) {
 static pthread_mutex_t cpu_compile_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t cpu_src_mu = PTHREAD_MUTEX_INITIALIZER; /* cpu_last_src */
 
-static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_only);
+/* What a build may do: compile the missing kernels, only look them up, or (tests) none. */
+typedef enum { CPU_BUILD_COMPILE, CPU_BUILD_LIBRARY, CPU_BUILD_UNLANDED } cpu_build;
+static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, cpu_build how);
 
 static void *cpu_compile_opt(const exec_program *p, cpu_opt *opt) {
   pthread_mutex_lock(&cpu_compile_mu);
-  void *e = cpu_compile_locked(p, opt, false);
+  void *e = cpu_compile_locked(p, opt, CPU_BUILD_COMPILE);
   pthread_mutex_unlock(&cpu_compile_mu);
   return e;
 }
@@ -84,7 +84,7 @@ static void *cpu_compile_quick(const exec_program *p, bool *full) {
  * skeletons and the counters have their own locks). */
 static void *cpu_compile_cached(const exec_program *p, bool *full) {
   cpu_opt opt = CPU_OPT_QUICK;
-  void *e = cpu_compile_locked(p, &opt, true);
+  void *e = cpu_compile_locked(p, &opt, CPU_BUILD_LIBRARY);
   *full = opt == CPU_OPT_FULL;
   return e;
 }
@@ -180,57 +180,6 @@ static int cpu_final_steps(cpu_exe *e, const exec_program *p) {
   return 0;
 }
 
-/* The launches whose body is missing get the list of instructions they run on the first tier
- * (cpu_exe.ilist); -1 when out of memory. */
-static int cpu_interp_lists(cpu_exe *e, const exec_program *p, const fuse_plan *pl) {
-  const cpu_code *c = &e->code;
-  int n = p->ninstr, cap = 0, len = 0, *list = NULL, *stack = malloc(sizeof(int) * ((size_t)n + 1));
-  int *stamp = calloc((size_t)n + 1, sizeof(int));
-  e->ilist0 = calloc((size_t)c->nlaunch + 1, sizeof(int));
-  bool ok = stack && stamp && e->ilist0;
-  for (int l = 0; l < c->nlaunch && ok; l++) {
-    e->ilist0[l] = len;
-    const cpu_launch *la = &c->launch[l];
-    if (e->fn[la->body]) continue;
-    int top = 0, from = len;
-    for (int m = 0; m < la->nmem; m++) { /* members, then the inlined cone they read */
-      int s0 = c->members[la->mem0 + m];
-      stamp[s0] = l + 1;
-      stack[top++] = s0;
-    }
-    while (top && ok) {
-      int s0 = stack[--top];
-      if (len == cap) {
-        cap = cap ? 2 * cap : 256;
-        int *nl = realloc(list, sizeof(int) * (size_t)cap);
-        if (!nl) { ok = false; break; }
-        list = nl;
-      }
-      list[len++] = s0;
-      const exec_instr *x = &p->instr[s0];
-      for (int q = 0; q < x->nin; q++) {
-        int in = x->in[q];
-        if (stamp[in] == l + 1 || pl->role[in] != FUSE_INLINE) continue;
-        stamp[in] = l + 1;
-        stack[top++] = in;
-      }
-    }
-    for (int a = from + 1; a < len; a++) /* program order: operands first */
-      for (int b = a; b > from && list[b - 1] > list[b]; b--) {
-        int t = list[b];
-        list[b] = list[b - 1];
-        list[b - 1] = t;
-      }
-    for (int a = from; a < len; a++)
-      if (pl->role[list[a]] == FUSE_INLINE) list[a] = ~list[a];
-  }
-  if (ok) e->ilist0[c->nlaunch] = len;
-  e->ilist = list;
-  free(stack);
-  free(stamp);
-  return ok ? 0 : -1;
-}
-
 typedef struct {
   cpu_exe *e;
   const exec_program *p;
@@ -240,13 +189,35 @@ typedef struct {
 /* A progressive build's executable is complete but for the missing bodies: it is handed out. */
 static void cpu_ready(void *arg) {
   cpu_ready_ctx *x = arg;
-  if (cpu_interp_lists(x->e, x->p, x->pl)) return; /* out of memory: it is not handed out */
+  x->e->partial = cpu_partial_plan(x->p, x->pl, &x->e->code, x->e->fn);
+  if (!x->e->partial) { /* out of memory: it is not handed out */
+    graft_clear_error();
+    return;
+  }
   x->e->progressive = true;
   atomic_store(&x->e->seen_version, cpu_klib_version());
   backend_partial_ready(x->e);
 }
 
-static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_only) {
+/* Tests: an executable as a progressive build's before anything landed, every kernel on the
+ * first tier (cpu_partial.c); nothing compiled or looked up. */
+static void *cpu_unlanded(cpu_exe *e, const exec_program *p, const fuse_plan *pl) {
+  e->partial = cpu_partial_plan(p, pl, &e->code, e->fn);
+  if (e->partial) return e;
+  cpu_free_exe(e);
+  return NULL;
+}
+
+void *cpu_compile_unlanded(const exec_program *p) {
+  cpu_opt opt = CPU_OPT_QUICK;
+  pthread_mutex_lock(&cpu_compile_mu);
+  void *e = cpu_compile_locked(p, &opt, CPU_BUILD_UNLANDED);
+  pthread_mutex_unlock(&cpu_compile_mu);
+  return e;
+}
+
+static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, cpu_build how) {
+  bool lib_only = how == CPU_BUILD_LIBRARY;
   const cpu_blas_fns *bl = cpu_blas();
   fuse_plan pl;
   if (cpu_plan_build(p, bl->sgemm && bl->dgemm, &pl)) return NULL;
@@ -276,6 +247,14 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, bool lib_on
     rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   if (!rc && cpu_final_steps(e, p)) rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   e->hash = p->hash;
+  if (how == CPU_BUILD_UNLANDED) {
+    void *x = rc ? NULL : cpu_unlanded(e, p, &pl);
+    if (rc) cpu_free_exe(e);
+    fuse_plan_free(&pl);
+    free(kof);
+    rd_sb_free(&src);
+    return x;
+  }
   /* A progressive build hands the executable out before it compiles: what the runner reads is
    * made first. */
   bool progressive = !rc && !lib_only && backend_partial_wanted() && !atomic_load(&p->varying);
@@ -353,9 +332,8 @@ static void cpu_run_inplace(cpu_run *r, const cpu_step *st, const exec_instr *in
   r->S[i] = r->S[s];
 }
 
-/* Instruction i into its buffer (made if it has none), from its operands' buffers: by the
- * first tier's loops (interp), else by its host or reference kernel (a fallback step, st). */
-static int cpu_run_one(cpu_run *r, const cpu_step *st, int i, bool interp) {
+static int cpu_run_fallback(cpu_run *r, const cpu_step *st) {
+  int i = st->arg;
   const exec_instr *ins = &r->p->instr[i];
   ref_arg args[16], *a = args;
   if (ins->nin > 16 && !(a = malloc(sizeof *a * (size_t)ins->nin))) {
@@ -366,30 +344,13 @@ static int cpu_run_one(cpu_run *r, const cpu_step *st, int i, bool interp) {
     const exec_instr *src = &r->p->instr[ins->in[k]];
     a[k] = (ref_arg){r->S[ins->in[k]], src->dtype, src->ndim, src->shape, src->numel, NULL};
   }
-  cpu_host_fn host = interp ? NULL : cpu_host_kernel(ins, a);
+  cpu_host_fn host = cpu_host_kernel(ins, a);
   if (host) cpu_run_inplace(r, st, ins, i);
   int rc = cpu_run_alloc(r, i);
-  if (!rc && !program_instr_empty(ins))
-    rc = interp ? cpu_interp_one(ins, a, r->S[i]) : host ? host(ins, a, r->S[i]) : ref_kernels[ins->op](ins, a, r->S[i]);
+  if (!rc && !program_instr_empty(ins)) rc = host ? host(ins, a, r->S[i]) : ref_kernels[ins->op](ins, a, r->S[i]);
   if (a != args) free(a);
-  if (!host && !interp) /* only true reference runs count; a syncing thread may run a graph too */
+  if (!host) /* only true reference runs count; a syncing thread may run a graph too */
     __atomic_fetch_add(&cpu_stats.fallback[ins->op], 1, __ATOMIC_RELAXED);
-  return rc;
-}
-
-static int cpu_run_fallback(cpu_run *r, const cpu_step *st) { return cpu_run_one(r, st, st->arg, false); }
-
-/* Launch l of a progressive build whose body has not landed: its instructions one at a time
- * on the first tier's loops, the inlined ones into buffers released after it. */
-static int cpu_run_interp(cpu_run *r, const cpu_step *st, int l) {
-  const cpu_exe *e = r->e;
-  int rc = 0, q0 = e->ilist0[l], q1 = e->ilist0[l + 1];
-  for (int q = q0; q < q1 && !rc; q++) {
-    int s = e->ilist[q] < 0 ? ~e->ilist[q] : e->ilist[q];
-    rc = cpu_run_one(r, st, s, true);
-  }
-  for (int q = q0; q < q1; q++)
-    if (e->ilist[q] < 0 && r->B[~e->ilist[q]]) cpu_run_release(r, ~e->ilist[q]);
   return rc;
 }
 
@@ -487,7 +448,7 @@ static int cpu_run_step(cpu_run *r, const cpu_step *st, bool prof) {
   case CPU_STEP_KERNEL: {
     const cpu_launch *l = &c->launch[st->arg];
     cpu_kernel_fn fn = __atomic_load_n(&r->e->fn[l->body], __ATOMIC_ACQUIRE);
-    if (!fn) return cpu_run_interp(r, st, st->arg); /* a progressive build's, not landed */
+    if (!fn) return cpu_partial_run(r->e->partial, st->arg, r->B, r->S); /* not landed */
     cpu_run_kernel(r, l, fn);
     if (prof) cpu_profile_kernel(&r->e->prof, r->site++, fn, l->units, cpu_profile_now() - t0);
     return 0;
@@ -667,8 +628,7 @@ static void cpu_free_exe(void *exe) {
   free(e->final_order);
   free(e->final_step);
   free(e->key);
-  free(e->ilist);
-  free(e->ilist0);
+  cpu_partial_free(e->partial);
   free(e);
 }
 

@@ -81,6 +81,17 @@ void cpu_code_free(cpu_code *c);
  * sets kernel_of[s] = N for each slot s that kernel k<N> writes (other entries untouched). */
 int cpu_codegen(const exec_program *p, const fuse_plan *pl, cpu_code *code, rd_sb *src,
                 int *kernel_of);
+/* ---- cpu_partial.c: a progressive build's launches whose body has not landed ---- */
+typedef struct cpu_partial cpu_partial;
+/* Each launch of code whose body fn[] lacks, as a program of its own on the first tier; NULL
+ * with the error set when out of memory. */
+cpu_partial *cpu_partial_plan(const exec_program *p, const fuse_plan *pl, const cpu_code *c,
+                              cpu_kernel_fn const *fn);
+void cpu_partial_free(cpu_partial *x);
+/* Runs launch l (one cpu_partial_plan planned) over the graph's buffers B and their data S:
+ * its members' slots get their values (their buffers may be replaced). 0, or -1 with the
+ * error set. */
+int cpu_partial_run(const cpu_partial *x, int l, exec_buffer **B, void **S);
 /* ---- cpu_picture.c ---- */
 /* With GRAFT_DUMP_DIR set: graph_<hash>.kernels.dot, the program as its kernels run
  * (fuse_plan_dot; code and kernel_of from cpu_codegen; donatable inputs say after which
@@ -297,11 +308,7 @@ void cpu_profile_free(cpu_profile *p);
 
 /* ---- cpu_kernels.c: typed host kernels for ops without generated code ---- */
 typedef int (*cpu_host_fn)(const exec_instr *ins, const ref_arg *in, void *out);
-/* ---- cpu_interp.c ---- */
-/* Computes one instruction over plain operands as the first tier does (its typed loops, split
- * over the pool when big, host kernels, else the reference kernel): a progressive build's
- * kernels whose code has not landed. 0, or -1 with the error set. */
-int cpu_interp_one(const exec_instr *ins, const ref_arg *in, void *out);
+
 /* A host kernel for this instruction, or NULL (the reference kernel runs it). */
 cpu_host_fn cpu_host_kernel(const exec_instr *ins, const ref_arg *in);
 /* Whether ins's host kernel takes operand k as view v (a contraction reads a transpose of its

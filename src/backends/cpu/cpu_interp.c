@@ -360,11 +360,6 @@ ops_interp_path cpu_interp_route(const exec_instr *ins, const ref_arg *in) {
                                                                             : OPS_INTERP_LOOP; /* cpu_interp.c, or cpu_reduce.c for reductions */
 }
 
-int cpu_interp_one(const exec_instr *ins, const ref_arg *in, void *out) {
-  ref_fn f = interp_pick(ins, in);
-  return f ? f(ins, in, out) : ref_kernels[ins->op](ins, in, out);
-}
-
 /* The executable: the plan (views, fused groups) ref_run follows. */
 typedef struct {
   ref_plan plan;
