@@ -177,6 +177,8 @@ static buffer_failure *job_execute(async_job *j) {
   double ms = metrics_now_ms() - x0;
   async_count_run(p, ms, native != NULL, partial, rc == 0);
   if (!native && !rc) j->e->first_tier_ms = ms;
+  if (partial && !rc && j->e->first_tier_ms > 0 && ms > j->e->first_tier_ms)
+    j->e->partial_slow_share = share; /* slower than the first tier: wait for more (tier.c) */
   if (native && !rc) atomic_store(&j->e->native_ms, atomic_load(&j->e->native_ms) + ms);
   for (int k = 0; k < p->nparams; k++)
     if (!j->donated[k]) buffer_release(j->bufs[k]); /* the backend released the donated ones */

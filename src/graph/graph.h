@@ -50,6 +50,8 @@ typedef struct cache_entry {
   atomic_bool building;     /* its first native build is queued or running */
   _Atomic double build_started_ms; /* when that build started (0: not yet) */
   double first_tier_ms;     /* its last run's time on the first tier (executor thread only) */
+  double partial_slow_share; /* the native share of a progressive build's run that took longer
+                               than the first tier's last (executor thread only; tier.c) */
   bool upgrade_pending;     /* it runs a quick build whose full one is not queued yet */
   double quick_build_ms;    /* how long that quick build took (lock held) */
   _Atomic double native_ms; /* its native runs' time, all together (the executor adds) */

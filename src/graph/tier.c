@@ -568,8 +568,12 @@ static double tier_build_left_ms(const cache_entry *e) {
 /* The least share of a graph's kernel work that must run native code for a progressive build's
  * executable to replace the first tier (its other kernels run on the first tier, each as a
  * program of its own). resnet18's step beside its build (traced, 60 steps): at 0.13 and 0.44
- * of its work native ~ the first tier's 65-80 ms, at 0.61 55-70, at 0.93 40-64; 39-43 native. */
+ * of its work native ~ the first tier's 65-80 ms, at 0.61 55-70, at 0.93 40-64; 39-43 native.
+ * mobilenet_v2's (its many small kernels) at 0.47 and 0.57 ~60-70 against 45-68, at 0.72 ~51.
+ * So it is measured: a run that took longer than the first tier's last raises the share the
+ * next one needs to TIER_PARTIAL_STEP above its own. */
 #define TIER_PARTIAL_MIN_SHARE 0.4
+#define TIER_PARTIAL_STEP 0.1
 
 /* exe, published while e's first build runs, if enough of it is native now (*share: how much),
  * else NULL (executor thread). */
@@ -577,7 +581,8 @@ static void *tier_partial_pays(cache_entry *e, void *exe, double *share) {
   *share = exe ? 1.0 : 0.0;
   if (!exe || !atomic_load(&e->building)) return exe; /* the build's result, or none */
   if (e->fast->native_share) *share = e->fast->native_share(exe);
-  return *share >= TIER_PARTIAL_MIN_SHARE ? exe : NULL;
+  double need = fmax(TIER_PARTIAL_MIN_SHARE, e->partial_slow_share + TIER_PARTIAL_STEP);
+  return *share >= need ? exe : NULL;
 }
 
 void *tier_native_for(cache_entry *e, int queued, double *share) {
