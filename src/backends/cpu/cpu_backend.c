@@ -261,10 +261,14 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, cpu_build h
   if (progressive && kof && (e->what = cpu_describe_kernels(p, &pl, &e->code, kof)))
     e->nwhat = e->code.nlaunch;
   e->key = progressive ? malloc(sizeof *e->key * ((size_t)e->code.nbody + 1)) : NULL;
+  double *weight = progressive ? calloc((size_t)e->code.nbody + 1, sizeof *weight) : NULL;
+  for (int l = 0; weight && l < e->code.nlaunch; l++)
+    weight[e->code.launch[l].body] += (double)e->code.launch[l].work;
   cpu_ready_ctx ready = {e, p, &pl};
-  cpu_klib_progress prog = {e->key, cpu_ready, &ready};
+  cpu_klib_progress prog = {e->key, weight, cpu_ready, &ready};
   if (rc || cpu_klib_resolve(e->code.body, e->code.nbody, opt, lib_only,
                              atomic_load(&p->varying), e->fn, e->lits, e->key ? &prog : NULL)) {
+    free(weight);
     if (e->progressive) { /* handed out: the hook's now */
       fuse_plan_free(&pl);
       free(kof);
@@ -277,6 +281,7 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, cpu_build h
     cpu_free_exe(e);
     return NULL;
   }
+  free(weight);
   if (src.s && lib_only) cpu_keep_source(p, src.s);
   if (kof && draw && lib_only) cpu_dump_picture(p, &pl, &e->code, kof);
   /* described once it builds: most library-only attempts find a kernel missing */

@@ -162,6 +162,7 @@ void cpu_object_close(cpu_object *obj);
  * and fn[] is filled with atomic stores (a runner may read it meanwhile). */
 typedef struct {
   uint64_t (*keys)[2];
+  const double *weight; /* per body, or NULL: the work its launches do (heaviest compiled first) */
   void (*ready)(void *ctx);
   void *ctx;
 } cpu_klib_progress;

@@ -170,10 +170,11 @@ static int klib_objects(size_t bytes, int nm, bool pieces) {
   return nj < 1 ? 1 : nj;
 }
 
-/* Each of bodies miss[0..nm) to the lightest of nj objects so far, in order; each job's source.
- * 0, or -1 (error set). */
+/* Each of bodies miss[0..nm) to the lightest of nj objects so far, in order (in_order: the
+ * first objects take the first bodies, each up to an equal share of the bytes); each job's
+ * source. 0, or -1 (error set). */
 static int klib_partition(const cpu_body *b, const uint64_t (*key)[2], const int *miss, int nm,
-                          int first_tpl, klib_job *job, int nj) {
+                          int first_tpl, bool in_order, klib_job *job, int nj) {
   int *pick = malloc(sizeof(int) * (size_t)nm), *sel = malloc(sizeof(int) * (size_t)nm);
   size_t *load = calloc((size_t)nj, sizeof(size_t));
   if (!pick || !sel || !load) {
@@ -183,10 +184,16 @@ static int klib_partition(const cpu_body *b, const uint64_t (*key)[2], const int
     err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
     return -1;
   }
-  for (int k = 0; k < nm; k++) {
+  size_t total = 0;
+  for (int k = 0; k < nm && in_order; k++) total += strlen(b[miss[k]].text) + 1;
+  for (int k = 0, q = 0; k < nm; k++) {
     int best = 0;
-    for (int q = 1; q < nj; q++)
-      if (load[q] < load[best]) best = q;
+    for (int o = 1; o < nj && !in_order; o++)
+      if (load[o] < load[best]) best = o;
+    if (in_order) { /* the next object once this one has its share (every object gets some) */
+      if (q < nj - 1 && load[q] && (load[q] >= total / (size_t)nj || nm - k <= nj - 1 - q)) q++;
+      best = q;
+    }
     load[best] += strlen(b[miss[k]].text) + 1;
     pick[k] = best;
   }
@@ -235,7 +242,7 @@ static int klib_build(const cpu_body *b, const uint64_t (*key)[2], const int *mi
   bool *started = calloc((size_t)nth, sizeof *started);
   klib_work w = {job, nj, 0};
   if (!job || !th || !started) err_set(GRAFT_ERR_OOM, "cpu: out of memory compiling kernels");
-  else if (!klib_partition(b, key, miss, nm, first_tpl, job, nj)) {
+  else if (!klib_partition(b, key, miss, nm, first_tpl, pieces, job, nj)) {
     for (int q = 0; q < nj; q++) job[q].opt = opt;
     for (int t = 1; t < nth; t++) started[t] = !pthread_create(&th[t], NULL, klib_compile, &w);
     klib_compile(&w); /* this thread too; it ends when no object is left */
@@ -390,6 +397,13 @@ int cpu_klib_resolve(const cpu_body *b, int n, cpu_opt *opt, bool lib_only, bool
   bool pieces = progress && !sized && !lib_only && !rc && w.nm && !w.nt;
   if (pieces) {
     memcpy(progress->keys, w.key, sizeof *w.key * (size_t)n);
+    if (progress->weight) /* the heaviest first: the first pieces to land carry the most work */
+      for (int a = 1; a < w.nm; a++)
+        for (int c = a; c > 0 && progress->weight[w.miss[c - 1]] < progress->weight[w.miss[c]]; c--) {
+          int t = w.miss[c];
+          w.miss[c] = w.miss[c - 1];
+          w.miss[c - 1] = t;
+        }
     progress->ready(progress->ctx);
   }
   if (!rc && w.nm && lib_only) rc = 1;
