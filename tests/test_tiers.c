@@ -921,6 +921,62 @@ TEST(kernels_switch_to_native_as_they_land) {
   rmdir(root);
 }
 
+/* A stand-in compiler that counts its library builds of graphs with a tanh. */
+static int cached_tanh_tries;
+static void *counting_cached(const exec_program *p, bool *full) {
+  for (int i = 0; i < p->ninstr; i++)
+    if (p->instr[i].op == IR_TANH) {
+      cached_tanh_tries++;
+      break;
+    }
+  return real_compiler->compile_cached(p, full);
+}
+
+/* A second process whose graph finds only part of its kernels on disk: the library build tried
+ * at its first run loads what it finds and fails; its second run does not try again (nothing
+ * landed since: it would fail the same, ~70 ms of mobilenet_v2's code generation on the
+ * tracing thread), and queues its build. */
+TEST(failed_library_build_is_not_retried) {
+  char root[] = "/tmp/graft-tiers-retry-XXXXXX", cmd[128];
+  CHECK(mkdtemp(root) != NULL);
+  graft_shutdown(); /* a new process: the kernels earlier tests compiled are not in memory */
+  set_env("GRAFT_COMPILE", "async");
+  set_env("GRAFT_DISK_CACHE", "1");
+  set_env("XDG_CACHE_HOME", root);
+  const int64_t n = 200000, m = 1000;
+  float *v = ramp(n, 0.00001f), *u = ramp(m, 0.001f);
+  graft_tensor *x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  known_and_new(x, v, NULL, NULL);
+  known_and_new(x, v, NULL, NULL);
+  graft_wait_compiles(); /* exp(x) * 2 + 3's kernel is on disk */
+  graft_release(x);
+  graft_shutdown(); /* a new process */
+  real_compiler = backend_find("cpu", BACKEND_COMPILER);
+  static backend counting;
+  counting = *real_compiler;
+  counting.compile_cached = counting_cached;
+  backend_register("cpu", BACKEND_COMPILER, &counting);
+  x = graft_from_host(v, GRAFT_F32, 1, &n, 0);
+  graft_tensor *w = graft_from_host(u, GRAFT_F32, 1, &m, 0);
+  cached_tanh_tries = 0;
+  known_and_new(x, v, w, u); /* first run: tried (and the kernel found on disk loaded) */
+  CHECK(cached_tanh_tries == 1);
+  known_and_new(x, v, w, u); /* second: queued, not tried again */
+  CHECK(cached_tanh_tries == 1);
+  graft_wait_compiles();
+  known_and_new(x, v, w, u);
+  graft_release(x);
+  graft_release(w);
+  free(v);
+  free(u);
+  graft_shutdown(); /* entries made with the stand-in go before it is replaced */
+  backend_register("cpu", BACKEND_COMPILER, real_compiler);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+  CHECK(system(cmd) == 0);
+  set_env("GRAFT_DISK_CACHE", "0");
+  unset_env("XDG_CACHE_HOME");
+}
+
 /* A value read on another thread: graft_to_host holds graft's lock while its step is queued. */
 typedef struct {
   graft_tensor *t;
@@ -1108,6 +1164,7 @@ int main(void) {
   RUN(fork_during_build_and_queued_steps);
   RUN(warm_disk_cache_is_native_from_the_first_run);
   RUN(kernels_switch_to_native_as_they_land);
+  RUN(failed_library_build_is_not_retried);
   graft_shutdown();
   return CHECK_DONE();
 }

@@ -35,8 +35,7 @@ typedef struct backend {
    * of p is remembered (the CPU backend's size-generic kernels learn from it). */
   void *(*compile_cached)(const exec_program *p, bool *full);
   /* Optional, with compile_cached: how many compiled pieces it could draw on (in memory, plus
-   * one when the disk cache holds any): 0 says a try would fail, an unchanged count that a
-   * try which failed would fail again. */
+   * one when the disk cache holds any): 0 says a try would fail. */
   size_t (*cached_pieces)(void);
   /* Optional, with progressive builds (backend_partial_ready): the share (0 to 1) of exe's
    * kernel work that runs native code now; a progressive executable's grows as the pieces of

@@ -67,7 +67,8 @@ typedef struct cache_entry {
   atomic_bool many_sizes;   /* its family has TIER_MANY_SIZES sizes or more (tier.c); set under
                                the lock, read by the executor thread (tier_native_for) */
   int hits;                 /* cache hits while it had no native code (lock held) */
-  size_t lib_tried;         /* the backend's cached_pieces at a library build that failed */
+  bool lib_failed;          /* a library build was tried and failed (tier.c) */
+  uint64_t lib_tried;       /* the backend's compiler runs at that try */
   bool sizes_shown;         /* the backend saw its sizes for a sibling's templates (tier.c) */
   bool inherited;           /* made before a fork and not run since in this (child) process:
                                graft_wait_compiles leaves it alone */

@@ -352,15 +352,18 @@ static bool tier_from_library(cache_entry *e) {
 #define TIER_CODEGEN_MS_PER_INSTR 0.012
 
 /* A build of e from the library where it may succeed: there are compiled kernels (this
- * process's, or a disk cache that holds some: a second process of a training script) and no
- * try failed on as many. A failed try is noted so that it is not repeated until the library
- * grows (its code generation is wasted). */
+ * process's, or a disk cache that holds some: a second process of a training script) and,
+ * after a try failed, the compiler has run since. The try looks every kernel up on disk too,
+ * so what other graphs load from there later cannot supply what it missed: a warm process
+ * with part of its kernels on disk had retried at the next run, each try mobilenet_v2's ~70 ms
+ * of code generation on the tracing thread. */
 static bool tier_try_library(cache_entry *e) {
-  if (!e->fast->compile_cached || !e->fast->cached_pieces) return false;
-  size_t n = e->fast->cached_pieces();
-  if (!n || n == e->lib_tried) return false;
+  if (!e->fast->compile_cached || !e->fast->cached_pieces || !e->fast->cached_pieces()) return false;
+  uint64_t runs = tier_compiler_runs(e->fast);
+  if (e->lib_failed && runs == e->lib_tried) return false;
   if (tier_from_library(e)) return true;
-  e->lib_tried = n;
+  e->lib_failed = true;
+  e->lib_tried = runs;
   return false;
 }
 
