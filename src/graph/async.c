@@ -167,10 +167,9 @@ static buffer_failure *job_execute(async_job *j) {
   if (s0) {
     char args[200];
     snprintf(args, sizeof args,
-             "\"graph\": \"%016llx\", \"step\": %llu, \"tier\": \"%s\", \"ok\": %s, \"donated inputs\": %d"
-             "%s%.3f", (unsigned long long)j->hash, (unsigned long long)j->seq,
-             partial ? "partial" : native ? "native" : "first", rc ? "false" : "true", donated,
-             ", \"native share\": ", share);
+             "\"graph\": \"%016llx\", \"step\": %llu, \"tier\": \"%s\", \"ok\": %s, \"donated inputs\": %d, "
+             "\"native share\": %.3f", (unsigned long long)j->hash, (unsigned long long)j->seq,
+             partial ? "partial" : native ? "native" : "first", rc ? "false" : "true", donated, share);
     trace_span("step", partial ? "step (native, some kernels on the first tier)"
                        : native ? "step (native)" : "step (first tier)", s0, trace_now(), args);
   }

@@ -199,21 +199,43 @@ static void cpu_ready(void *arg) {
   backend_partial_ready(x->e);
 }
 
-/* Tests: an executable as a progressive build's before anything landed, every kernel on the
- * first tier (cpu_partial.c); nothing compiled or looked up. */
-static void *cpu_unlanded(cpu_exe *e, const exec_program *p, const fuse_plan *pl) {
-  e->partial = cpu_partial_plan(p, pl, &e->code, e->fn);
-  if (e->partial) return e;
-  cpu_free_exe(e);
-  return NULL;
-}
-
 void *cpu_compile_unlanded(const exec_program *p) {
   cpu_opt opt = CPU_OPT_QUICK;
   pthread_mutex_lock(&cpu_compile_mu);
   void *e = cpu_compile_locked(p, &opt, CPU_BUILD_UNLANDED);
   pthread_mutex_unlock(&cpu_compile_mu);
   return e;
+}
+
+/* e's kernels (code generated into e; plan pl, kof and src its generation's): each body's run
+ * function from the library, compiled where it is missing unless lib_only; a progressive
+ * build hands e out first (backend_partial_ready). 0, or -1 with the error set. */
+static int cpu_kernels(cpu_exe *e, const exec_program *p, const fuse_plan *pl, const int *kof,
+                       const rd_sb *src, cpu_opt *opt, bool lib_only, bool draw) {
+  /* what the runner of a handed-out executable reads is made first */
+  bool progressive = !lib_only && backend_partial_wanted() && !atomic_load(&p->varying);
+  if (kof && progressive && (e->what = cpu_describe_kernels(p, pl, &e->code, kof)))
+    e->nwhat = e->code.nlaunch;
+  e->key = progressive ? malloc(sizeof *e->key * ((size_t)e->code.nbody + 1)) : NULL;
+  double *weight = e->key ? calloc((size_t)e->code.nbody + 1, sizeof *weight) : NULL;
+  for (int l = 0; weight && l < e->code.nlaunch; l++)
+    weight[e->code.launch[l].body] += (double)e->code.launch[l].work;
+  cpu_ready_ctx ready = {e, p, pl};
+  cpu_klib_progress prog = {e->key, weight, cpu_ready, &ready};
+  int rc = cpu_klib_resolve(e->code.body, e->code.nbody, opt, lib_only, atomic_load(&p->varying),
+                            e->fn, e->lits, e->key ? &prog : NULL);
+  free(weight);
+  if (rc) return -1;
+  if (src->s && lib_only) cpu_keep_source(p, src->s);
+  if (kof && draw && lib_only) cpu_dump_picture(p, pl, &e->code, kof);
+  /* described once it builds: most library-only attempts find a kernel missing */
+  if (kof && !progressive && (e->what = cpu_describe_kernels(p, pl, &e->code, kof)))
+    e->nwhat = e->code.nlaunch;
+  for (int k = 0; k < e->code.nbody; k++) { /* only the keys' hashing needed the texts */
+    free(e->code.body[k].text);
+    e->code.body[k].text = NULL;
+  }
+  return 0;
 }
 
 static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, cpu_build how) {
@@ -247,54 +269,16 @@ static void *cpu_compile_locked(const exec_program *p, cpu_opt *opt, cpu_build h
     rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   if (!rc && cpu_final_steps(e, p)) rc = -1, err_set(GRAFT_ERR_OOM, "cpu: out of memory");
   e->hash = p->hash;
-  if (how == CPU_BUILD_UNLANDED) {
-    void *x = rc ? NULL : cpu_unlanded(e, p, &pl);
-    if (rc) cpu_free_exe(e);
-    fuse_plan_free(&pl);
-    free(kof);
-    rd_sb_free(&src);
-    return x;
-  }
-  /* A progressive build hands the executable out before it compiles: what the runner reads is
-   * made first. */
-  bool progressive = !rc && !lib_only && backend_partial_wanted() && !atomic_load(&p->varying);
-  if (progressive && kof && (e->what = cpu_describe_kernels(p, &pl, &e->code, kof)))
-    e->nwhat = e->code.nlaunch;
-  e->key = progressive ? malloc(sizeof *e->key * ((size_t)e->code.nbody + 1)) : NULL;
-  double *weight = progressive ? calloc((size_t)e->code.nbody + 1, sizeof *weight) : NULL;
-  for (int l = 0; weight && l < e->code.nlaunch; l++)
-    weight[e->code.launch[l].body] += (double)e->code.launch[l].work;
-  cpu_ready_ctx ready = {e, p, &pl};
-  cpu_klib_progress prog = {e->key, weight, cpu_ready, &ready};
-  if (rc || cpu_klib_resolve(e->code.body, e->code.nbody, opt, lib_only,
-                             atomic_load(&p->varying), e->fn, e->lits, e->key ? &prog : NULL)) {
-    free(weight);
-    if (e->progressive) { /* handed out: the hook's now */
-      fuse_plan_free(&pl);
-      free(kof);
-      rd_sb_free(&src);
-      return NULL;
-    }
-    fuse_plan_free(&pl);
-    free(kof);
-    rd_sb_free(&src);
-    cpu_free_exe(e);
-    return NULL;
-  }
-  free(weight);
-  if (src.s && lib_only) cpu_keep_source(p, src.s);
-  if (kof && draw && lib_only) cpu_dump_picture(p, &pl, &e->code, kof);
-  /* described once it builds: most library-only attempts find a kernel missing */
-  if (!progressive && kof && (e->what = cpu_describe_kernels(p, &pl, &e->code, kof)))
-    e->nwhat = e->code.nlaunch;
+  bool built = false;
+  if (!rc && how == CPU_BUILD_UNLANDED) /* tests: every kernel on the first tier, none looked up */
+    built = (e->partial = cpu_partial_plan(p, &pl, &e->code, e->fn)) != NULL;
+  else if (!rc)
+    built = !cpu_kernels(e, p, &pl, kof, &src, opt, lib_only, draw);
+  if (!built && !e->progressive) cpu_free_exe(e); /* one handed out is the hook's now */
   fuse_plan_free(&pl);
   free(kof);
   rd_sb_free(&src);
-  for (int k = 0; k < e->code.nbody; k++) { /* only the keys' hashing needed the texts */
-    free(e->code.body[k].text);
-    e->code.body[k].text = NULL;
-  }
-  return e;
+  return built ? e : NULL;
 }
 
 static int cpu_run_alloc(cpu_run *r, int s) {
@@ -361,8 +345,9 @@ static int cpu_run_fallback(cpu_run *r, const cpu_step *st) {
 
 /* A progressive build's bodies that landed since the last look (the thread that runs it). */
 static void cpu_exe_refresh(cpu_exe *e) {
+  if (!e->progressive) return; /* every step runs this: most executables never were */
   size_t v = cpu_klib_version();
-  if (!e->progressive || atomic_load(&e->seen_version) == v) return;
+  if (atomic_load(&e->seen_version) == v) return;
   atomic_store(&e->seen_version, v);
   for (int k = 0; k < e->code.nbody; k++) {
     if (__atomic_load_n(&e->fn[k], __ATOMIC_ACQUIRE)) continue;
